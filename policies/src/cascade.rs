@@ -1,0 +1,251 @@
+//! When a caller goes away, does its child task get a `CancelTask`?
+//!
+//! The gateway sees a task through the stream of one call (`SendStreamingMessage`,
+//! `SubscribeToTask`). When that call ends, the gateway asks [`decide`] what to
+//! do with what it saw; the answer may be to wait (for the task's id, or for a
+//! grace in which the caller may resubscribe) and to ask again.
+
+use std::time::Duration;
+
+use crate::TaskState;
+
+/// What a route does with a child whose caller went away unsettled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CascadeMode {
+    /// Send `CancelTask` to the worker (after the grace, if any).
+    #[default]
+    Cancel,
+    /// Leave the child running: the caller owns its lifetime.
+    Detach,
+}
+
+impl CascadeMode {
+    /// The spelling used in config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CascadeMode::Cancel => "cancel",
+            CascadeMode::Detach => "detach",
+        }
+    }
+
+    /// Reads the config spelling (`"cancel"`, `"detach"`).
+    pub fn parse(s: &str) -> Option<CascadeMode> {
+        match s {
+            "cancel" => Some(CascadeMode::Cancel),
+            "detach" => Some(CascadeMode::Detach),
+            _ => None,
+        }
+    }
+}
+
+/// What the gateway has seen of one task on one stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Seen {
+    /// Some event named the task's id.
+    pub id_known: bool,
+    /// The latest state any event reported.
+    pub state: Option<TaskState>,
+    /// The worker answered with a `message` before any task id: there is no
+    /// task to cancel (the a2a-rust `Delegation` counts this as settled).
+    pub message_only: bool,
+}
+
+impl Seen {
+    /// Settled: a terminal or interrupted state, or a message-only reply.
+    pub fn is_settled(&self) -> bool {
+        self.message_only || self.state.is_some_and(TaskState::is_settled)
+    }
+}
+
+/// Per-route knobs of the cascade.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CascadePolicy {
+    pub mode: CascadeMode,
+    /// After the caller goes, how long a `SubscribeToTask` for the task keeps
+    /// it alive. Zero cancels at once.
+    pub disconnect_grace: Duration,
+    /// After the caller goes before any event named the task, how long the
+    /// gateway keeps reading the worker's stream to learn the id.
+    pub id_wait: Duration,
+}
+
+impl Default for CascadePolicy {
+    fn default() -> Self {
+        CascadePolicy {
+            mode: CascadeMode::Cancel,
+            disconnect_grace: Duration::ZERO,
+            id_wait: DEFAULT_ID_WAIT,
+        }
+    }
+}
+
+/// The a2a-rust SDK's `DEFAULT_ID_WAIT`.
+pub const DEFAULT_ID_WAIT: Duration = Duration::from_secs(5);
+
+/// What ended (or may end) the gateway's watch over a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The caller's connection closed or reset, or its HTTP/2 stream was reset.
+    CallerGone,
+    /// The worker's stream ended or broke while the caller was still there.
+    StreamLost,
+    /// The `id_wait` after [`Decision::AwaitId`] passed.
+    IdWaitElapsed,
+    /// The grace after [`Decision::AwaitGrace`] passed.
+    GraceElapsed,
+}
+
+/// Why nothing is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Terminal, interrupted, or a message-only reply.
+    Settled,
+    /// The route detaches children.
+    Detached,
+    /// Another caller is streaming the task through the gateway (it was
+    /// already, or resubscribed within the grace).
+    Watched,
+}
+
+/// Why a `CancelTask` is owed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelCause {
+    CallerGone,
+    StreamLost,
+}
+
+impl CancelCause {
+    /// Label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelCause::CallerGone => "caller_gone",
+            CancelCause::StreamLost => "stream_lost",
+        }
+    }
+}
+
+/// What the gateway does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Send nothing.
+    Keep(Keep),
+    /// Send `CancelTask` now.
+    Cancel(CancelCause),
+    /// Keep reading the worker's stream for up to this long to learn the id,
+    /// then decide again (with the id, or with [`Event::IdWaitElapsed`]).
+    AwaitId(Duration),
+    /// Wait this long for a resubscribe, then decide on [`Event::GraceElapsed`].
+    AwaitGrace(Duration),
+    /// No id came in time: a child may be running that nobody can cancel.
+    /// Logged and counted, never silently dropped.
+    Unreachable,
+}
+
+/// Decides what to do about a task when `event` happens; `watchers` is how
+/// many *other* callers stream the task through the gateway right now.
+///
+/// Settled tasks and detaching routes are never cancelled, nor is a task
+/// someone else still watches; otherwise the gateway needs the task's id
+/// (waiting `id_wait` for it), then honours the grace, then cancels.
+pub fn decide(policy: &CascadePolicy, seen: &Seen, event: Event, watchers: u32) -> Decision {
+    if seen.is_settled() {
+        return Decision::Keep(Keep::Settled);
+    }
+    if policy.mode == CascadeMode::Detach {
+        return Decision::Keep(Keep::Detached);
+    }
+    let cause = match event {
+        Event::CallerGone => CancelCause::CallerGone,
+        Event::StreamLost => CancelCause::StreamLost,
+        Event::IdWaitElapsed if !seen.id_known => return Decision::Unreachable,
+        Event::IdWaitElapsed => CancelCause::CallerGone,
+        Event::GraceElapsed if watchers > 0 => return Decision::Keep(Keep::Watched),
+        Event::GraceElapsed => return Decision::Cancel(CancelCause::CallerGone),
+    };
+    if !seen.id_known {
+        return Decision::AwaitId(policy.id_wait);
+    }
+    if watchers > 0 {
+        return Decision::Keep(Keep::Watched);
+    }
+    if !policy.disconnect_grace.is_zero() {
+        return Decision::AwaitGrace(policy.disconnect_grace);
+    }
+    Decision::Cancel(cause)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn seen(id_known: bool, state: Option<TaskState>) -> Seen {
+        Seen {
+            id_known,
+            state,
+            message_only: false,
+        }
+    }
+
+    fn policy(mode: CascadeMode, grace: Duration) -> CascadePolicy {
+        CascadePolicy {
+            mode,
+            disconnect_grace: grace,
+            id_wait: 5 * S,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        use CascadeMode::*;
+        use TaskState::*;
+        let working = seen(true, Some(Working));
+        let no_id = seen(false, None);
+        let message = Seen {
+            id_known: false,
+            state: None,
+            message_only: true,
+        };
+        let table: Vec<(&str, CascadePolicy, Seen, Event, u32, Decision)> = vec![
+            ("working, caller gone", policy(Cancel, Duration::ZERO), working, Event::CallerGone, 0, Decision::Cancel(CancelCause::CallerGone)),
+            ("working, stream lost", policy(Cancel, Duration::ZERO), working, Event::StreamLost, 0, Decision::Cancel(CancelCause::StreamLost)),
+            ("submitted is not settled", policy(Cancel, Duration::ZERO), seen(true, Some(Submitted)), Event::CallerGone, 0, Decision::Cancel(CancelCause::CallerGone)),
+            ("id seen, no state yet", policy(Cancel, Duration::ZERO), seen(true, None), Event::CallerGone, 0, Decision::Cancel(CancelCause::CallerGone)),
+            ("completed", policy(Cancel, Duration::ZERO), seen(true, Some(Completed)), Event::CallerGone, 0, Decision::Keep(Keep::Settled)),
+            ("failed", policy(Cancel, Duration::ZERO), seen(true, Some(Failed)), Event::StreamLost, 0, Decision::Keep(Keep::Settled)),
+            ("canceled", policy(Cancel, Duration::ZERO), seen(true, Some(Canceled)), Event::CallerGone, 0, Decision::Keep(Keep::Settled)),
+            ("rejected", policy(Cancel, Duration::ZERO), seen(true, Some(Rejected)), Event::CallerGone, 0, Decision::Keep(Keep::Settled)),
+            ("input-required is handed back", policy(Cancel, Duration::ZERO), seen(true, Some(InputRequired)), Event::CallerGone, 0, Decision::Keep(Keep::Settled)),
+            ("auth-required is handed back", policy(Cancel, Duration::ZERO), seen(true, Some(AuthRequired)), Event::StreamLost, 0, Decision::Keep(Keep::Settled)),
+            ("message-only reply", policy(Cancel, Duration::ZERO), message, Event::CallerGone, 0, Decision::Keep(Keep::Settled)),
+            ("detach", policy(Detach, Duration::ZERO), working, Event::CallerGone, 0, Decision::Keep(Keep::Detached)),
+            ("detach, lost", policy(Detach, Duration::ZERO), working, Event::StreamLost, 0, Decision::Keep(Keep::Detached)),
+            ("detach, no id", policy(Detach, Duration::ZERO), no_id, Event::CallerGone, 0, Decision::Keep(Keep::Detached)),
+            ("no id yet", policy(Cancel, Duration::ZERO), no_id, Event::CallerGone, 0, Decision::AwaitId(5 * S)),
+            ("no id, lost", policy(Cancel, Duration::ZERO), no_id, Event::StreamLost, 0, Decision::AwaitId(5 * S)),
+            ("no id in time", policy(Cancel, Duration::ZERO), no_id, Event::IdWaitElapsed, 0, Decision::Unreachable),
+            ("id came during the wait", policy(Cancel, Duration::ZERO), working, Event::IdWaitElapsed, 0, Decision::Cancel(CancelCause::CallerGone)),
+            ("id came during the wait, grace", policy(Cancel, 2 * S), working, Event::IdWaitElapsed, 0, Decision::AwaitGrace(2 * S)),
+            ("settled during the wait", policy(Cancel, Duration::ZERO), seen(true, Some(Completed)), Event::IdWaitElapsed, 0, Decision::Keep(Keep::Settled)),
+            ("grace", policy(Cancel, 2 * S), working, Event::CallerGone, 0, Decision::AwaitGrace(2 * S)),
+            ("grace, nobody came back", policy(Cancel, 2 * S), working, Event::GraceElapsed, 0, Decision::Cancel(CancelCause::CallerGone)),
+            ("grace, resubscribed", policy(Cancel, 2 * S), working, Event::GraceElapsed, 1, Decision::Keep(Keep::Watched)),
+            ("someone else watches", policy(Cancel, Duration::ZERO), working, Event::CallerGone, 1, Decision::Keep(Keep::Watched)),
+            ("someone else watches, lost", policy(Cancel, 2 * S), working, Event::StreamLost, 2, Decision::Keep(Keep::Watched)),
+            ("grace, settled meanwhile", policy(Cancel, 2 * S), seen(true, Some(Completed)), Event::GraceElapsed, 0, Decision::Keep(Keep::Settled)),
+        ];
+        for (name, policy, seen, event, watchers, want) in table {
+            assert_eq!(decide(&policy, &seen, event, watchers), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn mode_spellings() {
+        for mode in [CascadeMode::Cancel, CascadeMode::Detach] {
+            assert_eq!(CascadeMode::parse(mode.as_str()), Some(mode));
+        }
+        assert_eq!(CascadeMode::parse("Cancel"), None);
+        assert_eq!(CascadeMode::default(), CascadeMode::Cancel);
+    }
+}

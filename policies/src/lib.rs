@@ -1,0 +1,13 @@
+//! Delegation-policy decisions for a2a-gateway, as pure functions over data.
+//!
+//! Nothing in this crate does I/O, spawns, awaits or reads a clock: every
+//! function that depends on time takes `now` as an argument. That keeps the
+//! rules that decide whether a worker's task gets a `CancelTask` testable in
+//! tables, and lets the gateway's edges (pingora hooks, stores, background
+//! services) stay thin.
+
+pub mod cascade;
+pub mod task_state;
+
+pub use cascade::{CascadeMode, CascadePolicy, Decision, Event, Seen};
+pub use task_state::TaskState;

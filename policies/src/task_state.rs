@@ -1,0 +1,146 @@
+//! The A2A v1.0 task state machine, as far as delegation policy needs it.
+
+use std::fmt;
+
+/// A task's state as the A2A v1.0 wire spells it (`TASK_STATE_*`).
+///
+/// The gateway only needs to know which states end a task (terminal) and
+/// which hand it back to the caller (interrupted); both are *settled*, and a
+/// settled task is never cancelled on a caller's behalf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    Unspecified,
+    Submitted,
+    Working,
+    Completed,
+    Failed,
+    Canceled,
+    InputRequired,
+    Rejected,
+    AuthRequired,
+}
+
+impl TaskState {
+    /// Every state, in the proto's order.
+    pub const ALL: [TaskState; 9] = [
+        TaskState::Unspecified,
+        TaskState::Submitted,
+        TaskState::Working,
+        TaskState::Completed,
+        TaskState::Failed,
+        TaskState::Canceled,
+        TaskState::InputRequired,
+        TaskState::Rejected,
+        TaskState::AuthRequired,
+    ];
+
+    /// Reads a state from the wire. Accepts the v1.0 `TASK_STATE_*` names and
+    /// the lower-case input aliases (`input-required`, …) that peers accept;
+    /// anything else is `None`, so an unknown state never counts as settled.
+    pub fn from_wire(s: &str) -> Option<TaskState> {
+        Some(match s {
+            "TASK_STATE_UNSPECIFIED" => TaskState::Unspecified,
+            "TASK_STATE_SUBMITTED" | "submitted" => TaskState::Submitted,
+            "TASK_STATE_WORKING" | "working" => TaskState::Working,
+            "TASK_STATE_COMPLETED" | "completed" => TaskState::Completed,
+            "TASK_STATE_FAILED" | "failed" => TaskState::Failed,
+            "TASK_STATE_CANCELED" | "canceled" => TaskState::Canceled,
+            "TASK_STATE_INPUT_REQUIRED" | "input-required" => TaskState::InputRequired,
+            "TASK_STATE_REJECTED" | "rejected" => TaskState::Rejected,
+            "TASK_STATE_AUTH_REQUIRED" | "auth-required" => TaskState::AuthRequired,
+            _ => return None,
+        })
+    }
+
+    /// The v1.0 wire name.
+    pub fn as_wire(self) -> &'static str {
+        match self {
+            TaskState::Unspecified => "TASK_STATE_UNSPECIFIED",
+            TaskState::Submitted => "TASK_STATE_SUBMITTED",
+            TaskState::Working => "TASK_STATE_WORKING",
+            TaskState::Completed => "TASK_STATE_COMPLETED",
+            TaskState::Failed => "TASK_STATE_FAILED",
+            TaskState::Canceled => "TASK_STATE_CANCELED",
+            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
+            TaskState::Rejected => "TASK_STATE_REJECTED",
+            TaskState::AuthRequired => "TASK_STATE_AUTH_REQUIRED",
+        }
+    }
+
+    /// The task is over and nothing can change it: completed, failed,
+    /// canceled or rejected.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected
+        )
+    }
+
+    /// The task is handed back to the caller (input-required, auth-required):
+    /// the worker's stream closes, and the task waits for a continuation.
+    pub fn is_interrupted(self) -> bool {
+        matches!(self, TaskState::InputRequired | TaskState::AuthRequired)
+    }
+
+    /// Terminal or interrupted: the worker is no longer spending on the
+    /// caller's behalf, so a caller leaving is no reason to cancel.
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || self.is_interrupted()
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_wire())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        // (state, terminal, interrupted, settled)
+        let table = [
+            (TaskState::Unspecified, false, false, false),
+            (TaskState::Submitted, false, false, false),
+            (TaskState::Working, false, false, false),
+            (TaskState::Completed, true, false, true),
+            (TaskState::Failed, true, false, true),
+            (TaskState::Canceled, true, false, true),
+            (TaskState::InputRequired, false, true, true),
+            (TaskState::Rejected, true, false, true),
+            (TaskState::AuthRequired, false, true, true),
+        ];
+        assert_eq!(table.len(), TaskState::ALL.len());
+        for (state, terminal, interrupted, settled) in table {
+            assert_eq!(state.is_terminal(), terminal, "{state}");
+            assert_eq!(state.is_interrupted(), interrupted, "{state}");
+            assert_eq!(state.is_settled(), settled, "{state}");
+        }
+    }
+
+    #[test]
+    fn wire_names_round_trip() {
+        for state in TaskState::ALL {
+            assert_eq!(TaskState::from_wire(state.as_wire()), Some(state));
+        }
+    }
+
+    #[test]
+    fn aliases_and_unknowns() {
+        let table = [
+            ("input-required", Some(TaskState::InputRequired)),
+            ("auth-required", Some(TaskState::AuthRequired)),
+            ("canceled", Some(TaskState::Canceled)),
+            ("cancelled", None),
+            ("TASK_STATE_DONE", None),
+            ("", None),
+            ("task_state_completed", None),
+        ];
+        for (wire, want) in table {
+            assert_eq!(TaskState::from_wire(wire), want, "{wire:?}");
+        }
+    }
+}
