@@ -1,0 +1,368 @@
+//! The a2a-gateway config file (TOML) and its validation into [`Config`].
+//!
+//! [`parse`] checks the whole file and reports every problem at once, each
+//! with its line and column and the dotted path of the key
+//! (`12:10: routes[1].worker: expected an http or https URL with a host,
+//! found "ftp://x"`), so a user fixes a file in one round. Route indexes in
+//! paths count from 0, in file order.
+//!
+//! `examples/minimal.toml` and `examples/full.toml` in this crate show the
+//! format; the latter names every key with its default.
+//!
+//! Nothing here does I/O but [`load`] (which reads the file), and [`parse`]
+//! reading the environment variables that `worker_credential_env` names.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use policies::cascade::CascadePolicy;
+
+mod read;
+mod schema;
+mod units;
+mod url;
+
+pub use units::{parse_duration, parse_size};
+pub use url::WorkerUrl;
+
+/// Everything the gateway runs with, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub server: Server,
+    pub store: Store,
+    pub limits: Limits,
+    pub timeouts: Timeouts,
+    pub cancel: Cancel,
+    /// In file order; at least one. The router picks among them.
+    pub routes: Vec<Route>,
+}
+
+/// `[server]`: where the gateway listens and how it names itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Server {
+    /// Proxy listeners; at least one. Default `127.0.0.1:8080`.
+    pub listen: Vec<SocketAddr>,
+    /// Base URL written into rewritten agent cards, without a trailing `/`.
+    /// `None`: derived per request from the caller's `Host`.
+    pub public_url: Option<String>,
+    /// Listener for `/healthz` and `/metrics`; none by default.
+    pub admin: Option<SocketAddr>,
+    /// Proxy worker threads, 1 to 256. Default 2.
+    pub threads: usize,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
+            public_url: None,
+            admin: None,
+            threads: 2,
+        }
+    }
+}
+
+/// Where task records live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// In this process (`memory://`): lost on restart, not shared.
+    Memory,
+    /// A Redis server (`redis://` or `rediss://`), shared by gateway replicas.
+    Redis { url: String },
+}
+
+/// What a request does when the store cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Let the request through untracked (availability first).
+    FailOpen,
+    /// Refuse the request (policy first).
+    FailClosed,
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Store {
+    pub kind: StoreKind,
+    pub on_store_error: OnStoreError,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            kind: StoreKind::Memory,
+            on_store_error: OnStoreError::FailOpen,
+        }
+    }
+}
+
+/// `[limits]`: the most the gateway holds in memory for one thing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// JSON bodies up to this many bytes are read for policy; larger ones
+    /// pass through untracked.
+    pub max_inspect_body: usize,
+    /// The longest SSE line or event the stream parser holds.
+    pub max_sse_event: usize,
+    /// Agent-card bodies buffered for rewriting.
+    pub max_card_body: usize,
+    /// Capacity of the in-memory task store.
+    pub max_tracked_tasks: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_inspect_body: 1 << 20,
+            max_sse_event: 1 << 20,
+            max_card_body: 1 << 20,
+            max_tracked_tasks: 1_000_000,
+        }
+    }
+}
+
+/// `[timeouts]` on connections.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Connecting to a worker. Default 5s.
+    pub connect: Duration,
+    /// Read/write idle timeout on worker connections; `None` for none
+    /// (`"0s"`). Default 1h: SSE streams may idle long.
+    pub upstream_idle: Option<Duration>,
+    /// The same for callers' connections. Default 1h.
+    pub downstream_idle: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            upstream_idle: Some(Duration::from_secs(3600)),
+            downstream_idle: Some(Duration::from_secs(3600)),
+        }
+    }
+}
+
+/// `[cancel]`: how the gateway retries its own `CancelTask` calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cancel {
+    /// Total tries, 1 to 100. Default 5.
+    pub attempts: u32,
+    /// Delay before the first retry, doubling each time. Default 100ms.
+    pub backoff: Duration,
+    /// Cap on the delay; at least `backoff`. Default 5s.
+    pub backoff_max: Duration,
+    /// Per attempt. Default 5s.
+    pub timeout: Duration,
+}
+
+impl Default for Cancel {
+    fn default() -> Self {
+        Cancel {
+            attempts: 5,
+            backoff: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[[routes]]`: which requests go to which worker, under which policy.
+///
+/// `Debug` hides the credential.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Unique; 1 to 64 of `a-z0-9_-`. Used in logs and metrics.
+    pub name: String,
+    pub worker: WorkerUrl,
+    /// Matches this path and paths below it (`/research`, `/research/x`);
+    /// starts with `/`, never ends with one. `None`: any path.
+    pub path_prefix: Option<String>,
+    /// Matches the caller's `Host` (without port); lowercase. `None`: any host.
+    pub host: Option<String>,
+    /// Drop `path_prefix` before appending the path to the worker's base path.
+    pub strip_prefix: bool,
+    pub cascade: CascadePolicy,
+    /// `Authorization` value for the gateway's own calls to this worker
+    /// (such as `CancelTask`) when the caller's request carried none.
+    pub worker_credential: Option<String>,
+}
+
+impl fmt::Debug for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured so that a new field cannot be forgotten here.
+        let Route {
+            name,
+            worker,
+            path_prefix,
+            host,
+            strip_prefix,
+            cascade,
+            worker_credential,
+        } = self;
+        f.debug_struct("Route")
+            .field("name", name)
+            .field("worker", worker)
+            .field("path_prefix", path_prefix)
+            .field("host", host)
+            .field("strip_prefix", strip_prefix)
+            .field("cascade", cascade)
+            .field(
+                "worker_credential",
+                &worker_credential.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+impl Config {
+    /// The config of running without a file: every default, listening on
+    /// `listen`, with one catch-all route named `"default"` to `worker`.
+    pub fn single_worker(listen: SocketAddr, worker: &str) -> Result<Config, String> {
+        Ok(Config {
+            server: Server {
+                listen: vec![listen],
+                ..Server::default()
+            },
+            store: Store::default(),
+            limits: Limits::default(),
+            timeouts: Timeouts::default(),
+            cancel: Cancel::default(),
+            routes: vec![Route {
+                name: "default".into(),
+                worker: WorkerUrl::parse(worker)?,
+                path_prefix: None,
+                host: None,
+                strip_prefix: true,
+                cascade: CascadePolicy::default(),
+                worker_credential: None,
+            }],
+        })
+    }
+}
+
+/// One problem in a config file.
+///
+/// Displays as `line:col: path: message`; `line` and `col` are 1-based
+/// (`col` counts characters), or both 0 when the problem has no place
+/// (the file could not be read), and then they are left out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub line: usize,
+    pub col: usize,
+    /// Dotted path of the key, like `routes[1].worker`; empty for syntax
+    /// errors and unreadable files.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line > 0 {
+            write!(f, "{}:{}: ", self.line, self.col)?;
+        }
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Every problem found in a config file, in file order.
+///
+/// Displays one per line, each prefixed with `file:` when the errors come
+/// from [`load`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors {
+    /// The file the errors are about, when known.
+    pub file: Option<PathBuf>,
+    /// At least one.
+    pub errors: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            if let Some(file) = &self.file {
+                write!(f, "{}:", file.display())?;
+                if e.line == 0 {
+                    f.write_str(" ")?;
+                }
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Reads and validates a config file; errors are about `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let with_file = |mut errors: ConfigErrors| {
+        errors.file = Some(path.to_owned());
+        errors
+    };
+    let src = std::fs::read_to_string(path).map_err(|e| {
+        with_file(ConfigErrors {
+            file: None,
+            errors: vec![ConfigError {
+                line: 0,
+                col: 0,
+                path: String::new(),
+                message: format!("cannot read the config file: {e}"),
+            }],
+        })
+    })?;
+    parse(&src).map_err(with_file)
+}
+
+/// Validates a config file's text. `worker_credential_env` keys are looked
+/// up in the process environment.
+pub fn parse(src: &str) -> Result<Config, ConfigErrors> {
+    parse_with_env(src, &|name| std::env::var(name).ok())
+}
+
+/// [`parse`], looking up `worker_credential_env` variables with `env`
+/// rather than in the process environment (for tests and embedding).
+pub fn parse_with_env(
+    src: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
+    let sink = read::Sink::new(src);
+    let doc = match toml_edit::ImDocument::parse(src) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let at = e.span().map_or(0, |s| s.start);
+            let message = e.message().trim().replace('\n', "; ");
+            let message = if message.is_empty() {
+                "invalid TOML".to_owned()
+            } else {
+                format!("invalid TOML: {message}")
+            };
+            sink.push(at, "", message);
+            return Err(ConfigErrors {
+                file: None,
+                errors: sink.into_errors(),
+            });
+        }
+    };
+    let mut root = read::Reader::root(&sink, doc.as_table());
+    let config = schema::config(&mut root, &sink, env);
+    root.finish();
+    match config {
+        Some(config) if sink.count() == 0 => Ok(config),
+        _ => Err(ConfigErrors {
+            file: None,
+            errors: sink.into_errors(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,423 @@
+//! The file's keys: which exist, their defaults, and the rules across them.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use policies::cascade::{CascadeMode, CascadePolicy};
+use toml_edit::Item;
+
+use crate::read::{
+    boolean, duration, expected, found, int_in, nonzero_duration, one_of, size_in, string, Bad,
+    Problem, Reader, Sink,
+};
+use crate::url::{split_url, UrlError};
+use crate::{
+    Cancel, Config, Limits, OnStoreError, Route, Server, Store, StoreKind, Timeouts, WorkerUrl,
+};
+
+/// Looks up an environment variable (`worker_credential_env`).
+pub(crate) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+/// Reads the whole document; `None` if anything was recorded in `sink`.
+pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -> Option<Config> {
+    let server = server(root.section("server"));
+    let store = store(root.section("store"));
+    let limits = limits(root.section("limits"));
+    let timeouts = timeouts(root.section("timeouts"));
+    let cancel = cancel(root.section("cancel"));
+    let defaults = defaults(root.section("defaults"));
+    let routes = routes(root, sink, &defaults, env);
+    if sink.count() > 0 {
+        return None;
+    }
+    Some(Config {
+        server,
+        store,
+        limits,
+        timeouts,
+        cancel,
+        routes: routes?,
+    })
+}
+
+fn server(mut r: Reader<'_>) -> Server {
+    let d = Server::default();
+    let listen = r.or("listen", d.listen, listen);
+    let public_url = r.opt("public_url", public_url);
+    let admin = r.opt("admin", socket_addr);
+    if admin.is_some_and(|a| listen.contains(&a)) {
+        let at = r.pos("admin");
+        r.report_at(
+            at,
+            "admin",
+            "the admin listener must not share an address with listen",
+        );
+    }
+    let threads = r.or("threads", d.threads, int_in(1..=256));
+    r.finish();
+    Server {
+        listen,
+        public_url,
+        admin,
+        threads,
+    }
+}
+
+fn store(mut r: Reader<'_>) -> Store {
+    let d = Store::default();
+    let kind = r.or("url", d.kind, store_url);
+    let on_store_error = r.or(
+        "on_store_error",
+        d.on_store_error,
+        one_of(&[
+            ("fail-open", OnStoreError::FailOpen),
+            ("fail-closed", OnStoreError::FailClosed),
+        ]),
+    );
+    r.finish();
+    Store {
+        kind,
+        on_store_error,
+    }
+}
+
+fn limits(mut r: Reader<'_>) -> Limits {
+    let d = Limits::default();
+    let limits = Limits {
+        max_inspect_body: r.or(
+            "max_inspect_body",
+            d.max_inspect_body,
+            size_in(KIB..=64 * MIB),
+        ),
+        max_sse_event: r.or("max_sse_event", d.max_sse_event, size_in(KIB..=64 * MIB)),
+        max_card_body: r.or("max_card_body", d.max_card_body, size_in(KIB..=64 * MIB)),
+        max_tracked_tasks: r.or(
+            "max_tracked_tasks",
+            d.max_tracked_tasks,
+            int_in(1..=i64::MAX),
+        ),
+    };
+    r.finish();
+    limits
+}
+
+fn timeouts(mut r: Reader<'_>) -> Timeouts {
+    let d = Timeouts::default();
+    let idle = |item: &Item| duration(item).map(|d| Some(d).filter(|d| !d.is_zero()));
+    let timeouts = Timeouts {
+        connect: r.or("connect", d.connect, nonzero_duration),
+        upstream_idle: r.or("upstream_idle", d.upstream_idle, idle),
+        downstream_idle: r.or("downstream_idle", d.downstream_idle, idle),
+    };
+    r.finish();
+    timeouts
+}
+
+fn cancel(mut r: Reader<'_>) -> Cancel {
+    let d = Cancel::default();
+    let cancel = Cancel {
+        attempts: r.or("attempts", d.attempts, int_in(1..=100)),
+        backoff: r.or("backoff", d.backoff, duration),
+        backoff_max: r.or("backoff_max", d.backoff_max, duration),
+        timeout: r.or("timeout", d.timeout, nonzero_duration),
+    };
+    if cancel.backoff_max < cancel.backoff {
+        let at = r.pos("backoff_max");
+        r.report_at(at, "backoff_max", "must be at least backoff");
+    }
+    r.finish();
+    cancel
+}
+
+/// The cascade keys, shared by `[defaults]` and each route.
+fn cascade(r: &mut Reader<'_>, d: CascadePolicy) -> CascadePolicy {
+    CascadePolicy {
+        mode: r.or("cascade", d.mode, cascade_mode),
+        disconnect_grace: r.or("disconnect_grace", d.disconnect_grace, duration),
+        id_wait: r.or("id_wait", d.id_wait, duration),
+    }
+}
+
+fn defaults(mut r: Reader<'_>) -> CascadePolicy {
+    let policy = cascade(&mut r, CascadePolicy::default());
+    r.finish();
+    policy
+}
+
+/// The spellings are the policies crate's own.
+fn cascade_mode(item: &Item) -> Result<CascadeMode, String> {
+    let modes = [CascadeMode::Cancel, CascadeMode::Detach];
+    item.as_str().and_then(CascadeMode::parse).ok_or_else(|| {
+        let names: Vec<String> = modes.iter().map(|m| format!("{:?}", m.as_str())).collect();
+        expected(&format!("one of {}", names.join(", ")), item)
+    })
+}
+
+fn routes(
+    root: &mut Reader<'_>,
+    sink: &Sink<'_>,
+    defaults: &CascadePolicy,
+    env: Env<'_>,
+) -> Option<Vec<Route>> {
+    let Some((field, readers)) = root.tables("routes") else {
+        if !root.has("routes") {
+            root.report_at(0, "routes", "at least one [[routes]] table is required");
+        }
+        return None;
+    };
+    if field.item.as_array().is_some_and(|a| a.is_empty()) {
+        root.report(
+            &field,
+            Bad::from("at least one route is required".to_owned()),
+        );
+    }
+    let mut routes = Vec::new();
+    // (host, path_prefix) -> index of the first route with it
+    let mut matches: HashMap<(Option<String>, Option<String>), usize> = HashMap::new();
+    let mut names: HashMap<String, usize> = HashMap::new();
+    for (i, mut r) in readers.into_iter().enumerate() {
+        let before = sink.count();
+        let route = route(&mut r, defaults, env);
+        if sink.count() > before {
+            continue; // cross-checks on a half-read route would only add noise
+        }
+        let Some(route) = route else { continue };
+        if let Some(&j) = names.get(&route.name) {
+            let at = r.pos("name");
+            r.report_at(
+                at,
+                "name",
+                format!("duplicate route name; routes[{j}] has it too"),
+            );
+        } else {
+            names.insert(route.name.clone(), i);
+        }
+        let key = (route.host.clone(), route.path_prefix.clone());
+        if let Some(&j) = matches.get(&key) {
+            let message = if key == (None, None) {
+                format!(
+                    "a second catch-all route (neither host nor path_prefix); routes[{j}] already matches everything"
+                )
+            } else {
+                format!("same host and path_prefix as routes[{j}]; one of them could never match")
+            };
+            r.table_error(message);
+        } else {
+            matches.insert(key, i);
+        }
+        routes.push(route);
+    }
+    Some(routes)
+}
+
+/// One `[[routes]]` table. Add a route key here: one line reading it, one
+/// field on [`Route`].
+fn route(r: &mut Reader<'_>, defaults: &CascadePolicy, env: Env<'_>) -> Option<Route> {
+    let name = r.required("name", route_name);
+    let worker = r.required("worker", |item| WorkerUrl::parse(string(item)?));
+    let path_prefix = r.opt("path_prefix", path_prefix);
+    let host = r.opt("host", route_host);
+    let strip_prefix = r.or("strip_prefix", true, boolean);
+    let cascade = cascade(r, *defaults);
+    let worker_credential = credential(r, env);
+    r.finish();
+    Some(Route {
+        name: name?,
+        worker: worker?,
+        path_prefix,
+        host,
+        strip_prefix,
+        cascade,
+        worker_credential,
+    })
+}
+
+/// `worker_credential` or `worker_credential_env` (never both).
+fn credential(r: &mut Reader<'_>, env: Env<'_>) -> Option<String> {
+    let literal = r.opt("worker_credential", |item| header_value(string(item)?));
+    let from_env = r.opt("worker_credential_env", |item| {
+        let var = string(item)?;
+        if var.is_empty() || var.contains(['=', '\0']) {
+            return Err(format!("{var:?} is not an environment variable name"));
+        }
+        let value = env(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
+        header_value(&value).map_err(|e| format!("environment variable {var}: {e}"))
+    });
+    let both = r.has("worker_credential") && r.has("worker_credential_env");
+    if both {
+        let at = r.pos("worker_credential_env");
+        r.report_at(
+            at,
+            "worker_credential_env",
+            "give worker_credential or worker_credential_env, not both",
+        );
+    }
+    literal.or(from_env)
+}
+
+/// A credential must be a valid `Authorization` value. Errors never echo it.
+fn header_value(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("the credential is empty".into());
+    }
+    http::HeaderValue::from_str(s).map_err(|_| {
+        "the credential is not a valid HTTP header value (control characters or non-ASCII)"
+            .to_owned()
+    })?;
+    Ok(s.to_owned())
+}
+
+fn route_name(item: &Item) -> Result<String, String> {
+    let s = string(item)?;
+    let ok = (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !ok {
+        return Err(format!(
+            "a route name is 1 to 64 of a-z, 0-9, '_' and '-', found {}",
+            found(item)
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+fn path_prefix(item: &Item) -> Result<String, String> {
+    let s = string(item)?;
+    let why = if s == "/" {
+        "\"/\" matches every path; leave path_prefix out for a catch-all route"
+    } else if !s.starts_with('/') {
+        "a path prefix starts with '/'"
+    } else if s.ends_with('/') {
+        "a path prefix does not end with '/'"
+    } else if s.contains(['?', '#']) {
+        "a path prefix has no '?' or '#'"
+    } else if s.chars().any(|c| !c.is_ascii_graphic()) {
+        "a path prefix has no spaces, control or non-ASCII characters (percent-encode them)"
+    } else {
+        return Ok(s.to_owned());
+    };
+    Err(format!("{why}, found {}", found(item)))
+}
+
+/// A host name or IP address without a port, lowercased.
+fn route_host(item: &Item) -> Result<String, String> {
+    let s = string(item)?;
+    let v6 = s
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+    let name = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if v6 || name {
+        return Ok(s.to_ascii_lowercase());
+    }
+    let why = if s.contains(':') && !s.starts_with('[') {
+        "host is matched without its port; leave the port out"
+    } else {
+        "expected a host name or IP address"
+    };
+    Err(format!("{why}, found {}", found(item)))
+}
+
+fn socket_addr(item: &Item) -> Result<SocketAddr, String> {
+    let s = string(item)?;
+    s.parse().map_err(|_| {
+        format!(
+            "expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found {}",
+            found(item)
+        )
+    })
+}
+
+/// One address or an array of them.
+fn listen(item: &Item) -> Result<Vec<SocketAddr>, Bad> {
+    let Some(array) = item.as_array() else {
+        if !item.is_str() {
+            let what = "an address like \"127.0.0.1:8080\" or an array of them";
+            return Err(expected(what, item).into());
+        }
+        return Ok(vec![socket_addr(item)?]);
+    };
+    if array.is_empty() {
+        return Err(Bad::from("expected at least one address".to_owned()));
+    }
+    let mut addrs = Vec::new();
+    let mut problems = Vec::new();
+    for (i, v) in array.iter().enumerate() {
+        let at = v.span().map(|s| s.start);
+        let sub = format!("[{i}]");
+        match socket_addr(&Item::Value(v.clone())) {
+            Ok(a) if addrs.contains(&a) => problems.push(Problem {
+                at,
+                sub,
+                message: format!("{a} is listed twice"),
+            }),
+            Ok(a) => addrs.push(a),
+            Err(message) => problems.push(Problem { at, sub, message }),
+        }
+    }
+    if problems.is_empty() {
+        Ok(addrs)
+    } else {
+        Err(Bad(problems))
+    }
+}
+
+/// An http(s) base URL, normalised and without a trailing `/`.
+fn public_url(item: &Item) -> Result<String, String> {
+    let s = string(item)?;
+    let shape = || expected("an http or https URL with a host", item);
+    let u = split_url(s).map_err(|e| match e {
+        UrlError::Shape => shape(),
+        UrlError::Invalid(why) => format!("invalid URL {}: {why}", found(item)),
+    })?;
+    if !matches!(u.scheme.as_str(), "http" | "https") {
+        return Err(shape());
+    }
+    if u.userinfo.is_some() || u.query.is_some() || u.fragment.is_some() {
+        return Err(format!(
+            "a public URL has no user info, query or fragment, found {}",
+            found(item)
+        ));
+    }
+    let port = u.port.map(|p| format!(":{p}")).unwrap_or_default();
+    Ok(format!(
+        "{}://{}{port}{}",
+        u.scheme,
+        u.host,
+        u.path.trim_end_matches('/')
+    ))
+}
+
+fn store_url(item: &Item) -> Result<StoreKind, String> {
+    let s = string(item)?;
+    if s == "memory://" {
+        return Ok(StoreKind::Memory);
+    }
+    let shape = || expected("\"memory://\" or a redis:// or rediss:// URL", item);
+    let u = split_url(s).map_err(|e| match e {
+        UrlError::Shape => shape(),
+        UrlError::Invalid(why) => format!("invalid store URL {}: {why}", found(item)),
+    })?;
+    if !matches!(u.scheme.as_str(), "redis" | "rediss") {
+        return Err(shape());
+    }
+    let db = u.path.trim_start_matches('/');
+    if u.path.len() > 1 && (db.is_empty() || !db.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(format!(
+            "the path of a redis URL is a database number like \"/0\", found {}",
+            found(item)
+        ));
+    }
+    if u.fragment.is_some() {
+        return Err(format!(
+            "a redis URL has no fragment, found {}",
+            found(item)
+        ));
+    }
+    Ok(StoreKind::Redis { url: s.to_owned() })
+}

@@ -1,0 +1,541 @@
+use std::time::Duration;
+
+use policies::cascade::{CascadeMode, CascadePolicy};
+
+use super::*;
+
+const S: Duration = Duration::from_secs(1);
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "TOKEN" => Some("Bearer from-env".into()),
+        "DEFAULT_WORKER_TOKEN" => Some("Bearer default".into()),
+        "NEWLINE" => Some("Bearer a\nb".into()),
+        _ => None,
+    }
+}
+
+fn ok(src: &str) -> Config {
+    match parse_with_env(src, &env) {
+        Ok(c) => c,
+        Err(e) => panic!("{src}\n---\n{e}"),
+    }
+}
+
+/// The errors of `src`, as displayed.
+fn errors(src: &str) -> Vec<String> {
+    match parse_with_env(src, &env) {
+        Ok(c) => panic!("{src}\n--- parsed: {c:?}"),
+        Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+    }
+}
+
+const ROUTE: &str = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n";
+
+#[test]
+fn examples_parse() {
+    let minimal = ok(include_str!("../examples/minimal.toml"));
+    let listen = "127.0.0.1:8080".parse().unwrap();
+    assert_eq!(
+        minimal,
+        Config::single_worker(listen, "http://127.0.0.1:9000").unwrap()
+    );
+
+    let full = ok(include_str!("../examples/full.toml"));
+    assert_eq!(
+        full.server.listen,
+        vec![
+            "0.0.0.0:8080".parse().unwrap(),
+            "[::]:8080".parse().unwrap()
+        ]
+    );
+    assert_eq!(
+        full.server.public_url.as_deref(),
+        Some("https://agents.example.com")
+    );
+    assert_eq!(full.server.admin, Some("127.0.0.1:9090".parse().unwrap()));
+    // Every other section spells out its defaults.
+    assert_eq!(full.store, Store::default());
+    assert_eq!(full.limits, Limits::default());
+    assert_eq!(full.timeouts, Timeouts::default());
+    assert_eq!(full.cancel, Cancel::default());
+    let [research, default] = &full.routes[..] else {
+        panic!("{:?}", full.routes)
+    };
+    assert_eq!(
+        research,
+        &Route {
+            name: "research".into(),
+            worker: WorkerUrl::parse("http://127.0.0.1:9000/base").unwrap(),
+            path_prefix: Some("/research".into()),
+            host: Some("research.example.com".into()),
+            strip_prefix: true,
+            cascade: CascadePolicy {
+                mode: CascadeMode::Detach,
+                disconnect_grace: 2 * S,
+                id_wait: 5 * S,
+            },
+            worker_credential: Some("Bearer abc".into()),
+        }
+    );
+    assert_eq!(default.worker.origin(), "https://worker.internal:8443");
+    assert_eq!(default.cascade, CascadePolicy::default());
+    assert_eq!(default.worker_credential.as_deref(), Some("Bearer default"));
+}
+
+#[test]
+fn defaults() {
+    let c = ok(ROUTE);
+    assert_eq!(c.server, Server::default());
+    assert_eq!(c.server.listen, vec!["127.0.0.1:8080".parse().unwrap()]);
+    assert_eq!(c.server.threads, 2);
+    assert_eq!(c.store.kind, StoreKind::Memory);
+    assert_eq!(c.store.on_store_error, OnStoreError::FailOpen);
+    assert_eq!(c.limits.max_inspect_body, 1 << 20);
+    assert_eq!(c.limits.max_sse_event, 1 << 20);
+    assert_eq!(c.limits.max_card_body, 1 << 20);
+    assert_eq!(c.limits.max_tracked_tasks, 1_000_000);
+    assert_eq!(c.timeouts.connect, 5 * S);
+    assert_eq!(c.timeouts.upstream_idle, Some(3600 * S));
+    assert_eq!(c.timeouts.downstream_idle, Some(3600 * S));
+    assert_eq!(c.cancel.attempts, 5);
+    assert_eq!(c.cancel.backoff, Duration::from_millis(100));
+    assert_eq!(c.cancel.backoff_max, 5 * S);
+    assert_eq!(c.cancel.timeout, 5 * S);
+    let r = &c.routes[0];
+    assert_eq!(r.name, "a");
+    assert_eq!(r.worker.authority(), "w:80");
+    assert_eq!(r.path_prefix, None);
+    assert_eq!(r.host, None);
+    assert!(r.strip_prefix);
+    assert_eq!(r.cascade, CascadePolicy::default());
+    assert_eq!(r.worker_credential, None);
+}
+
+/// Valid files: a snippet (followed by a catch-all route unless it has
+/// routes of its own) and what it must set.
+#[test]
+fn valid_files() {
+    type Check = fn(&Config) -> bool;
+    let table: Vec<(&str, Check)> = vec![
+        ("[server]\nlisten = \"0.0.0.0:80\"", |c| {
+            c.server.listen == vec!["0.0.0.0:80".parse().unwrap()]
+        }),
+        ("[server]\nlisten = [\"[::1]:80\", \"127.0.0.1:81\"]", |c| {
+            c.server.listen.len() == 2 && c.server.listen[0].is_ipv6()
+        }),
+        ("[server]\npublic_url = \"https://A.example.com/\"", |c| {
+            c.server.public_url.as_deref() == Some("https://a.example.com")
+        }),
+        ("[server]\npublic_url = \"http://x:8080/agents/\"", |c| {
+            c.server.public_url.as_deref() == Some("http://x:8080/agents")
+        }),
+        ("[server]\nthreads = 256", |c| c.server.threads == 256),
+        ("[server]\nthreads = 1", |c| c.server.threads == 1),
+        ("server = { threads = 3 }", |c| c.server.threads == 3),
+        ("server.threads = 4", |c| c.server.threads == 4),
+        ("[store]\nurl = \"redis://cache:6379/0\"", |c| {
+            c.store.kind
+                == StoreKind::Redis {
+                    url: "redis://cache:6379/0".into(),
+                }
+        }),
+        ("[store]\nurl = \"rediss://:pw@cache\"\non_store_error = \"fail-closed\"", |c| {
+            matches!(c.store.kind, StoreKind::Redis { .. })
+                && c.store.on_store_error == OnStoreError::FailClosed
+        }),
+        ("[limits]\nmax_inspect_body = 1024\nmax_sse_event = \"64MiB\"", |c| {
+            c.limits.max_inspect_body == 1024 && c.limits.max_sse_event == 64 << 20
+        }),
+        ("[limits]\nmax_card_body = \"2MB\"\nmax_tracked_tasks = 1", |c| {
+            c.limits.max_card_body == 2_000_000 && c.limits.max_tracked_tasks == 1
+        }),
+        ("[timeouts]\nconnect = \"250ms\"\nupstream_idle = \"0s\"\ndownstream_idle = \"1h30m\"", |c| {
+            c.timeouts.connect == Duration::from_millis(250)
+                && c.timeouts.upstream_idle.is_none()
+                && c.timeouts.downstream_idle == Some(5400 * S)
+        }),
+        ("[cancel]\nattempts = 1\nbackoff = \"1s\"\nbackoff_max = \"1s\"\ntimeout = \"2m\"", |c| {
+            c.cancel
+                == Cancel {
+                    attempts: 1,
+                    backoff: S,
+                    backoff_max: S,
+                    timeout: 120 * S,
+                }
+        }),
+        ("[defaults]\ncascade = \"detach\"\ndisconnect_grace = \"3s\"", |c| {
+            c.routes[0].cascade
+                == CascadePolicy {
+                    mode: CascadeMode::Detach,
+                    disconnect_grace: 3 * S,
+                    id_wait: 5 * S,
+                }
+        }),
+        // a route's own keys override [defaults], key by key
+        (
+            "[defaults]\ncascade = \"detach\"\nid_wait = \"1s\"\n[[routes]]\nname = \"r\"\nworker = \"http://w\"\ncascade = \"cancel\"\ndisconnect_grace = \"1m\"",
+            |c| {
+                c.routes[0].cascade
+                    == CascadePolicy {
+                        mode: CascadeMode::Cancel,
+                        disconnect_grace: 60 * S,
+                        id_wait: S,
+                    }
+            },
+        ),
+        (
+            "[[routes]]\nname = \"r-1_x\"\nworker = \"https://W:8443/base/\"\npath_prefix = \"/r\"\nhost = \"R.Example.com\"\nstrip_prefix = false",
+            |c| {
+                let r = &c.routes[0];
+                r.name == "r-1_x"
+                    && r.worker == WorkerUrl { tls: true, host: "w".into(), port: 8443, base_path: "/base".into() }
+                    && r.path_prefix.as_deref() == Some("/r")
+                    && r.host.as_deref() == Some("r.example.com")
+                    && !r.strip_prefix
+            },
+        ),
+        // same prefix on different hosts, same host with different prefixes
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"/x\"\nhost = \"a\"\n\
+             [[routes]]\nname = \"b\"\nworker = \"http://w\"\npath_prefix = \"/x\"\nhost = \"b\"\n\
+             [[routes]]\nname = \"c\"\nworker = \"http://w\"\npath_prefix = \"/x\"\n\
+             [[routes]]\nname = \"d\"\nworker = \"http://w\"\nhost = \"a\"",
+            |c| c.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>() == ["a", "b", "c", "d"],
+        ),
+        (
+            "routes = [{ name = \"i\", worker = \"http://w\", host = \"[::1]\" }]",
+            |c| c.routes[0].name == "i" && c.routes[0].host.as_deref() == Some("[::1]"),
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential = \"Bearer x\"",
+            |c| c.routes[0].worker_credential.as_deref() == Some("Bearer x"),
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential_env = \"TOKEN\"",
+            |c| c.routes[0].worker_credential.as_deref() == Some("Bearer from-env"),
+        ),
+    ];
+    for (snippet, check) in table {
+        let src = if snippet.contains("routes") {
+            snippet.to_owned()
+        } else {
+            format!("{snippet}\n{ROUTE}")
+        };
+        let c = ok(&src);
+        assert!(check(&c), "{src}\n---\n{c:#?}");
+    }
+}
+
+/// Each kind of error, alone: the file and its one error, as displayed.
+#[test]
+fn single_errors() {
+    let table: &[(&str, &str)] = &[
+        // TOML syntax
+        ("[server\nthreads = 2", "1:8: invalid TOML: invalid table header; expected `.`, `]`"),
+        ("a = \n", "1:5: invalid TOML: invalid string; expected `\"`, `'`"),
+        ("[server]\nthreads = 2\nthreads = 3\n", "3:1: invalid TOML: duplicate key `threads` in table `server`"),
+        // unknown keys, with a suggestion when one is close
+        (
+            "servr = 1\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
+            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, defaults, routes",
+        ),
+        (
+            "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
+            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env",
+        ),
+        (
+            "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
+            "2:1: timeouts.conect: unknown key \"conect\" (did you mean \"connect\"?); expected one of: connect, upstream_idle, downstream_idle",
+        ),
+        // wrong types
+        ("server = 1\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "1:10: server: expected a table, found integer 1"),
+        ("[server]\nthreads = \"2\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "2:11: server.threads: expected an integer, found \"2\""),
+        ("[server]\nlisten = 8080\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "2:10: server.listen: expected an address like \"127.0.0.1:8080\" or an array of them, found integer 8080"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nstrip_prefix = \"yes\"", "4:16: routes[0].strip_prefix: expected true or false, found \"yes\""),
+        ("[[routes]]\nname = 7\nworker = \"http://w\"", "2:8: routes[0].name: expected a string, found integer 7"),
+        ("routes = 1", "1:10: routes: expected an array of tables, found integer 1"),
+        ("routes = [1]", "1:11: routes[0]: expected a table, found integer 1"),
+        // missing and empty
+        ("# no routes here", "1:1: routes: at least one [[routes]] table is required"),
+        ("routes = []", "1:10: routes: at least one route is required"),
+        ("[server]\n\n[[routes]]\nworker = \"http://w\"", "3:1: routes[0].name: missing required key"),
+        ("[[routes]]\nname = \"a\"", "1:1: routes[0].worker: missing required key"),
+        // bad values: server
+        ("[server]\nlisten = \"localhost:80\"\n", "2:10: server.listen: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"localhost:80\""),
+        ("[server]\nlisten = []\n", "2:10: server.listen: expected at least one address"),
+        ("[server]\nlisten = [\"1.2.3.4:5\", \"1.2.3.4:5\"]\n", "2:24: server.listen[1]: 1.2.3.4:5 is listed twice"),
+        ("[server]\nthreads = 0\n", "2:11: server.threads: must be between 1 and 256, found 0"),
+        ("[server]\nthreads = 257\n", "2:11: server.threads: must be between 1 and 256, found 257"),
+        ("[server]\npublic_url = \"agents.example.com\"\n", "2:14: server.public_url: expected an http or https URL with a host, found \"agents.example.com\""),
+        ("[server]\npublic_url = \"https://x/?a=b\"\n", "2:14: server.public_url: a public URL has no user info, query or fragment, found \"https://x/?a=b\""),
+        ("[server]\nadmin = \"127.0.0.1:8080\"\n", "2:9: server.admin: the admin listener must not share an address with listen"),
+        // bad values: store
+        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// or rediss:// URL, found \"postgres://db\""),
+        ("[store]\nurl = \"redis://cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://cache/x\""),
+        ("[store]\nurl = \"redis://cache:99999\"\n", "2:7: store.url: invalid store URL \"redis://cache:99999\": invalid port \"99999\""),
+        ("[store]\non_store_error = \"open\"\n", "2:18: store.on_store_error: expected one of \"fail-open\", \"fail-closed\", found \"open\""),
+        // bad values: sizes
+        ("[limits]\nmax_inspect_body = \"128MiB\"\n", "2:20: limits.max_inspect_body: must be between 1KiB and 64MiB, found \"128MiB\""),
+        ("[limits]\nmax_sse_event = 100\n", "2:17: limits.max_sse_event: must be between 1KiB and 64MiB, found integer 100"),
+        ("[limits]\nmax_card_body = \"1.5MiB\"\n", "2:17: limits.max_card_body: invalid size \"1.5MiB\": fractions are not supported; use a smaller unit, e.g. \"1536KiB\""),
+        ("[limits]\nmax_card_body = -1\n", "2:17: limits.max_card_body: a size cannot be negative, found -1"),
+        ("[limits]\nmax_tracked_tasks = 0\n", "2:21: limits.max_tracked_tasks: must be at least 1, found 0"),
+        // bad values: durations
+        ("[timeouts]\nconnect = 5\n", "2:11: timeouts.connect: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 5"),
+        ("[timeouts]\nconnect = \"5\"\n", "2:11: timeouts.connect: duration \"5\" needs a unit (ms, s, m or h), e.g. \"5s\""),
+        ("[timeouts]\nconnect = \"0s\"\n", "2:11: timeouts.connect: must be more than zero"),
+        ("[timeouts]\nupstream_idle = \"5 minutes\"\n", "2:17: timeouts.upstream_idle: invalid duration \"5 minutes\": a number needs a unit (ms, s, m or h)"),
+        ("[timeouts]\ndownstream_idle = true\n", "2:19: timeouts.downstream_idle: expected a duration string like \"5s\", found boolean true"),
+        // bad values: cancel
+        ("[cancel]\nattempts = 101\n", "2:12: cancel.attempts: must be between 1 and 100, found 101"),
+        ("[cancel]\nbackoff = \"10s\"\n", "1:1: cancel.backoff_max: must be at least backoff"),
+        ("[cancel]\nbackoff = \"10s\"\nbackoff_max = \"1s\"\n", "3:15: cancel.backoff_max: must be at least backoff"),
+        ("[cancel]\ntimeout = \"0ms\"\n", "2:11: cancel.timeout: must be more than zero"),
+        // bad values: defaults
+        ("[defaults]\ncascade = \"Cancel\"\n", "2:11: defaults.cascade: expected one of \"cancel\", \"detach\", found \"Cancel\""),
+        ("[defaults]\nid_wait = \"5\"\n", "2:11: defaults.id_wait: duration \"5\" needs a unit (ms, s, m or h), e.g. \"5s\""),
+        // bad values: routes
+        ("[[routes]]\nname = \"Research\"\nworker = \"http://w\"", "2:8: routes[0].name: a route name is 1 to 64 of a-z, 0-9, '_' and '-', found \"Research\""),
+        ("[[routes]]\nname = \"\"\nworker = \"http://w\"", "2:8: routes[0].name: a route name is 1 to 64 of a-z, 0-9, '_' and '-', found \"\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"ftp://x\"", "3:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w/x?y\"", "3:10: routes[0].worker: invalid worker URL \"http://w/x?y\": a worker URL takes no query or fragment"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"a\"", "4:15: routes[0].path_prefix: a path prefix starts with '/', found \"a\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"/a/\"", "4:15: routes[0].path_prefix: a path prefix does not end with '/', found \"/a/\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"/\"", "4:15: routes[0].path_prefix: \"/\" matches every path; leave path_prefix out for a catch-all route, found \"/\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"/a?b\"", "4:15: routes[0].path_prefix: a path prefix has no '?' or '#', found \"/a?b\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"/a b\"", "4:15: routes[0].path_prefix: a path prefix has no spaces, control or non-ASCII characters (percent-encode them), found \"/a b\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nhost = \"a.com:80\"", "4:8: routes[0].host: host is matched without its port; leave the port out, found \"a.com:80\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nhost = \"\"", "4:8: routes[0].host: expected a host name or IP address, found \"\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ncascade = \"kill\"", "4:11: routes[0].cascade: expected one of \"cancel\", \"detach\", found \"kill\""),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ndisconnect_grace = 2", "4:20: routes[0].disconnect_grace: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 2"),
+        // credentials; the secret is never echoed
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential = \"x\"\nworker_credential_env = \"TOKEN\"", "5:25: routes[0].worker_credential_env: give worker_credential or worker_credential_env, not both"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential_env = \"UNSET\"", "4:25: routes[0].worker_credential_env: environment variable UNSET is not set"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential_env = \"NEWLINE\"", "4:25: routes[0].worker_credential_env: environment variable NEWLINE: the credential is not a valid HTTP header value (control characters or non-ASCII)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential_env = \"\"", "4:25: routes[0].worker_credential_env: \"\" is not an environment variable name"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential = \"Bearer s3cr\\u0000t\"", "4:21: routes[0].worker_credential: the credential is not a valid HTTP header value (control characters or non-ASCII)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential = \" \"", "4:21: routes[0].worker_credential: the credential is empty"),
+        // rules across routes
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n[[routes]]\nname = \"a\"\nworker = \"http://v\"\nhost = \"h\"",
+            "5:8: routes[1].name: duplicate route name; routes[0] has it too",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n\n[[routes]]\nname = \"b\"\nworker = \"http://v\"",
+            "5:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nworker = \"http://w\"\npath_prefix = \"/x\"\nhost = \"H\"\n[[routes]]\nname = \"b\"\nworker = \"http://v\"\npath_prefix = \"/x\"\nhost = \"h\"",
+            "6:1: routes[1]: same host and path_prefix as routes[0]; one of them could never match",
+        ),
+    ];
+    assert_eq!(
+        errors(""),
+        ["1:1: routes: at least one [[routes]] table is required"]
+    );
+    let mut wrong = Vec::new();
+    for (src, want) in table {
+        let src = if src.contains("routes") {
+            src.to_string()
+        } else {
+            format!("{src}{ROUTE}")
+        };
+        let got = errors(&src);
+        if got != [*want] {
+            wrong.push(format!("{src}\n  want: {want}\n  got:  {got:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "\n{}", wrong.join("\n\n"));
+}
+
+#[test]
+fn every_error_at_once() {
+    let src = r#"[server]
+listen = ["0.0.0.0:8080", "nope"]
+threads = 0
+colour = "blue"
+
+[limits]
+max_sse_event = "1 lightyear"
+
+[cancel]
+backoff = "1s"
+backoff_max = "500ms"
+
+[[routes]]
+name = "research"
+worker = "ftp://x"
+path_prefix = "research/"
+
+[[routes]]
+worker = "http://127.0.0.1:9001"
+id_wait = 5
+
+[[routes]]
+name = "research"
+worker = "http://127.0.0.1:9002"
+"#;
+    let want = [
+        "2:27: server.listen[1]: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"nope\"",
+        "3:11: server.threads: must be between 1 and 256, found 0",
+        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads",
+        "7:17: limits.max_sse_event: invalid size \"1 lightyear\": unknown unit \"lightyear\"; use B, KiB, MiB, GiB, KB, MB or GB",
+        "11:15: cancel.backoff_max: must be at least backoff",
+        "15:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\"",
+        "16:15: routes[0].path_prefix: a path prefix starts with '/', found \"research/\"",
+        "18:1: routes[1].name: missing required key",
+        "20:11: routes[1].id_wait: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 5",
+    ];
+    // routes[2] repeats routes[0]'s name, but routes[0] is broken: no
+    // cross-route noise about half-read routes.
+    assert_eq!(errors(src), want);
+}
+
+#[test]
+fn cross_route_errors_with_others() {
+    let src = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n\
+               [[routes]]\nname = \"a\"\nworker = \"http://w\"\n\
+               [[routes]]\nname = \"c\"\nworker = \"http://w\"\nbogus = 1\n";
+    assert_eq!(
+        errors(src),
+        [
+            "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
+            "5:8: routes[1].name: duplicate route name; routes[0] has it too",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env",
+        ]
+    );
+}
+
+#[test]
+fn columns_count_characters() {
+    let src = "[[routes]]\nname = \"a\"  # é\nworker = \"http://w\"\nhost = \"é\"\n";
+    assert_eq!(
+        errors(src),
+        ["4:8: routes[0].host: expected a host name or IP address, found \"é\""]
+    );
+    let src = "# ééé\n[server]\nthreads = 0 \n[[routes]]\nname = \"a\"\nworker = \"http://w\"";
+    assert_eq!(
+        errors(src),
+        ["3:11: server.threads: must be between 1 and 256, found 0"]
+    );
+}
+
+#[test]
+fn secrets_stay_out_of_messages() {
+    let src = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential = \"Bearer s3cr\\u0000t\"";
+    let shown = errors(src).join("\n");
+    assert!(!shown.contains("s3cr"), "{shown}");
+
+    let c = ok(
+        "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential = \"Bearer s3cret\"",
+    );
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("s3cret"), "{debug}");
+    assert!(debug.contains("<redacted>"), "{debug}");
+}
+
+#[test]
+fn error_display() {
+    let e = ConfigError {
+        line: 12,
+        col: 10,
+        path: "routes[1].worker".into(),
+        message: "bad".into(),
+    };
+    assert_eq!(e.to_string(), "12:10: routes[1].worker: bad");
+    let syntax = ConfigError {
+        line: 1,
+        col: 2,
+        path: String::new(),
+        message: "invalid TOML".into(),
+    };
+    assert_eq!(syntax.to_string(), "1:2: invalid TOML");
+    let unplaced = ConfigError {
+        line: 0,
+        col: 0,
+        path: String::new(),
+        message: "cannot read".into(),
+    };
+    assert_eq!(unplaced.to_string(), "cannot read");
+
+    let mut errors = ConfigErrors {
+        file: None,
+        errors: vec![e, syntax, unplaced],
+    };
+    assert_eq!(
+        errors.to_string(),
+        "12:10: routes[1].worker: bad\n1:2: invalid TOML\ncannot read"
+    );
+    errors.file = Some("gw.toml".into());
+    assert_eq!(
+        errors.to_string(),
+        "gw.toml:12:10: routes[1].worker: bad\ngw.toml:1:2: invalid TOML\ngw.toml: cannot read"
+    );
+}
+
+#[test]
+fn load_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("a2a-gateway-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let missing = dir.join("missing.toml");
+    let e = load(&missing).unwrap_err();
+    assert_eq!(e.file.as_deref(), Some(missing.as_path()));
+    assert_eq!((e.errors[0].line, e.errors[0].col), (0, 0));
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with(&format!(
+            "{}: cannot read the config file: ",
+            missing.display()
+        )),
+        "{shown}"
+    );
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[server]\nthreads = 0\n").unwrap();
+    let e = load(&bad).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{0}:1:1: routes: at least one [[routes]] table is required\n{0}:2:11: server.threads: must be between 1 and 256, found 0",
+            bad.display()
+        )
+    );
+
+    let good = dir.join("good.toml");
+    std::fs::write(&good, ROUTE).unwrap();
+    assert_eq!(load(&good).unwrap().routes[0].name, "a");
+
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn single_worker() {
+    let listen = "0.0.0.0:8080".parse().unwrap();
+    let c = Config::single_worker(listen, "https://w.example/base/").unwrap();
+    assert_eq!(c.server.listen, vec![listen]);
+    assert_eq!(c.server.threads, 2);
+    assert_eq!(c.routes.len(), 1);
+    let r = &c.routes[0];
+    assert_eq!(r.name, "default");
+    assert_eq!(r.worker.origin(), "https://w.example:443");
+    assert_eq!(r.worker.base_path, "/base");
+    assert_eq!((r.path_prefix.as_deref(), r.host.as_deref()), (None, None));
+    assert!(r.strip_prefix);
+    assert_eq!(r.cascade, CascadePolicy::default());
+    let e = Config::single_worker(listen, "w.example:9000").unwrap_err();
+    assert!(e.contains("expected an http or https URL"), "{e}");
+}
+
+#[test]
+fn process_environment() {
+    // `parse` reads the real environment; PATH is set wherever tests run.
+    let src = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential_env = \"PATH\"";
+    let c = parse(src);
+    assert!(c.is_ok() || std::env::var("PATH").is_err(), "{c:?}");
+}

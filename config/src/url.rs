@@ -1,0 +1,269 @@
+//! The few URL shapes a config names: workers, the public base URL, the store.
+//!
+//! A small splitter of our own rather than `http::Uri`, which silently drops
+//! fragments and out-of-range ports.
+
+use std::fmt;
+use std::net::Ipv6Addr;
+
+/// Where a route sends its requests: `http(s)://host[:port][/base/path]`.
+///
+/// Requests reach the worker as `base_path` followed by the caller's path
+/// (less the route's prefix when it strips it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkerUrl {
+    /// `https`: connect with TLS (SNI and certificate checks use `host`).
+    pub tls: bool,
+    /// Lowercase host name or IP address; an IPv6 address keeps its brackets.
+    pub host: String,
+    /// The URL's port, else 80 (http) or 443 (https).
+    pub port: u16,
+    /// `""` or a path like `"/x/y"`, never ending in `/`.
+    pub base_path: String,
+}
+
+impl WorkerUrl {
+    /// Reads a worker URL: http or https, a host, an optional port and base
+    /// path; no user info, query or fragment. A trailing `/` is dropped.
+    pub fn parse(s: &str) -> Result<WorkerUrl, String> {
+        let shape = || format!("expected an http or https URL with a host, found {s:?}");
+        let u = split_url(s).map_err(|e| match e {
+            UrlError::Shape => shape(),
+            UrlError::Invalid(why) => format!("invalid worker URL {s:?}: {why}"),
+        })?;
+        let tls = match u.scheme.as_str() {
+            "http" => false,
+            "https" => true,
+            _ => return Err(shape()),
+        };
+        if u.userinfo.is_some() {
+            return Err(format!(
+                "invalid worker URL {s:?}: user info is not supported; use worker_credential"
+            ));
+        }
+        if u.query.is_some() || u.fragment.is_some() {
+            return Err(format!(
+                "invalid worker URL {s:?}: a worker URL takes no query or fragment"
+            ));
+        }
+        Ok(WorkerUrl {
+            tls,
+            host: u.host,
+            port: u.port.unwrap_or(if tls { 443 } else { 80 }),
+            base_path: u.path.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// `host:port`, the address to connect to and the `Host` the worker expects.
+    pub fn authority(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// `http://host:port` or `https://host:port`, without the base path.
+    pub fn origin(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.authority())
+    }
+}
+
+/// The full URL: origin and base path.
+impl fmt::Display for WorkerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.origin(), self.base_path)
+    }
+}
+
+/// A URL taken apart; `scheme` and `host` are lowercase.
+#[derive(Debug)]
+pub(crate) struct UrlParts<'a> {
+    pub scheme: String,
+    pub userinfo: Option<&'a str>,
+    pub host: String,
+    pub port: Option<u16>,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub fragment: Option<&'a str>,
+}
+
+#[derive(Debug, PartialEq)]
+pub(crate) enum UrlError {
+    /// Not `scheme://host...` at all.
+    Shape,
+    /// The right shape with a bad part.
+    Invalid(String),
+}
+
+/// Splits `scheme://[userinfo@]host[:port][path][?query][#fragment]`.
+pub(crate) fn split_url(s: &str) -> Result<UrlParts<'_>, UrlError> {
+    let (scheme, rest) = s.split_once("://").ok_or(UrlError::Shape)?;
+    let mut chars = scheme.chars();
+    let scheme_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !scheme_ok {
+        return Err(UrlError::Shape);
+    }
+    if let Some(c) = s.chars().find(|&c| !url_char(c)) {
+        return Err(UrlError::Invalid(format!("character {c:?} is not allowed")));
+    }
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, f)) => (r, Some(f)),
+        None => (rest, None),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (addr, after) = v6
+            .split_once(']')
+            .ok_or_else(|| UrlError::Invalid("unclosed '[' in the host".into()))?;
+        addr.parse::<Ipv6Addr>()
+            .map_err(|_| UrlError::Invalid(format!("{addr:?} is not an IPv6 address")))?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or_else(|| {
+                UrlError::Invalid(format!("unexpected {p:?} after the IPv6 address"))
+            })?),
+        };
+        (&hostport[..addr.len() + 2], port)
+    } else {
+        match hostport.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(UrlError::Shape);
+    }
+    if !host.starts_with('[') {
+        if let Some(c) = host
+            .chars()
+            .find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')))
+        {
+            return Err(UrlError::Invalid(format!(
+                "character {c:?} is not allowed in a host"
+            )));
+        }
+    }
+    let port = match port {
+        None => None,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) => return Err(UrlError::Invalid("port 0 is not allowed".into())),
+            Ok(n) if p.bytes().all(|b| b.is_ascii_digit()) => Some(n),
+            _ => return Err(UrlError::Invalid(format!("invalid port {p:?}"))),
+        },
+    };
+    Ok(UrlParts {
+        scheme: scheme.to_ascii_lowercase(),
+        userinfo,
+        host: host.to_ascii_lowercase(),
+        port,
+        path,
+        query,
+        fragment,
+    })
+}
+
+/// Printable ASCII that may appear in a URL (RFC 3986 reserved and
+/// unreserved characters and `%`).
+fn url_char(c: char) -> bool {
+    c.is_ascii_graphic() && !matches!(c, '"' | '<' | '>' | '\\' | '^' | '`' | '{' | '|' | '}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(tls: bool, host: &str, port: u16, base_path: &str) -> WorkerUrl {
+        WorkerUrl {
+            tls,
+            host: host.into(),
+            port,
+            base_path: base_path.into(),
+        }
+    }
+
+    #[test]
+    fn worker_urls() {
+        let ok = [
+            (
+                "http://127.0.0.1:9000/base",
+                w(false, "127.0.0.1", 9000, "/base"),
+            ),
+            ("http://127.0.0.1:9000", w(false, "127.0.0.1", 9000, "")),
+            ("http://worker", w(false, "worker", 80, "")),
+            ("https://worker", w(true, "worker", 443, "")),
+            (
+                "https://Worker.Example.COM/",
+                w(true, "worker.example.com", 443, ""),
+            ),
+            ("HTTP://w:8080/a/b/", w(false, "w", 8080, "/a/b")),
+            ("http://w/A/b", w(false, "w", 80, "/A/b")),
+            ("http://[::1]:9000/x", w(false, "[::1]", 9000, "/x")),
+            ("https://[::1]", w(true, "[::1]", 443, "")),
+            ("http://my_host.local", w(false, "my_host.local", 80, "")),
+        ];
+        for (s, want) in ok {
+            assert_eq!(WorkerUrl::parse(s), Ok(want), "{s}");
+        }
+        let bad = [
+            (
+                "ftp://x",
+                "expected an http or https URL with a host, found \"ftp://x\"",
+            ),
+            ("worker:9000", "expected an http or https URL"),
+            ("127.0.0.1:9000", "expected an http or https URL"),
+            ("http://", "expected an http or https URL"),
+            ("http:///x", "expected an http or https URL"),
+            ("http://:80", "expected an http or https URL"),
+            ("", "expected an http or https URL"),
+            ("http://a:99999", "invalid port \"99999\""),
+            ("http://a:", "invalid port \"\""),
+            ("http://a:+80", "invalid port \"+80\""),
+            ("http://a:0", "port 0"),
+            ("http://a/b?x=1", "no query or fragment"),
+            ("http://a/b#top", "no query or fragment"),
+            ("http://u:p@a/", "user info"),
+            ("http://a b/", "character ' ' is not allowed"),
+            ("http://a/é", "character 'é' is not allowed"),
+            ("http://a$b/", "not allowed in a host"),
+            ("http://[::1/", "unclosed"),
+            ("http://[zz]/", "not an IPv6 address"),
+            ("http://[::1]x/", "after the IPv6 address"),
+        ];
+        for (s, want) in bad {
+            let err = WorkerUrl::parse(s).expect_err(s);
+            assert!(err.contains(want), "{s}: {err}");
+        }
+    }
+
+    #[test]
+    fn worker_url_parts() {
+        let u = WorkerUrl::parse("https://w.example:8443/base/").unwrap();
+        assert_eq!(u.authority(), "w.example:8443");
+        assert_eq!(u.origin(), "https://w.example:8443");
+        assert_eq!(u.to_string(), "https://w.example:8443/base");
+        let u = WorkerUrl::parse("http://[::1]").unwrap();
+        assert_eq!(u.authority(), "[::1]:80");
+        assert_eq!(u.origin(), "http://[::1]:80");
+    }
+
+    #[test]
+    fn split() {
+        let u = split_url("rediss://:pw@Cache:6380/2?timeout=1#f").unwrap();
+        assert_eq!(u.scheme, "rediss");
+        assert_eq!(u.userinfo, Some(":pw"));
+        assert_eq!(u.host, "cache");
+        assert_eq!(u.port, Some(6380));
+        assert_eq!(u.path, "/2");
+        assert_eq!(u.query, Some("timeout=1"));
+        assert_eq!(u.fragment, Some("f"));
+        assert!(matches!(split_url("memory"), Err(UrlError::Shape)));
+        assert!(matches!(split_url("1x://a"), Err(UrlError::Shape)));
+    }
+}
