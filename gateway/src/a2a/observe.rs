@@ -1,0 +1,235 @@
+//! Reading what a worker's answer says about its task.
+//!
+//! One JSON document (a whole JSON body, one SSE event's `data`, one WebSocket
+//! text frame) becomes one small [`Observation`]. Deserialisation is typed
+//! and borrowing: only the few fields the gateway needs are read, every other
+//! field is skipped without building a tree.
+
+use std::borrow::Cow;
+
+use policies::TaskState;
+use serde::Deserialize;
+
+use super::Binding;
+
+/// The task facts one document carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub task_id: Option<String>,
+    pub context_id: Option<String>,
+    /// The state, when the document carried a known one.
+    pub state: Option<TaskState>,
+    /// The answer was a `message` that names no task: nothing to cancel.
+    pub message_only: bool,
+    /// The document is an error (JSON-RPC `error`, REST `{"error":…}`).
+    pub error: bool,
+}
+
+impl Observation {
+    /// Whether the document told anything worth acting on.
+    pub fn is_empty(&self) -> bool {
+        self.task_id.is_none() && self.state.is_none() && !self.message_only && !self.error
+    }
+}
+
+#[derive(Deserialize)]
+struct Rpc<'a> {
+    #[serde(borrow, default)]
+    result: Option<Payload<'a>>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+/// A StreamResponse (`task` / `message` / `statusUpdate` / `artifactUpdate`),
+/// a SendMessage response (`task` / `message`), or a bare Task (GetTask,
+/// CancelTask): the union of their relevant fields.
+#[derive(Deserialize)]
+struct Payload<'a> {
+    #[serde(borrow, default)]
+    task: Option<TaskObj<'a>>,
+    #[serde(borrow, default)]
+    message: Option<MessageObj<'a>>,
+    #[serde(borrow, default, rename = "statusUpdate")]
+    status_update: Option<UpdateObj<'a>>,
+    #[serde(borrow, default, rename = "artifactUpdate")]
+    artifact_update: Option<UpdateObj<'a>>,
+    // Bare Task fields.
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "contextId")]
+    context_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    status: Option<StatusObj<'a>>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct TaskObj<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow, default, rename = "contextId")]
+    context_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    status: Option<StatusObj<'a>>,
+}
+
+#[derive(Deserialize)]
+struct MessageObj<'a> {
+    #[serde(borrow, default, rename = "taskId")]
+    task_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "contextId")]
+    context_id: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct UpdateObj<'a> {
+    #[serde(borrow, default, rename = "taskId")]
+    task_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "contextId")]
+    context_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    status: Option<StatusObj<'a>>,
+}
+
+#[derive(Deserialize)]
+struct StatusObj<'a> {
+    #[serde(borrow, default)]
+    state: Option<Cow<'a, str>>,
+}
+
+fn state_of(s: &Option<StatusObj<'_>>) -> Option<TaskState> {
+    s.as_ref()
+        .and_then(|s| s.state.as_deref())
+        .and_then(TaskState::from_wire)
+}
+
+fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
+    s.map(Cow::into_owned)
+}
+
+impl Payload<'_> {
+    fn into_observation(self) -> Observation {
+        if self.error.is_some() {
+            return Observation {
+                error: true,
+                ..Observation::default()
+            };
+        }
+        if let Some(t) = self.task {
+            return Observation {
+                state: state_of(&t.status),
+                task_id: Some(t.id.into_owned()),
+                context_id: owned(t.context_id),
+                ..Observation::default()
+            };
+        }
+        if let Some(u) = self.status_update {
+            return Observation {
+                state: state_of(&u.status),
+                task_id: owned(u.task_id),
+                context_id: owned(u.context_id),
+                ..Observation::default()
+            };
+        }
+        if let Some(u) = self.artifact_update {
+            return Observation {
+                task_id: owned(u.task_id),
+                context_id: owned(u.context_id),
+                ..Observation::default()
+            };
+        }
+        if let Some(m) = self.message {
+            let message_only = m.task_id.is_none();
+            return Observation {
+                task_id: owned(m.task_id),
+                context_id: owned(m.context_id),
+                message_only,
+                ..Observation::default()
+            };
+        }
+        if let (Some(id), Some(_)) = (&self.id, &self.status) {
+            return Observation {
+                state: state_of(&self.status),
+                task_id: Some(id.to_string()),
+                context_id: owned(self.context_id),
+                ..Observation::default()
+            };
+        }
+        Observation::default()
+    }
+}
+
+/// Reads one document of the given binding. Anything that is not JSON, or not
+/// an A2A answer, gives `None`: the caller counts it and tracks nothing.
+pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation> {
+    match binding {
+        Binding::JsonRpc => {
+            let rpc: Rpc<'_> = serde_json::from_slice(doc).ok()?;
+            if rpc.error.is_some() {
+                return Some(Observation {
+                    error: true,
+                    ..Observation::default()
+                });
+            }
+            Some(rpc.result?.into_observation())
+        }
+        Binding::Rest => {
+            let p: Payload<'_> = serde_json::from_slice(doc).ok()?;
+            Some(p.into_observation())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TaskState::*;
+
+    fn obs(id: Option<&str>, state: Option<TaskState>) -> Observation {
+        Observation {
+            task_id: id.map(str::to_string),
+            context_id: Some("c1".into()),
+            state,
+            ..Observation::default()
+        }
+    }
+
+    #[test]
+    fn rest_documents() {
+        let table: Vec<(&str, Option<Observation>)> = vec![
+            (r#"{"task":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_SUBMITTED"}}}"#, Some(obs(Some("t1"), Some(Submitted)))),
+            (r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING","timestamp":"x"},"metadata":{"a":[1,2,{"b":null}]}}}"#, Some(obs(Some("t1"), Some(Working)))),
+            (r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_INPUT_REQUIRED","message":{"parts":[{"text":"?"}]}}}}"#, Some(obs(Some("t1"), Some(InputRequired)))),
+            (r#"{"artifactUpdate":{"taskId":"t1","contextId":"c1","artifact":{"parts":[]}}}"#, Some(obs(Some("t1"), None))),
+            (r#"{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_CANCELED"}}"#, Some(obs(Some("t1"), Some(Canceled)))),
+            (r#"{"message":{"messageId":"m","role":"ROLE_AGENT","parts":[],"contextId":"c1"}}"#, Some(Observation { context_id: Some("c1".into()), message_only: true, ..Default::default() })),
+            (r#"{"message":{"messageId":"m","taskId":"t1","contextId":"c1"}}"#, Some(obs(Some("t1"), None))),
+            (r#"{"error":{"code":404,"status":"NOT_FOUND","message":"x"}}"#, Some(Observation { error: true, ..Default::default() })),
+            (r#"{"task":{"id":"t\"1","contextId":"c1","status":{"state":"weird"}}}"#, Some(obs(Some("t\"1"), None))),
+            ("not json", None),
+            (r#"[1,2]"#, None),
+            (r#"{}"#, Some(Observation::default())),
+        ];
+        for (doc, want) in table {
+            assert_eq!(observe(Binding::Rest, doc.as_bytes()), want, "{doc}");
+        }
+    }
+
+    #[test]
+    fn jsonrpc_documents() {
+        let table: Vec<(&str, Option<Observation>)> = vec![
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING"}}}}"#, Some(obs(Some("t1"), Some(Working)))),
+            (r#"{"jsonrpc":"2.0","id":"x","result":{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_COMPLETED"}}}}"#, Some(obs(Some("t1"), Some(Completed)))),
+            (r#"{"id":null,"jsonrpc":"2.0","result":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_FAILED"}}}"#, Some(obs(Some("t1"), Some(Failed)))),
+            (r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"Task not found"}}"#, Some(Observation { error: true, ..Default::default() })),
+            (r#"{"jsonrpc":"2.0","id":1}"#, None),
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"status":"stream_complete"}}"#, None),
+        ];
+        for (doc, want) in table {
+            let got = observe(Binding::JsonRpc, doc.as_bytes());
+            // `{"status":"stream_complete"}` has a string status: not a task.
+            assert_eq!(got.filter(|o| !o.is_empty() || o.error), want, "{doc}");
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! An incremental, bounded SSE (`text/event-stream`) parser.
+//!
+//! Chunks from the worker are not aligned to events or even lines. The parser
+//! keeps at most one partial line and one event's `data` between chunks, and
+//! never more than its limit: an over-long line or event is dropped from
+//! *tracking* (the bytes themselves always pass through to the caller
+//! untouched: the proxy only reads them) and counted.
+
+/// What the parser found that the caller of [`SseParser::feed`] cares about.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SseItem<'a> {
+    /// The `data` of one complete event (multi-line data joined with `\n`),
+    /// with the event's `event:` field if it had one.
+    Event { event: Option<&'a [u8]>, data: &'a [u8] },
+    /// A line or event over the limit was skipped.
+    Overlong,
+}
+
+/// Incremental SSE parser; one per streamed response.
+#[derive(Debug)]
+pub struct SseParser {
+    limit: usize,
+    /// The current, incomplete line.
+    line: Vec<u8>,
+    /// The current event's joined `data` lines.
+    data: Vec<u8>,
+    has_data: bool,
+    /// The current event's `event:` field.
+    event: Vec<u8>,
+    /// The line being read is over the limit: skip to its end.
+    skipping_line: bool,
+    /// The event being read is over the limit: skip to its blank line.
+    skipping_event: bool,
+    /// The last byte seen was a CR, so an LF right after it ends nothing.
+    after_cr: bool,
+}
+
+impl SseParser {
+    /// A parser that holds at most `limit` bytes of one line and of one event.
+    pub fn new(limit: usize) -> Self {
+        SseParser {
+            limit,
+            line: Vec::new(),
+            data: Vec::new(),
+            has_data: false,
+            event: Vec::new(),
+            skipping_line: false,
+            skipping_event: false,
+            after_cr: false,
+        }
+    }
+
+    /// Feeds one chunk; `on_item` is called for each complete event (and each
+    /// skipped over-long one), in order.
+    pub fn feed(&mut self, mut chunk: &[u8], mut on_item: impl FnMut(SseItem<'_>)) {
+        if chunk.is_empty() {
+            return;
+        }
+        if self.after_cr && chunk.first() == Some(&b'\n') {
+            chunk = &chunk[1..];
+        }
+        self.after_cr = false;
+        while !chunk.is_empty() {
+            let Some(end) = memchr2(b'\n', b'\r', chunk) else {
+                self.push_partial(chunk, &mut on_item);
+                return;
+            };
+            let (piece, rest) = chunk.split_at(end);
+            let mut skip = 1;
+            if rest[0] == b'\r' {
+                match rest.get(1) {
+                    Some(b'\n') => skip = 2,
+                    None => self.after_cr = true,
+                    _ => {}
+                }
+            }
+            chunk = &rest[skip..];
+            if self.skipping_line {
+                self.skipping_line = false;
+                self.line.clear();
+                continue;
+            }
+            if self.line.is_empty() {
+                self.line_done(piece, &mut on_item);
+            } else if self.line.len() + piece.len() > self.limit {
+                self.line.clear();
+                self.overlong(&mut on_item);
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(piece);
+                self.line_done(&line, &mut on_item);
+                line.clear();
+                self.line = line;
+            }
+        }
+    }
+
+    fn push_partial(&mut self, piece: &[u8], on_item: &mut impl FnMut(SseItem<'_>)) {
+        if self.skipping_line {
+            return;
+        }
+        if self.line.len() + piece.len() > self.limit {
+            self.line.clear();
+            self.skipping_line = true;
+            self.overlong(on_item);
+        } else {
+            self.line.extend_from_slice(piece);
+        }
+    }
+
+    fn overlong(&mut self, on_item: &mut impl FnMut(SseItem<'_>)) {
+        if !self.skipping_event {
+            self.skipping_event = true;
+            on_item(SseItem::Overlong);
+        }
+        self.data.clear();
+        self.has_data = false;
+    }
+
+    fn line_done(&mut self, line: &[u8], on_item: &mut impl FnMut(SseItem<'_>)) {
+        if line.is_empty() {
+            // Dispatch.
+            if self.skipping_event {
+                self.skipping_event = false;
+            } else if self.has_data {
+                let event = (!self.event.is_empty()).then_some(self.event.as_slice());
+                on_item(SseItem::Event {
+                    event,
+                    data: &self.data,
+                });
+            }
+            self.data.clear();
+            self.event.clear();
+            self.has_data = false;
+            return;
+        }
+        if self.skipping_event {
+            return;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(0) => return, // comment, e.g. keep-alive
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
+        };
+        match field {
+            b"data" => {
+                if self.data.len() + value.len() + 1 > self.limit {
+                    self.overlong(on_item);
+                    return;
+                }
+                if self.has_data {
+                    self.data.push(b'\n');
+                }
+                self.data.extend_from_slice(value);
+                self.has_data = true;
+            }
+            b"event" => {
+                self.event.clear();
+                self.event.extend_from_slice(&value[..value.len().min(64)]);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn memchr2(a: u8, b: u8, hay: &[u8]) -> Option<usize> {
+    hay.iter().position(|&c| c == a || c == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    enum Got {
+        Ev(Option<String>, String),
+        Overlong,
+    }
+
+    fn run(limit: usize, chunks: &[&[u8]]) -> Vec<Got> {
+        let mut p = SseParser::new(limit);
+        let mut out = Vec::new();
+        for c in chunks {
+            p.feed(c, |item| {
+                out.push(match item {
+                    SseItem::Event { event, data } => Got::Ev(
+                        event.map(|e| String::from_utf8_lossy(e).into_owned()),
+                        String::from_utf8_lossy(data).into_owned(),
+                    ),
+                    SseItem::Overlong => Got::Overlong,
+                })
+            });
+        }
+        out
+    }
+
+    fn ev(data: &str) -> Got {
+        Got::Ev(None, data.to_string())
+    }
+
+    #[test]
+    fn framing_table() {
+        let table: Vec<(&str, &[u8], Vec<Got>)> = vec![
+            ("lf", b"data: a\n\n", vec![ev("a")]),
+            ("crlf", b"data: a\r\n\r\n", vec![ev("a")]),
+            ("cr", b"data: a\r\r", vec![ev("a")]),
+            ("no space", b"data:a\n\n", vec![ev("a")]),
+            ("multi-line data", b"data: a\ndata: b\n\n", vec![ev("a\nb")]),
+            ("id and event", b"id: 7\nevent: message\ndata: x\n\n", vec![Got::Ev(Some("message".into()), "x".into())]),
+            ("comment only", b": keep-alive\n\n", vec![]),
+            ("comment between", b"data: a\n: ping\n\ndata: b\n\n", vec![ev("a"), ev("b")]),
+            ("no trailing blank", b"data: a\n", vec![]),
+            ("two events", b"data: 1\n\ndata: 2\n\n", vec![ev("1"), ev("2")]),
+            ("empty data", b"data\n\n", vec![ev("")]),
+        ];
+        for (name, input, want) in table {
+            assert_eq!(run(1024, &[input]), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_split_gives_the_same_events() {
+        let input: &[u8] = b"id: 1\r\nevent: message\r\ndata: {\"a\":1}\r\n\r\n: ping\r\n\r\ndata: x\ndata: y\n\ndata: z\r\r";
+        let whole = run(1024, &[input]);
+        assert_eq!(whole.len(), 3);
+        for i in 0..=input.len() {
+            for j in i..=input.len() {
+                let got = run(1024, &[&input[..i], &input[i..j], &input[j..]]);
+                assert_eq!(got, whole, "split at {i},{j}");
+            }
+        }
+    }
+
+    #[test]
+    fn overlong_line_is_skipped_and_counted_once() {
+        let long = format!("data: {}\n\ndata: ok\n\n", "x".repeat(100));
+        assert_eq!(run(32, &[long.as_bytes()]), vec![Got::Overlong, ev("ok")]);
+        // The same, byte by byte: the parser never holds more than the limit.
+        let bytes: Vec<&[u8]> = long.as_bytes().chunks(1).collect();
+        assert_eq!(run(32, &bytes), vec![Got::Overlong, ev("ok")]);
+    }
+
+    #[test]
+    fn overlong_event_of_short_lines() {
+        let mut s = String::new();
+        for _ in 0..10 {
+            s.push_str("data: 0123456789\n");
+        }
+        s.push_str("\ndata: ok\n\n");
+        assert_eq!(run(64, &[s.as_bytes()]), vec![Got::Overlong, ev("ok")]);
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let mut p = SseParser::new(64);
+        let junk = vec![b'x'; 10_000];
+        for _ in 0..100 {
+            p.feed(&junk, |_| {});
+        }
+        assert!(p.line.capacity() <= 128, "line grew to {}", p.line.capacity());
+        assert!(p.data.capacity() <= 128);
+    }
+}

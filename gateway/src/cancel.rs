@@ -1,0 +1,311 @@
+//! Sending `CancelTask` to workers, with retries.
+//!
+//! The gateway's own calls speak the binding the caller used, in the tenant
+//! the task was sent to, with `A2A-Version: 1.0`, and with the caller's
+//! credential (held in memory for the life of the request, never stored) or
+//! the route's configured worker credential.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pingora::connectors::http::Connector;
+use pingora::http::RequestHeader;
+use pingora::upstreams::peer::HttpPeer;
+use serde_json::{json, Value};
+
+use crate::a2a::classify::percent_encode_segment;
+use crate::a2a::Binding;
+use crate::metrics;
+use crate::store::{CancelTarget, TaskKey};
+
+/// One owed cancel.
+#[derive(Clone, Debug)]
+pub struct CancelJob {
+    pub key: TaskKey,
+    pub worker: config::WorkerUrl,
+    pub target: CancelTarget,
+    /// `Authorization` header value to send, if any.
+    pub authorization: Option<String>,
+    /// Why (`caller_gone`, `stream_lost`, …), for logs and metrics.
+    pub cause: &'static str,
+}
+
+/// How a cancel ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The worker accepted the cancel.
+    Canceled,
+    /// The task was already terminal (`-32002` / `TASK_NOT_CANCELABLE`), or
+    /// the worker answered a repeated cancel with the canceled task.
+    NotCancelable,
+    /// The worker does not know the task (`-32001` / 404).
+    NotFound,
+    /// Every attempt failed, or the worker refused for good (e.g. 401).
+    Failed,
+}
+
+impl CancelOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelOutcome::Canceled => "canceled",
+            CancelOutcome::NotCancelable => "not_cancelable",
+            CancelOutcome::NotFound => "not_found",
+            CancelOutcome::Failed => "failed",
+        }
+    }
+
+    /// The task no longer runs on the gateway's account.
+    pub fn is_done(self) -> bool {
+        self != CancelOutcome::Failed
+    }
+}
+
+/// What one attempt learned.
+#[derive(Debug, PartialEq, Eq)]
+enum Attempt {
+    Final(CancelOutcome),
+    /// Worth another try (network error, 5xx, 429, timeout).
+    Retry(String),
+    /// Not worth another try (e.g. 401/403): the reason.
+    Refused(String),
+}
+
+/// Sends cancels. Cheap to clone; connections to workers are pooled.
+#[derive(Clone)]
+pub struct Canceller {
+    connector: Arc<Connector>,
+    cfg: config::Cancel,
+    connect_timeout: Duration,
+    seq: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Canceller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Canceller").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl Canceller {
+    pub fn new(cfg: config::Cancel, connect_timeout: Duration) -> Self {
+        Canceller {
+            connector: Arc::new(Connector::new(None)),
+            cfg,
+            connect_timeout,
+            seq: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// Cancels with retries and backoff; logs and counts the outcome.
+    pub async fn cancel(&self, job: &CancelJob) -> CancelOutcome {
+        let started = Instant::now();
+        let route = &*job.key.route;
+        let mut delay = self.cfg.backoff;
+        let mut outcome = CancelOutcome::Failed;
+        let mut last_err = String::new();
+        for attempt in 1..=self.cfg.attempts {
+            metrics::CANCEL_ATTEMPTS.with_label_values(&[route]).inc();
+            let res = tokio::time::timeout(self.cfg.timeout, self.attempt(job)).await;
+            match res {
+                Ok(Attempt::Final(o)) => {
+                    outcome = o;
+                    break;
+                }
+                Ok(Attempt::Refused(e)) => {
+                    last_err = e;
+                    break;
+                }
+                Ok(Attempt::Retry(e)) => last_err = e,
+                Err(_) => last_err = format!("timed out after {:?}", self.cfg.timeout),
+            }
+            if attempt < self.cfg.attempts {
+                tracing::debug!(task = %job.key, attempt, error = %last_err, "CancelTask failed; retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(self.cfg.backoff_max);
+            }
+        }
+        let elapsed = started.elapsed();
+        metrics::CANCEL_LATENCY
+            .with_label_values(&[route])
+            .observe(elapsed.as_secs_f64());
+        metrics::CANCELS
+            .with_label_values(&[route, job.cause, outcome.as_str()])
+            .inc();
+        if outcome.is_done() {
+            tracing::info!(task = %job.key, cause = job.cause, outcome = outcome.as_str(), ms = elapsed.as_millis() as u64, "CancelTask sent");
+        } else {
+            tracing::warn!(task = %job.key, cause = job.cause, error = %last_err, "CancelTask failed; the child may still be running");
+        }
+        outcome
+    }
+
+    fn request(&self, job: &CancelJob) -> (String, Value) {
+        let id = &*job.key.task_id;
+        let tenant = job.key.tenant();
+        match job.target.binding {
+            Binding::JsonRpc => {
+                let mut params = json!({ "id": id });
+                if let Some(t) = tenant {
+                    params["tenant"] = json!(t);
+                }
+                let n = self.seq.fetch_add(1, Ordering::Relaxed);
+                let body = json!({
+                    "jsonrpc": "2.0",
+                    "id": format!("a2a-gateway-cancel-{n}"),
+                    "method": "CancelTask",
+                    "params": params,
+                });
+                let path = if job.target.path.is_empty() { "/".to_string() } else { job.target.path.clone() };
+                (path, body)
+            }
+            Binding::Rest => {
+                let mut path = job.target.path.trim_end_matches('/').to_string();
+                let mut body = json!({});
+                if let Some(t) = tenant {
+                    path.push('/');
+                    path.push_str(&percent_encode_segment(t));
+                    body["tenant"] = json!(t);
+                }
+                path.push_str("/tasks/");
+                path.push_str(&percent_encode_segment(id));
+                path.push_str(":cancel");
+                (path, body)
+            }
+        }
+    }
+
+    async fn attempt(&self, job: &CancelJob) -> Attempt {
+        let (path, body) = self.request(job);
+        let body = Bytes::from(body.to_string());
+        let w = &job.worker;
+        let mut peer = HttpPeer::new(w.authority(), w.tls, w.host.clone());
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        peer.options.read_timeout = Some(self.cfg.timeout);
+        peer.options.write_timeout = Some(self.cfg.timeout);
+
+        let mut req = match RequestHeader::build("POST", path.as_bytes(), None) {
+            Ok(r) => r,
+            Err(e) => return Attempt::Refused(format!("bad cancel path {path}: {e}")),
+        };
+        let headers: [(&str, &str); 4] = [
+            ("host", &w.authority()),
+            ("content-type", "application/json"),
+            ("a2a-version", "1.0"),
+            ("content-length", &body.len().to_string()),
+        ];
+        for (k, v) in headers {
+            if req.insert_header(k, v).is_err() {
+                return Attempt::Refused(format!("bad header {k}"));
+            }
+        }
+        if let Some(auth) = &job.authorization {
+            if req.insert_header("authorization", auth.as_str()).is_err() {
+                return Attempt::Refused("credential is not a valid header value".into());
+            }
+        }
+
+        let (mut session, _reused) = match self.connector.get_http_session(&peer).await {
+            Ok(s) => s,
+            Err(e) => return Attempt::Retry(format!("connect: {e}")),
+        };
+        if let Err(e) = session.write_request_header(Box::new(req)).await {
+            return Attempt::Retry(format!("write: {e}"));
+        }
+        if let Err(e) = session.write_request_body(body, true).await {
+            return Attempt::Retry(format!("write body: {e}"));
+        }
+        if let Err(e) = session.finish_request_body().await {
+            return Attempt::Retry(format!("finish body: {e}"));
+        }
+        if let Err(e) = session.read_response_header().await {
+            return Attempt::Retry(format!("read: {e}"));
+        }
+        let status = session.response_header().map_or(0, |h| h.status.as_u16());
+        let mut resp = Vec::new();
+        loop {
+            match session.read_response_body().await {
+                Ok(Some(chunk)) => {
+                    if resp.len() < 64 * 1024 {
+                        resp.extend_from_slice(&chunk);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Attempt::Retry(format!("read body: {e}")),
+            }
+        }
+        self.connector
+            .release_http_session(session, &peer, Some(Duration::from_secs(30)))
+            .await;
+        judge(job.target.binding, status, &resp)
+    }
+}
+
+/// Reads a worker's answer to `CancelTask`.
+fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
+    let v: Option<Value> = serde_json::from_slice(body).ok();
+    let reason = || {
+        v.as_ref()
+            .and_then(|v| v["error"]["details"].as_array())
+            .and_then(|d| d.iter().find_map(|e| e["reason"].as_str()))
+            .unwrap_or("")
+            .to_string()
+    };
+    let brief = || String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+    match binding {
+        Binding::JsonRpc if status == 200 => {
+            let Some(v) = v else {
+                return Attempt::Retry(format!("HTTP 200 with a non-JSON body: {}", brief()));
+            };
+            if v.get("result").is_some() {
+                return Attempt::Final(CancelOutcome::Canceled);
+            }
+            match v["error"]["code"].as_i64() {
+                Some(-32002) => Attempt::Final(CancelOutcome::NotCancelable),
+                Some(-32001) => Attempt::Final(CancelOutcome::NotFound),
+                Some(-32603) => Attempt::Retry(format!("internal error: {}", v["error"])),
+                Some(_) => Attempt::Refused(format!("error {}", v["error"])),
+                None => Attempt::Retry(format!("no result and no error: {}", brief())),
+            }
+        }
+        Binding::Rest if (200..300).contains(&status) => Attempt::Final(CancelOutcome::Canceled),
+        _ if status == 404 => Attempt::Final(CancelOutcome::NotFound),
+        _ if status == 409 => Attempt::Final(CancelOutcome::NotCancelable),
+        _ if status == 400 && reason() == "TASK_NOT_CANCELABLE" => {
+            Attempt::Final(CancelOutcome::NotCancelable)
+        }
+        _ if status == 429 || status == 408 || status >= 500 => {
+            Attempt::Retry(format!("HTTP {status}: {}", brief()))
+        }
+        _ => Attempt::Refused(format!("HTTP {status}: {}", brief())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_table() {
+        use CancelOutcome::*;
+        let not_cancelable_rest = br#"{"error":{"code":400,"status":"FAILED_PRECONDITION","message":"x","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"TASK_NOT_CANCELABLE","domain":"a2a-protocol.org"}]}}"#;
+        let table: Vec<(Binding, u16, &[u8], Attempt)> = vec![
+            (Binding::JsonRpc, 200, br#"{"jsonrpc":"2.0","id":"x","result":{"id":"t"}}"#, Attempt::Final(Canceled)),
+            (Binding::JsonRpc, 200, br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32002,"message":"no"}}"#, Attempt::Final(NotCancelable)),
+            (Binding::JsonRpc, 200, br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32001,"message":"no"}}"#, Attempt::Final(NotFound)),
+            (Binding::Rest, 200, br#"{"id":"t"}"#, Attempt::Final(Canceled)),
+            (Binding::Rest, 404, b"{}", Attempt::Final(NotFound)),
+            (Binding::Rest, 409, b"{}", Attempt::Final(NotCancelable)),
+            (Binding::Rest, 400, not_cancelable_rest, Attempt::Final(NotCancelable)),
+        ];
+        for (binding, status, body, want) in table {
+            assert_eq!(judge(binding, status, body), want, "{binding:?} {status}");
+        }
+        assert!(matches!(judge(Binding::Rest, 503, b""), Attempt::Retry(_)));
+        assert!(matches!(judge(Binding::JsonRpc, 502, b""), Attempt::Retry(_)));
+        assert!(matches!(judge(Binding::JsonRpc, 200, b"oops"), Attempt::Retry(_)));
+        assert!(matches!(judge(Binding::JsonRpc, 401, b""), Attempt::Refused(_)));
+        assert!(matches!(judge(Binding::JsonRpc, 200, br#"{"error":{"code":-32009}}"#), Attempt::Refused(_)));
+        assert!(matches!(judge(Binding::Rest, 400, b"{}"), Attempt::Refused(_)));
+    }
+}

@@ -1,0 +1,213 @@
+//! Acting on what `policies::cascade` decides when a tracked stream ends.
+//!
+//! The proxy hooks only collect facts; this module waits (grace), reads the
+//! store, and hands owed cancels to the [`Canceller`]. It runs in spawned
+//! tasks so that no request waits on it.
+
+use std::sync::Arc;
+
+use policies::cascade::{decide, CascadePolicy, Decision, Event, Keep, Seen};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::cancel::{CancelJob, Canceller};
+use crate::metrics;
+use crate::store::{now_ms, CancelTarget, TaskKey, TaskStore, TaskUpdate};
+
+/// Changes to the store, sent from the synchronous body filters.
+#[derive(Debug)]
+enum Op {
+    Update(TaskKey, TaskUpdate),
+    /// Answered once every op sent before it has been applied.
+    Flush(oneshot::Sender<()>),
+}
+
+/// The sending half handed to the proxy: never blocks, never awaits.
+#[derive(Clone, Debug)]
+pub struct Tracker {
+    tx: mpsc::Sender<Op>,
+}
+
+/// Capacity of the tracker's queue. A full queue drops the update (counted
+/// in `a2agw_untracked_total{reason="tracker_queue_full"}`) rather than
+/// stall a response.
+pub const TRACKER_QUEUE: usize = 16 * 1024;
+
+impl Tracker {
+    /// A tracker and the loop that applies its ops to `store`; spawn the
+    /// loop on a runtime that lives as long as the proxy.
+    pub fn new(store: Arc<dyn TaskStore>) -> (Tracker, impl std::future::Future<Output = ()>) {
+        let (tx, mut rx) = mpsc::channel::<Op>(TRACKER_QUEUE);
+        let run = async move {
+            while let Some(op) = rx.recv().await {
+                match op {
+                    Op::Update(key, update) => {
+                        if let Err(e) = store.update(&key, update, now_ms()).await {
+                            metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
+                            tracing::warn!(task = %key, error = %e, "could not record a task");
+                        }
+                    }
+                    Op::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        };
+        (Tracker { tx }, run)
+    }
+
+    /// Queues an update without waiting.
+    pub fn update(&self, key: TaskKey, update: TaskUpdate) {
+        if self.tx.try_send(Op::Update(key, update)).is_err() {
+            metrics::UNTRACKED
+                .with_label_values(&["tracker_queue_full"])
+                .inc();
+        }
+    }
+
+    /// Waits until every update queued before this call is applied.
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Op::Flush(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// Everything known about a tracked stream when it ended.
+#[derive(Debug)]
+pub struct StreamEnd {
+    pub route: Arc<str>,
+    pub policy: CascadePolicy,
+    pub worker: config::WorkerUrl,
+    pub target: CancelTarget,
+    pub tenant: Option<String>,
+    pub task_id: Option<Arc<str>>,
+    pub seen: Seen,
+    pub event: Event,
+    /// This stream counted as a watcher in the store and must uncount.
+    pub was_watching: bool,
+    /// The caller's `Authorization`, held in memory only.
+    pub caller_authorization: Option<String>,
+    /// The route's configured worker credential.
+    pub worker_credential: Option<String>,
+}
+
+/// Runs cascade decisions and sends the cancels they owe.
+#[derive(Debug)]
+pub struct Cascade {
+    store: Arc<dyn TaskStore>,
+    tracker: Tracker,
+    canceller: Canceller,
+}
+
+impl Cascade {
+    pub fn new(store: Arc<dyn TaskStore>, tracker: Tracker, canceller: Canceller) -> Self {
+        Cascade {
+            store,
+            tracker,
+            canceller,
+        }
+    }
+
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    /// Decides and acts on a stream's end; returns once nothing more is owed.
+    pub async fn stream_ended(&self, mut end: StreamEnd) {
+        let key = end.task_id.as_ref().map(|id| TaskKey {
+            route: end.route.clone(),
+            tenant: end.tenant.as_deref().unwrap_or("").into(),
+            task_id: id.clone(),
+        });
+        let mut watchers = 0;
+        if let Some(key) = &key {
+            if end.was_watching {
+                self.tracker.update(
+                    key.clone(),
+                    TaskUpdate {
+                        watchers_delta: -1,
+                        ..TaskUpdate::default()
+                    },
+                );
+            }
+            watchers = self.refresh(key, &mut end.seen).await;
+        }
+        let mut decision = decide(&end.policy, &end.seen, end.event, watchers);
+        loop {
+            let label = match decision {
+                Decision::Keep(Keep::Settled) => "keep_settled",
+                Decision::Keep(Keep::Detached) => "keep_detached",
+                Decision::Keep(Keep::Watched) => "keep_watched",
+                Decision::Cancel(_) => "cancel",
+                Decision::AwaitId(_) => "await_id",
+                Decision::AwaitGrace(_) => "await_grace",
+                Decision::Unreachable => "unreachable",
+            };
+            metrics::CASCADE_DECISIONS
+                .with_label_values(&[&end.route, label])
+                .inc();
+            match decision {
+                Decision::Keep(_) => {
+                    tracing::debug!(route = %end.route, task = ?end.task_id, decision = label, "stream ended; nothing to cancel");
+                    return;
+                }
+                Decision::Cancel(cause) => {
+                    let Some(key) = key else { return };
+                    let job = CancelJob {
+                        key,
+                        worker: end.worker.clone(),
+                        target: end.target.clone(),
+                        authorization: end
+                            .caller_authorization
+                            .clone()
+                            .or_else(|| end.worker_credential.clone()),
+                        cause: cause.as_str(),
+                    };
+                    self.canceller.cancel(&job).await;
+                    return;
+                }
+                Decision::AwaitGrace(d) => {
+                    tokio::time::sleep(d).await;
+                    let watchers = match &key {
+                        Some(k) => self.refresh(k, &mut end.seen).await,
+                        None => 0,
+                    };
+                    decision = decide(&end.policy, &end.seen, Event::GraceElapsed, watchers);
+                }
+                Decision::AwaitId(_) => {
+                    // The worker's stream is gone with the caller's connection,
+                    // so no event can name the task any more.
+                    decision = decide(&end.policy, &end.seen, Event::IdWaitElapsed, 0);
+                }
+                Decision::Unreachable => {
+                    metrics::UNREACHABLE.with_label_values(&[&end.route]).inc();
+                    tracing::warn!(route = %end.route, "the caller left before any event named its task; a child may be running that the gateway cannot cancel");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Applies queued updates, then reads the task back: other streams may
+    /// have seen it settle, and others may be watching it.
+    async fn refresh(&self, key: &TaskKey, seen: &mut Seen) -> u32 {
+        self.tracker.flush().await;
+        match self.store.get(key).await {
+            Ok(Some(rec)) => {
+                if let Some(s) = rec.state {
+                    if s.is_settled() || seen.state.is_none() {
+                        seen.state = Some(s);
+                    }
+                }
+                rec.watchers
+            }
+            Ok(None) => 0,
+            Err(e) => {
+                metrics::STORE_ERRORS.with_label_values(&["get"]).inc();
+                tracing::warn!(task = %key, error = %e, "store unreadable; deciding on what this stream saw");
+                0
+            }
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! a2a-gateway: a pingora reverse proxy that gives unmodified A2A workers
+//! the delegation guarantees of the a2a-rust SDK (cascade cancel first).
+//!
+//! The edges live here (hooks, framing, stores, background work); the
+//! decisions live in the `policies` crate.
+
+pub mod a2a;
+pub mod admin;
+pub mod cancel;
+pub mod cascade;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod store;

@@ -1,0 +1,93 @@
+//! The `a2a-gateway` command.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A reverse proxy that enforces A2A delegation policy (cascade cancel,
+/// leases, budgets) in front of unmodified A2A workers.
+#[derive(Debug, Parser)]
+#[command(name = "a2a-gateway", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Config file (TOML). Without one, --listen and --worker give one
+    /// catch-all route with every default.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides the config's `server.listen`).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// The worker's URL, for running without a config file.
+    #[arg(long)]
+    worker: Option<String>,
+    /// Admin address for /healthz, /metrics and /tasks.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Proxy threads (overrides `server.threads`).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validates a config file and prints every error in it, with its location.
+    CheckConfig { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("A2A_GATEWAY_LOG")
+                .unwrap_or_else(|_| "info,pingora_core=warn,pingora_proxy=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    if let Some(Command::CheckConfig { file }) = &cli.command {
+        return match config::load(file) {
+            Ok(cfg) => {
+                eprintln!("{}: ok ({} routes)", file.display(), cfg.routes.len());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let cfg = match (&cli.config, &cli.worker) {
+        (Some(file), None) => config::load(file).map_err(|e| e.to_string()),
+        (None, Some(worker)) => {
+            let listen = cli.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+            config::Config::single_worker(listen, worker)
+        }
+        (Some(_), Some(_)) => Err("give either --config or --worker, not both".to_string()),
+        (None, None) => Err("nothing to proxy: give --worker URL or --config FILE (see --help)".to_string()),
+    };
+    let mut cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("a2a-gateway: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(listen) = cli.listen {
+        cfg.server.listen = vec![listen];
+    }
+    if let Some(admin) = cli.admin {
+        cfg.server.admin = Some(admin);
+    }
+    if let Some(threads) = cli.threads {
+        cfg.server.threads = threads.clamp(1, 256);
+    }
+    match a2a_gateway::server::run(cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("a2a-gateway: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

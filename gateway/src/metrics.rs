@@ -1,0 +1,58 @@
+//! Prometheus metrics, served as text on the admin endpoint's `/metrics`.
+//!
+//! Labels are low-cardinality by construction: route names come from config,
+//! every other label value is a `&'static str` chosen in code.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    register_histogram_vec, register_int_counter_vec, register_int_gauge, HistogramVec,
+    IntCounterVec, IntGauge,
+};
+
+macro_rules! counter {
+    ($name:ident, $metric:literal, $help:literal, $labels:expr) => {
+        pub static $name: LazyLock<IntCounterVec> = LazyLock::new(|| {
+            register_int_counter_vec!($metric, $help, $labels).expect("metric registers once")
+        });
+    };
+}
+
+counter!(REQUESTS, "a2agw_requests_total", "Requests by route and A2A call kind.", &["route", "call"]);
+counter!(TASKS_TRACKED, "a2agw_tasks_tracked_total", "Tasks whose id the gateway learned from a worker's answer.", &["route"]);
+counter!(CASCADE_DECISIONS, "a2agw_cascade_decisions_total", "What the gateway decided when a tracked stream ended.", &["route", "decision"]);
+counter!(CANCELS, "a2agw_cancels_total", "Gateway-sent CancelTask calls by final outcome.", &["route", "cause", "outcome"]);
+counter!(CANCEL_ATTEMPTS, "a2agw_cancel_attempts_total", "CancelTask attempts, retries included.", &["route"]);
+counter!(UNREACHABLE, "a2agw_unreachable_children_total", "Children whose caller left before any event named them: a task may run on that nobody can cancel.", &["route"]);
+counter!(UNTRACKED, "a2agw_untracked_total", "Traffic passed through without tracking, by reason.", &["reason"]);
+counter!(CARDS_REWRITTEN, "a2agw_agent_cards_rewritten_total", "Agent cards whose interface URLs were rewritten.", &["route", "outcome"]);
+counter!(STORE_ERRORS, "a2agw_store_errors_total", "Store operations that failed.", &["op"]);
+counter!(NO_ROUTE, "a2agw_no_route_total", "Requests that matched no route (answered 404).", &["listener"]);
+
+/// Time from the decision to cancel to the worker's answer.
+pub static CANCEL_LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "a2agw_cancel_latency_seconds",
+        "From deciding to cancel to the worker's final answer.",
+        &["route"],
+        vec![0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+    )
+    .expect("metric registers once")
+});
+
+/// Streams being watched right now on this replica.
+pub static OPEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!("a2agw_open_tracked_streams", "Tracked streams open on this replica.")
+        .expect("metric registers once")
+});
+
+/// Renders every registered metric in the Prometheus text format.
+pub fn render() -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    let enc = prometheus::TextEncoder::new();
+    if enc.encode(&prometheus::gather(), &mut buf).is_err() {
+        return String::new();
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}

@@ -1,0 +1,566 @@
+//! The pingora service: one [`ProxyHttp`] implementation whose hooks
+//! classify, observe and, when a tracked stream ends, hand the facts to
+//! [`Cascade`]. Hooks never await the store on the response path.
+
+pub mod route;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorSource, ErrorType, Result};
+use policies::cascade::{Event, Seen};
+
+use crate::a2a::card::CardRewrite;
+use crate::a2a::request::{jsonrpc_facts, rest_facts, RequestFacts};
+use crate::a2a::sse::{SseItem, SseParser};
+use crate::a2a::{classify, observe, A2aMethod, Binding, Call, Observation};
+use crate::cascade::{Cascade, StreamEnd};
+use crate::metrics;
+use crate::store::{CancelTarget, TaskKey, TaskUpdate};
+use route::{host_without_port, Routes};
+
+/// The gateway's proxy service.
+#[derive(Debug)]
+pub struct Gateway {
+    routes: Routes,
+    limits: config::Limits,
+    timeouts: config::Timeouts,
+    public_url: Option<String>,
+    cascade: Arc<Cascade>,
+}
+
+/// What the gateway does with the worker's response body.
+#[derive(Debug, Default)]
+enum Body {
+    /// Pass through, read nothing.
+    #[default]
+    Pass,
+    /// An SSE stream of task events.
+    Sse(SseParser),
+    /// One JSON document, copied up to the inspection limit.
+    Json(Vec<u8>),
+    /// An agent card (or a JSON-RPC result holding one), held for rewriting.
+    Card { held: Vec<u8>, jsonrpc: bool },
+}
+
+/// Per-request state, shared by every hook of one request.
+#[derive(Debug, Default)]
+pub struct Ctx {
+    route: Option<Arc<route::Route>>,
+    /// The path sent to the worker (worker root + path below the prefix + query).
+    upstream_path: String,
+    /// The worker path the route's root maps to (the REST base for cancels,
+    /// the base removed from card URLs).
+    worker_root: String,
+    /// The public base URL prefix of this route (for card rewriting).
+    public_prefix: String,
+    call: Option<Call>,
+    binding: Option<Binding>,
+    method: Option<A2aMethod>,
+    tenant: Option<String>,
+    /// Request body copy for inspection; `None` once read or abandoned.
+    req_body: Option<Vec<u8>>,
+    /// The caller's credential, for the gateway's own cancel.
+    authorization: Option<String>,
+    body: Body,
+    task_id: Option<Arc<str>>,
+    seen: Seen,
+    /// This request counted itself as a watcher of `task_id`.
+    watching: bool,
+    /// A tracked SSE stream started flowing to the caller.
+    streaming: bool,
+}
+
+impl Ctx {
+    fn tracked_method(&self) -> Option<A2aMethod> {
+        self.method.filter(|m| m.is_tracked())
+    }
+}
+
+impl Gateway {
+    pub fn new(cfg: &config::Config, cascade: Arc<Cascade>) -> Self {
+        Gateway {
+            routes: Routes::new(&cfg.routes),
+            limits: cfg.limits.clone(),
+            timeouts: cfg.timeouts.clone(),
+            public_url: cfg.server.public_url.clone(),
+            cascade,
+        }
+    }
+
+    async fn respond_json(&self, session: &mut Session, status: u16, body: serde_json::Value) -> Result<bool> {
+        let body = Bytes::from(body.to_string());
+        let mut resp = ResponseHeader::build(status, Some(3))?;
+        resp.insert_header("content-type", "application/json")?;
+        resp.insert_header("content-length", body.len().to_string())?;
+        session.write_response_header(Box::new(resp), false).await?;
+        session.write_response_body(Some(body), true).await?;
+        Ok(true)
+    }
+
+    /// Applies one observation to the request's view of its task, and queues
+    /// the store updates that matter (first id, settling) — never one per event.
+    fn on_observation(&self, ctx: &mut Ctx, obs: Observation) {
+        let Some(route) = ctx.route.clone() else { return };
+        if obs.message_only && !ctx.seen.id_known {
+            ctx.seen.message_only = true;
+        }
+        let Some(id) = obs.task_id else { return };
+        let prev_settled = ctx.seen.is_settled();
+        if let Some(s) = obs.state {
+            ctx.seen.state = Some(s);
+        }
+        let key = |task_id: Arc<str>| TaskKey {
+            route: route.name.clone(),
+            tenant: ctx.tenant.as_deref().unwrap_or("").into(),
+            task_id,
+        };
+        if ctx.task_id.is_none() {
+            let id: Arc<str> = id.into();
+            ctx.task_id = Some(id.clone());
+            ctx.seen.id_known = true;
+            metrics::TASKS_TRACKED.with_label_values(&[&route.name]).inc();
+            let watching = ctx.streaming;
+            ctx.watching = watching;
+            let target = self.cancel_target(ctx);
+            self.cascade.tracker().update(
+                key(id),
+                TaskUpdate {
+                    context_id: obs.context_id,
+                    state: ctx.seen.state,
+                    target,
+                    watchers_delta: i32::from(watching),
+                },
+            );
+        } else if ctx.seen.is_settled() && !prev_settled {
+            if let Some(id) = ctx.task_id.clone() {
+                self.cascade.tracker().update(
+                    key(id),
+                    TaskUpdate {
+                        state: ctx.seen.state,
+                        ..TaskUpdate::default()
+                    },
+                );
+            }
+        }
+    }
+
+    /// Where a cancel for this request's task goes: the JSON-RPC endpoint
+    /// the caller used, or the REST base path below which the call's route sits.
+    fn cancel_target(&self, ctx: &Ctx) -> Option<CancelTarget> {
+        let path = ctx.upstream_path.split('?').next().unwrap_or("");
+        Some(match ctx.binding? {
+            Binding::JsonRpc => CancelTarget {
+                binding: Binding::JsonRpc,
+                path: path.to_string(),
+            },
+            Binding::Rest => CancelTarget {
+                binding: Binding::Rest,
+                path: ctx.worker_root.clone(),
+            },
+        })
+    }
+
+    fn gateway_base(&self, session: &Session, ctx: &Ctx) -> String {
+        let origin = match &self.public_url {
+            Some(u) => u.clone(),
+            None => {
+                let host = request_host(session.req_header()).unwrap_or("localhost");
+                format!("http://{host}")
+            }
+        };
+        format!("{origin}{}", ctx.public_prefix)
+    }
+}
+
+fn request_host(req: &RequestHeader) -> Option<&str> {
+    req.uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok()))
+}
+
+fn is_sse(resp: &ResponseHeader) -> bool {
+    header_starts_with(resp, "content-type", "text/event-stream")
+}
+
+fn is_json(resp: &ResponseHeader) -> bool {
+    let ct = resp
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json") || essence.eq_ignore_ascii_case("application/a2a+json")
+}
+
+fn header_starts_with(resp: &ResponseHeader, name: &str, prefix: &str) -> bool {
+    resp.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
+}
+
+fn is_encoded(resp: &ResponseHeader) -> bool {
+    resp.headers
+        .get("content-encoding")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"))
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    /// Picks the route, classifies the call, and keeps what the cancel would
+    /// need from the request head (tenant from a REST path, credential).
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let req = session.req_header();
+        let host = request_host(req).map(host_without_port);
+        let full_path = req.uri.path().to_string();
+        let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        let Some(m) = self.routes.find(host, &full_path) else {
+            metrics::NO_ROUTE.with_label_values(&["proxy"]).inc();
+            let msg = format!("no route for host {:?} and path {full_path:?}", host.unwrap_or(""));
+            return self
+                .respond_json(session, 404, serde_json::json!({"error": {"code": 404, "status": "NOT_FOUND", "message": msg}}))
+                .await;
+        };
+        let route = m.route.clone();
+        let call = classify(&req.method, m.rel, session.is_upgrade_req());
+        ctx.worker_root = route.worker_root(m.prefix);
+        let rel = if m.rel == "/" && !ctx.worker_root.is_empty() && !full_path.ends_with('/') { "" } else { m.rel };
+        ctx.upstream_path = format!("{}{}{}", ctx.worker_root, rel, query);
+        if ctx.upstream_path.is_empty() || ctx.upstream_path.starts_with('?') {
+            ctx.upstream_path.insert(0, '/');
+        }
+        ctx.public_prefix = m.prefix.to_string();
+        ctx.authorization = req
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let kind = match &call {
+            Call::AgentCard => "agent_card",
+            Call::Rest { method, .. } => method.as_str(),
+            Call::JsonRpcCandidate => "jsonrpc",
+            Call::Upgrade => "upgrade",
+            Call::Other => "other",
+        };
+        metrics::REQUESTS.with_label_values(&[&route.name, kind]).inc();
+        let inspect_cap = |session: &Session| {
+            let len = session
+                .req_header()
+                .headers
+                .get("content-length")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(1024);
+            Vec::with_capacity(len.min(self.limits.max_inspect_body))
+        };
+        match &call {
+            Call::Rest {
+                method,
+                tenant,
+                task_id,
+            } => {
+                ctx.binding = Some(Binding::Rest);
+                ctx.method = Some(*method);
+                ctx.tenant = tenant.clone();
+                // A task id in the path (SubscribeToTask) is confirmed by the
+                // stream's first event, which registers the watcher.
+                let _ = task_id;
+                if matches!(method, A2aMethod::SendMessage | A2aMethod::SendStreamingMessage) {
+                    ctx.req_body = Some(inspect_cap(session));
+                }
+            }
+            Call::JsonRpcCandidate => ctx.req_body = Some(inspect_cap(session)),
+            _ => {}
+        }
+        ctx.call = Some(call);
+        ctx.route = Some(route);
+        if let Some(t) = self.timeouts.downstream_idle {
+            session.set_read_timeout(Some(t));
+        }
+        Ok(false)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let Some(route) = &ctx.route else {
+            return Err(Error::explain(ErrorType::InternalError, "no route chosen"));
+        };
+        let w = &route.cfg.worker;
+        let mut peer = HttpPeer::new(w.authority(), w.tls, w.host.clone());
+        peer.options.connection_timeout = Some(self.timeouts.connect);
+        peer.options.read_timeout = self.timeouts.upstream_idle;
+        peer.options.write_timeout = self.timeouts.upstream_idle;
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        Ok(Box::new(peer))
+    }
+
+    /// Points the request at the worker's path and host; asks for identity
+    /// encoding where the gateway reads the answer.
+    async fn upstream_request_filter(&self, _session: &mut Session, upstream: &mut RequestHeader, ctx: &mut Ctx) -> Result<()> {
+        let uri: http::Uri = ctx
+            .upstream_path
+            .parse()
+            .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
+        upstream.set_uri(uri);
+        if let Some(route) = &ctx.route {
+            upstream.insert_header("host", route.cfg.worker.authority())?;
+        }
+        let reads_answer = matches!(ctx.call, Some(Call::AgentCard | Call::JsonRpcCandidate))
+            || ctx.method.is_some_and(|m| m.is_tracked() || m.returns_card());
+        if reads_answer {
+            upstream.remove_header("accept-encoding");
+        }
+        Ok(())
+    }
+
+    /// Copies the request body (bounded) to learn the JSON-RPC method, tenant
+    /// and task; the bytes themselves pass through unchanged and unheld.
+    async fn request_body_filter(&self, _session: &mut Session, body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Ctx) -> Result<()> {
+        let Some(buf) = ctx.req_body.as_mut() else { return Ok(()) };
+        if let Some(chunk) = body {
+            if buf.len() + chunk.len() > self.limits.max_inspect_body {
+                ctx.req_body = None;
+                metrics::UNTRACKED.with_label_values(&["request_body_too_large"]).inc();
+                return Ok(());
+            }
+            buf.extend_from_slice(chunk);
+        }
+        if !end_of_stream {
+            return Ok(());
+        }
+        let buf = ctx.req_body.take().unwrap_or_default();
+        let facts: Option<RequestFacts> = match ctx.call {
+            Some(Call::JsonRpcCandidate) => {
+                let f = jsonrpc_facts(&buf);
+                if f.is_none() {
+                    metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
+                }
+                f
+            }
+            Some(Call::Rest { .. }) => Some(rest_facts(&buf)),
+            _ => None,
+        };
+        if let Some(f) = facts {
+            if f.is_jsonrpc {
+                ctx.binding = Some(Binding::JsonRpc);
+                ctx.method = f.method;
+            }
+            if ctx.tenant.is_none() {
+                ctx.tenant = f.tenant;
+            }
+        }
+        Ok(())
+    }
+
+    /// Chooses how the answer is read: SSE events, one JSON document, or a
+    /// card to rewrite. Encoded (compressed) answers pass through unread.
+    async fn response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+        let ok = resp.status.is_success();
+        let card = matches!(ctx.call, Some(Call::AgentCard))
+            || ctx.method.is_some_and(A2aMethod::returns_card);
+        if card && ok && is_json(resp) {
+            if is_encoded(resp) {
+                metrics::UNTRACKED.with_label_values(&["encoded_card"]).inc();
+                return Ok(());
+            }
+            resp.remove_header("content-length");
+            resp.remove_header("etag");
+            resp.insert_header("transfer-encoding", "chunked")?;
+            ctx.body = Body::Card {
+                held: Vec::new(),
+                jsonrpc: ctx.binding == Some(Binding::JsonRpc),
+            };
+            return Ok(());
+        }
+        let Some(method) = ctx.tracked_method() else { return Ok(()) };
+        if is_encoded(resp) {
+            metrics::UNTRACKED.with_label_values(&["encoded_response"]).inc();
+            return Ok(());
+        }
+        if is_sse(resp) {
+            ctx.body = Body::Sse(SseParser::new(self.limits.max_sse_event));
+            ctx.streaming = method.is_streaming();
+            if ctx.streaming {
+                metrics::OPEN_STREAMS.inc();
+            }
+        } else if is_json(resp) {
+            ctx.body = Body::Json(Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Reads task ids and states out of the answer as it passes. Synchronous:
+    /// store updates go to the tracker's queue.
+    fn response_body_filter(&self, session: &mut Session, body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Ctx) -> Result<Option<Duration>> {
+        match std::mem::take(&mut ctx.body) {
+            Body::Pass => {}
+            Body::Sse(mut parser) => {
+                if let (Some(chunk), Some(binding)) = (body.as_ref(), ctx.binding) {
+                    let mut observations = Vec::new();
+                    parser.feed(chunk, |item| match item {
+                        SseItem::Event { data, .. } => match observe::observe(binding, data) {
+                            Some(o) if !o.is_empty() => observations.push(o),
+                            Some(_) => {}
+                            None => metrics::UNTRACKED.with_label_values(&["bad_sse_event"]).inc(),
+                        },
+                        SseItem::Overlong => metrics::UNTRACKED.with_label_values(&["sse_event_too_large"]).inc(),
+                    });
+                    for o in observations {
+                        self.on_observation(ctx, o);
+                    }
+                }
+                ctx.body = Body::Sse(parser);
+            }
+            Body::Json(mut buf) => {
+                if let Some(chunk) = body.as_ref() {
+                    if buf.len() + chunk.len() > self.limits.max_inspect_body {
+                        metrics::UNTRACKED.with_label_values(&["response_body_too_large"]).inc();
+                        return Ok(None);
+                    }
+                    buf.extend_from_slice(chunk);
+                }
+                if end_of_stream {
+                    if let Some(binding) = ctx.binding {
+                        match observe::observe(binding, &buf) {
+                            Some(o) => self.on_observation(ctx, o),
+                            None => metrics::UNTRACKED.with_label_values(&["bad_json_response"]).inc(),
+                        }
+                    }
+                } else {
+                    ctx.body = Body::Json(buf);
+                }
+            }
+            Body::Card { mut held, jsonrpc } => {
+                if let Some(chunk) = body.take() {
+                    held.extend_from_slice(&chunk);
+                }
+                if held.len() > self.limits.max_card_body {
+                    // Too large to rewrite: release what is held, pass the rest.
+                    metrics::UNTRACKED.with_label_values(&["card_too_large"]).inc();
+                    *body = Some(Bytes::from(held));
+                    return Ok(None);
+                }
+                if end_of_stream {
+                    *body = Some(Bytes::from(self.rewrite_card(session, ctx, held, jsonrpc)));
+                } else {
+                    ctx.body = Body::Card { held, jsonrpc };
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every request ends here. A tracked stream that ended unsettled (the
+    /// caller left, or the worker's stream broke or ended early) goes to the
+    /// cascade.
+    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        if ctx.streaming {
+            metrics::OPEN_STREAMS.dec();
+        }
+        let Some(route) = ctx.route.clone() else { return };
+        let streaming_call = ctx.method.is_some_and(A2aMethod::is_streaming) && ctx.binding.is_some();
+        if !streaming_call {
+            return;
+        }
+        // A streaming call answered without a stream (an error before it
+        // started) created nothing the gateway knows of.
+        if !ctx.streaming && e.is_none() {
+            return;
+        }
+        let event = match e {
+            Some(e) if *e.esource() == ErrorSource::Downstream => Event::CallerGone,
+            Some(_) => Event::StreamLost,
+            None if ctx.seen.is_settled() => Event::StreamLost, // decided as settled
+            None => Event::StreamLost,
+        };
+        let Some(target) = self.cancel_target(ctx) else { return };
+        let end = StreamEnd {
+            route: route.name.clone(),
+            policy: route.cfg.cascade,
+            worker: route.cfg.worker.clone(),
+            target,
+            tenant: ctx.tenant.clone(),
+            task_id: ctx.task_id.clone(),
+            seen: ctx.seen,
+            event,
+            was_watching: ctx.watching,
+            caller_authorization: ctx.authorization.take(),
+            worker_credential: route.cfg.worker_credential.clone(),
+        };
+        let cascade = self.cascade.clone();
+        tokio::spawn(async move { cascade.stream_ended(end).await });
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &Error) -> bool {
+        // A caller leaving mid-stream is routine for a streaming proxy; the
+        // cascade logs what it does about it.
+        *error.esource() == ErrorSource::Downstream
+    }
+}
+
+impl Gateway {
+    fn rewrite_card(&self, session: &Session, ctx: &Ctx, held: Vec<u8>, jsonrpc: bool) -> Vec<u8> {
+        let Some(route) = &ctx.route else { return held };
+        let base = self.gateway_base(session, ctx);
+        let rw = CardRewrite {
+            worker_base_path: &ctx.worker_root,
+            gateway_base: &base,
+        };
+        let result = if jsonrpc {
+            let mut v: serde_json::Value = match serde_json::from_slice(&held) {
+                Ok(v) => v,
+                Err(_) => serde_json::Value::Null,
+            };
+            match v.get_mut("result") {
+                Some(card) => rw
+                    .card_value(card)
+                    .map(|n| (serde_json::to_vec(&v).unwrap_or_else(|_| held.clone()), n)),
+                None => Ok((held.clone(), 0)),
+            }
+        } else {
+            rw.card(&held)
+        };
+        match result {
+            Ok((out, n)) => {
+                metrics::CARDS_REWRITTEN
+                    .with_label_values(&[&route.name, if n > 0 { "rewritten" } else { "unchanged" }])
+                    .inc();
+                out
+            }
+            Err(e) => {
+                metrics::CARDS_REWRITTEN.with_label_values(&[&route.name, "unreadable"]).inc();
+                tracing::debug!(route = %route.name, error = ?e, "agent card passed through unchanged");
+                held
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types() {
+        let mut r = ResponseHeader::build(200, None).unwrap();
+        r.insert_header("content-type", "application/a2a+json; charset=utf-8").unwrap();
+        assert!(is_json(&r) && !is_sse(&r));
+        r.insert_header("content-type", "Text/Event-Stream").unwrap();
+        assert!(is_sse(&r) && !is_json(&r));
+        r.insert_header("content-encoding", "gzip").unwrap();
+        assert!(is_encoded(&r));
+    }
+}

@@ -1,0 +1,150 @@
+//! Choosing a route by host and path prefix.
+
+use std::sync::Arc;
+
+/// A configured route, ready for the hot path.
+#[derive(Debug)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub cfg: config::Route,
+}
+
+/// Routes in match order: host and prefix, then prefix (longest first), then
+/// host only, then the catch-all.
+#[derive(Debug)]
+pub struct Routes {
+    routes: Vec<Arc<Route>>,
+}
+
+/// A route and the request path as the worker's interface sees it.
+#[derive(Debug)]
+pub struct Matched<'a> {
+    pub route: &'a Arc<Route>,
+    /// The path below the route's prefix, starting with `/`: relative to the
+    /// worker's interface URL, which is where A2A paths are defined.
+    pub rel: &'a str,
+    /// The prefix the gateway serves this route under (`""` when none).
+    pub prefix: &'a str,
+}
+
+impl Route {
+    /// The worker path that the route's root maps to: the worker's base path,
+    /// plus the prefix when the route does not strip it.
+    pub fn worker_root(&self, prefix: &str) -> String {
+        let base = &self.cfg.worker.base_path;
+        if self.cfg.strip_prefix {
+            base.clone()
+        } else {
+            format!("{base}{prefix}")
+        }
+    }
+}
+
+impl Routes {
+    pub fn new(cfg: &[config::Route]) -> Self {
+        let mut routes: Vec<Arc<Route>> = cfg
+            .iter()
+            .map(|r| {
+                Arc::new(Route {
+                    name: r.name.as_str().into(),
+                    cfg: r.clone(),
+                })
+            })
+            .collect();
+        routes.sort_by_key(|r| {
+            let prefix_len = r.cfg.path_prefix.as_ref().map_or(0, String::len);
+            (
+                std::cmp::Reverse(r.cfg.host.is_some() && r.cfg.path_prefix.is_some()),
+                std::cmp::Reverse(prefix_len),
+                std::cmp::Reverse(r.cfg.host.is_some()),
+            )
+        });
+        Routes { routes }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.routes.iter()
+    }
+
+    /// The route for `host` (without port, any case) and `path`.
+    pub fn find<'a>(&'a self, host: Option<&str>, path: &'a str) -> Option<Matched<'a>> {
+        for route in &self.routes {
+            if let Some(h) = &route.cfg.host {
+                if !host.is_some_and(|x| x.eq_ignore_ascii_case(h)) {
+                    continue;
+                }
+            }
+            let (rest, prefix) = match &route.cfg.path_prefix {
+                Some(p) => match path.strip_prefix(p.as_str()) {
+                    Some(rest) if rest.is_empty() || rest.starts_with('/') => (rest, p.as_str()),
+                    _ => continue,
+                },
+                None => (path, ""),
+            };
+            return Some(Matched {
+                route,
+                rel: if rest.is_empty() { "/" } else { rest },
+                prefix,
+            });
+        }
+        None
+    }
+}
+
+/// Removes a `:port` from a Host value (IPv6 literals keep their brackets).
+pub fn host_without_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |i| &host[..=i]);
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(name: &str, host: Option<&str>, prefix: Option<&str>) -> config::Route {
+        let mut r = config::Config::single_worker("127.0.0.1:1".parse().unwrap(), "http://127.0.0.1:9000")
+            .unwrap()
+            .routes
+            .remove(0);
+        r.name = name.into();
+        r.host = host.map(str::to_string);
+        r.path_prefix = prefix.map(str::to_string);
+        r
+    }
+
+    #[test]
+    fn match_table() {
+        let routes = Routes::new(&[
+            route("catch", None, None),
+            route("a", None, Some("/a")),
+            route("ab", None, Some("/a/b")),
+            route("h", Some("h.example"), None),
+            route("ha", Some("h.example"), Some("/a")),
+        ]);
+        let table = [
+            (None, "/x", "catch", "/x"),
+            (None, "/a", "a", "/"),
+            (None, "/a/x", "a", "/x"),
+            (None, "/ab", "catch", "/ab"),
+            (None, "/a/b/c", "ab", "/c"),
+            (Some("H.Example"), "/x", "h", "/x"),
+            (Some("h.example"), "/a/x", "ha", "/x"),
+            (Some("other"), "/a/b", "ab", "/"),
+        ];
+        for (host, path, name, rest) in table {
+            let m = routes.find(host, path).unwrap();
+            assert_eq!((&*m.route.name, m.rel), (name, rest), "{host:?} {path}");
+        }
+        let no_catch = Routes::new(&[route("a", None, Some("/a"))]);
+        assert!(no_catch.find(None, "/b").is_none());
+    }
+
+    #[test]
+    fn hosts() {
+        assert_eq!(host_without_port("a.b:80"), "a.b");
+        assert_eq!(host_without_port("a.b"), "a.b");
+        assert_eq!(host_without_port("[::1]:80"), "[::1]");
+    }
+}

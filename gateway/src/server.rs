@@ -1,0 +1,96 @@
+//! Assembling the pingora server from a validated config.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
+
+use crate::admin::Admin;
+use crate::cancel::Canceller;
+use crate::cascade::{Cascade, Tracker};
+use crate::proxy::Gateway;
+use crate::store::memory::MemoryStore;
+use crate::store::TaskStore;
+
+/// How long the memory store keeps a task nobody has touched.
+pub const MEMORY_RETENTION: Duration = Duration::from_secs(3600);
+
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Runs the tracker's queue consumer for the life of the server.
+struct TrackerLoop(Mutex<Option<BoxFuture>>);
+
+#[async_trait]
+impl BackgroundService for TrackerLoop {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let run = self.0.lock().ok().and_then(|mut f| f.take());
+        if let Some(run) = run {
+            tokio::select! {
+                _ = run => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+}
+
+/// Builds the store a config names.
+pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
+    match &cfg.store.kind {
+        config::StoreKind::Memory => Ok(Arc::new(MemoryStore::new(
+            cfg.limits.max_tracked_tasks,
+            MEMORY_RETENTION,
+        ))),
+        config::StoreKind::Redis { url } => Err(format!(
+            "store {url}: the Redis store is not built yet; use memory://"
+        )),
+    }
+}
+
+/// Builds every service and runs until a signal stops the process.
+pub fn run(cfg: config::Config) -> Result<(), String> {
+    let store = build_store(&cfg)?;
+    let (tracker, tracker_run) = Tracker::new(store.clone());
+    let canceller = Canceller::new(cfg.cancel.clone(), cfg.timeouts.connect);
+    let cascade = Arc::new(Cascade::new(store.clone(), tracker, canceller));
+
+    let conf = ServerConf {
+        threads: cfg.server.threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(5),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Gateway::new(&cfg, cascade),
+        "a2a-gateway",
+    );
+    for addr in &cfg.server.listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    server.add_service(proxy);
+    server.add_service(background_service(
+        "tracker",
+        TrackerLoop(Mutex::new(Some(Box::pin(tracker_run)))),
+    ));
+    if let Some(addr) = cfg.server.admin {
+        let mut admin = pingora::services::listening::Service::new(
+            "admin".to_string(),
+            pingora::apps::http_app::HttpServer::new_app(Admin { store }),
+        );
+        admin.add_tcp(&addr.to_string());
+        server.add_service(admin);
+    }
+    tracing::info!(
+        listen = ?cfg.server.listen,
+        admin = ?cfg.server.admin,
+        routes = cfg.routes.len(),
+        "a2a-gateway starting"
+    );
+    server.run_forever()
+}
