@@ -1,0 +1,166 @@
+//! Issue 2: a caller that goes away no longer leaves its child running.
+//!
+//! Each scenario runs against both real workers (a2a-rust 0.15 without a
+//! lease store, Python a2a-sdk 1.3.0) over both bindings (JSON-RPC, REST),
+//! and reads the outcome from the worker itself.
+
+use std::time::Duration;
+
+use crate::harness::gateway::Gateway;
+use crate::harness::worker::{send_stream, state_of, subscribe, Bind, Kind, Worker};
+
+const CANCELED: &str = "TASK_STATE_CANCELED";
+const WORKING: &str = "TASK_STATE_WORKING";
+const LONG: &str = "work:30000";
+
+/// The caller closes (FIN) or resets (RST) mid-task: the worker's task is
+/// canceled within 1 s, exactly once.
+async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (stream, id) = send_stream(&gw.url, bind, tenant, LONG).await;
+    worker
+        .wait_state(tenant, &id, WORKING, Duration::from_secs(5))
+        .await
+        .expect("the task runs");
+    if reset {
+        stream.reset();
+    } else {
+        stream.close();
+    }
+    let took = worker
+        .wait_state(tenant, &id, CANCELED, Duration::from_secs(1))
+        .await
+        .unwrap_or_else(|last| panic!("not canceled within 1 s (state {last:?}); gateway log:\n{}", gw.log_text()));
+    assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
+    eprintln!("{kind:?}/{bind:?}: canceled {took:?} after the caller left");
+    let outcome = ["outcome=\"canceled\""];
+    assert_eq!(gw.counter("a2agw_cancels_total", &outcome).await, 1.0);
+}
+
+/// A task that completes while its caller watches gets no cancel.
+async fn completed_task(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (mut stream, id) = send_stream(&gw.url, bind, None, "work:300").await;
+    let events = stream.rest(Duration::from_secs(10)).await;
+    assert_eq!(events.last().and_then(state_of).as_deref(), Some("TASK_STATE_COMPLETED"));
+    stream.close();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(worker.state(None, &id).await.as_deref(), Some("TASK_STATE_COMPLETED"));
+    assert_eq!(worker.cancels().await, 0);
+    assert_eq!(gw.counter("a2agw_cancel_attempts_total", &[]).await, 0.0);
+    assert!(gw.counter("a2agw_cascade_decisions_total", &["keep_settled"]).await >= 1.0);
+}
+
+/// A task handed back (input-required) whose caller leaves gets no cancel.
+async fn input_required(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (mut stream, id) = send_stream(&gw.url, bind, None, "ask").await;
+    let mut last = None;
+    while let Some(ev) = stream.next(Duration::from_secs(10)).await {
+        if let Some(s) = state_of(&ev) {
+            last = Some(s.clone());
+            if s == "TASK_STATE_INPUT_REQUIRED" {
+                break;
+            }
+        }
+    }
+    assert_eq!(last.as_deref(), Some("TASK_STATE_INPUT_REQUIRED"));
+    stream.close();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(worker.state(None, &id).await.as_deref(), Some("TASK_STATE_INPUT_REQUIRED"));
+    assert_eq!(worker.cancels().await, 0);
+}
+
+/// With `cascade = "detach"` the child runs on.
+async fn detach(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "cascade = \"detach\"").await;
+    let (stream, id) = send_stream(&gw.url, bind, None, LONG).await;
+    stream.close();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING));
+    assert_eq!(worker.cancels().await, 0);
+    assert!(gw.counter("a2agw_cascade_decisions_total", &["keep_detached"]).await >= 1.0);
+}
+
+/// With a grace, a resubscribe inside it keeps the child alive; when that
+/// caller leaves too, the child is canceled after another grace.
+async fn grace_resubscribe(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "disconnect_grace = \"1500ms\"").await;
+    let (stream, id) = send_stream(&gw.url, bind, None, LONG).await;
+    stream.close();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut again = subscribe(&gw.url, bind, None, &id).await;
+    assert_eq!(again.status, 200);
+    again.next(Duration::from_secs(5)).await.expect("the resubscribed stream flows");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING), "kept alive by the resubscribe");
+    assert_eq!(worker.cancels().await, 0);
+    again.close();
+    worker
+        .wait_state(None, &id, CANCELED, Duration::from_millis(1500 + 1000))
+        .await
+        .unwrap_or_else(|last| panic!("not canceled after the second grace (state {last:?}); log:\n{}", gw.log_text()));
+    assert_eq!(worker.cancels().await, 1);
+}
+
+/// Without the gateway the child keeps running: the gap the gateway closes.
+async fn gap_without_gateway(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let (stream, id) = send_stream(&worker.url(), bind, None, LONG).await;
+    stream.close();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING), "the orphan runs on");
+    assert_eq!(worker.cancels().await, 0);
+}
+
+macro_rules! scenarios {
+    ($($name:ident => $body:expr;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $body.await
+            }
+        )*
+    };
+}
+
+scenarios! {
+    rust_jsonrpc_caller_close_cancels => caller_leaves(Kind::Rust, Bind::JsonRpc, None, false);
+    rust_rest_caller_close_cancels => caller_leaves(Kind::Rust, Bind::Rest, None, false);
+    rust_jsonrpc_caller_reset_cancels => caller_leaves(Kind::Rust, Bind::JsonRpc, None, true);
+    rust_jsonrpc_tenant_cancel => caller_leaves(Kind::Rust, Bind::JsonRpc, Some("acme"), false);
+    rust_rest_tenant_cancel => caller_leaves(Kind::Rust, Bind::Rest, Some("acme"), false);
+    python_jsonrpc_caller_close_cancels => caller_leaves(Kind::Python, Bind::JsonRpc, None, false);
+    python_rest_caller_close_cancels => caller_leaves(Kind::Python, Bind::Rest, None, false);
+    python_rest_caller_reset_cancels => caller_leaves(Kind::Python, Bind::Rest, None, true);
+    python_jsonrpc_tenant_cancel => caller_leaves(Kind::Python, Bind::JsonRpc, Some("acme"), false);
+    python_rest_tenant_cancel => caller_leaves(Kind::Python, Bind::Rest, Some("acme"), false);
+
+    rust_jsonrpc_completed_no_cancel => completed_task(Kind::Rust, Bind::JsonRpc);
+    rust_rest_completed_no_cancel => completed_task(Kind::Rust, Bind::Rest);
+    python_jsonrpc_completed_no_cancel => completed_task(Kind::Python, Bind::JsonRpc);
+    python_rest_completed_no_cancel => completed_task(Kind::Python, Bind::Rest);
+
+    rust_jsonrpc_input_required_no_cancel => input_required(Kind::Rust, Bind::JsonRpc);
+    rust_rest_input_required_no_cancel => input_required(Kind::Rust, Bind::Rest);
+    python_jsonrpc_input_required_no_cancel => input_required(Kind::Python, Bind::JsonRpc);
+    python_rest_input_required_no_cancel => input_required(Kind::Python, Bind::Rest);
+
+    rust_jsonrpc_detach => detach(Kind::Rust, Bind::JsonRpc);
+    rust_rest_detach => detach(Kind::Rust, Bind::Rest);
+    python_jsonrpc_detach => detach(Kind::Python, Bind::JsonRpc);
+    python_rest_detach => detach(Kind::Python, Bind::Rest);
+
+    rust_jsonrpc_grace_resubscribe => grace_resubscribe(Kind::Rust, Bind::JsonRpc);
+    rust_rest_grace_resubscribe => grace_resubscribe(Kind::Rust, Bind::Rest);
+    python_jsonrpc_grace_resubscribe => grace_resubscribe(Kind::Python, Bind::JsonRpc);
+    python_rest_grace_resubscribe => grace_resubscribe(Kind::Python, Bind::Rest);
+
+    rust_jsonrpc_gap_without_gateway => gap_without_gateway(Kind::Rust, Bind::JsonRpc);
+    python_rest_gap_without_gateway => gap_without_gateway(Kind::Python, Bind::Rest);
+}

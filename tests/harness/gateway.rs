@@ -1,0 +1,117 @@
+//! Starts the real `a2a-gateway` binary on free ports with a config file.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A scratch directory for one test's files.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "a2agw-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A running gateway process; killed on drop.
+#[derive(Debug)]
+pub struct Gateway {
+    child: Child,
+    pub url: String,
+    pub admin: String,
+    pub log: PathBuf,
+}
+
+impl Gateway {
+    /// Starts the gateway with `[server]` filled in by the harness and the
+    /// rest of the config (routes, policies) from `body`.
+    pub async fn start(body: &str) -> Gateway {
+        let port = free_port();
+        let admin_port = free_port();
+        let dir = scratch_dir("gw");
+        let cfg = format!(
+            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\nthreads = 2\n\n{body}"
+        );
+        let cfg_path = dir.join("gateway.toml");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let log = dir.join("gateway.log");
+        let log_file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+            .arg("--config")
+            .arg(&cfg_path)
+            .env("A2A_GATEWAY_LOG", "info,a2a_gateway=debug")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn a2a-gateway");
+        let gw = Gateway {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            log,
+        };
+        gw.wait_ready().await;
+        gw
+    }
+
+    /// A one-route gateway in front of `worker`, with extra route keys.
+    pub async fn in_front_of(worker: &str, route_extra: &str) -> Gateway {
+        Gateway::start(&format!(
+            "[[routes]]\nname = \"w\"\nworker = \"{worker}\"\n{route_extra}\n"
+        ))
+        .await
+    }
+
+    async fn wait_ready(&self) {
+        let (addr, _) = super::http::split_url(&self.admin);
+        let (proxy, _) = super::http::split_url(&self.url);
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok()
+                && tokio::net::TcpStream::connect(&proxy).await.is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("gateway did not start; its log:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The admin endpoint's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        super::http::request("GET", &self.admin, "/metrics", &[], b"").await.text()
+    }
+
+    /// The sum of a counter's samples whose labels contain every `labels` item.
+    pub async fn counter(&self, name: &str, labels: &[&str]) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// SIGKILLs the gateway (no cleanup, no graceful shutdown).
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}

@@ -1,0 +1,166 @@
+//! A deliberately plain HTTP/1.1 client over a raw TCP socket.
+//!
+//! Tests need to do things a polished client hides: hold an SSE stream open,
+//! then close or reset the socket at an exact moment, or send bytes a
+//! well-behaved client never would. Every request is `Connection: close`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A response read to its end.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "response body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Splits `http://host:port/base` into (`host:port`, `/base`).
+pub fn split_url(url: &str) -> (String, String) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("only http:// URLs in tests: {url}"));
+    match rest.find('/') {
+        Some(i) => (rest[..i].to_string(), rest[i..].trim_end_matches('/').to_string()),
+        None => (rest.to_string(), String::new()),
+    }
+}
+
+fn request_bytes(method: &str, authority: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n");
+    let mut has_version = false;
+    for (k, v) in headers {
+        if k.eq_ignore_ascii_case("a2a-version") {
+            has_version = true;
+        }
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !has_version {
+        head.push_str("a2a-version: 1.0\r\n");
+    }
+    if !body.is_empty() || method == "POST" {
+        head.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// Sends one request and reads the whole response (until the server closes).
+/// `A2A-Version: 1.0` is added unless `headers` name it.
+pub async fn request(method: &str, url: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let (authority, base) = split_url(url);
+    let mut sock = TcpStream::connect(&authority)
+        .await
+        .unwrap_or_else(|e| panic!("connect {authority}: {e}"));
+    sock.write_all(&request_bytes(method, &authority, &format!("{base}{path}"), headers, body))
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), sock.read_to_end(&mut raw))
+        .await
+        .expect("response within 30 s")
+        .expect("read response");
+    parse_response(&raw)
+}
+
+/// POSTs a JSON body with `content-type: application/json`.
+pub async fn post_json(url: &str, path: &str, headers: &[(&str, &str)], body: &Value) -> Response {
+    let mut h = vec![("content-type", "application/json")];
+    h.extend_from_slice(headers);
+    request("POST", url, path, &h, body.to_string().as_bytes()).await
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(raw)));
+    let head = std::str::from_utf8(&raw[..end]).expect("ascii head");
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let rest = &raw[end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    let body = if chunked { dechunk(rest) } else { rest.to_vec() };
+    Response { status, headers, body }
+}
+
+/// Decodes a chunked body (tolerating a truncated tail).
+pub fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(nl) = data.windows(2).position(|w| w == b"\r\n") else { break };
+        let size_str = std::str::from_utf8(&data[..nl]).unwrap_or("0");
+        let size = usize::from_str_radix(size_str.split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        data = &data[nl + 2..];
+        if size == 0 || data.len() < size {
+            out.extend_from_slice(&data[..size.min(data.len())]);
+            break;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[(size + 2).min(data.len())..];
+    }
+    out
+}
+
+/// Reads a task's state straight from a worker (never through the gateway):
+/// JSON-RPC `GetTask` POSTed to `url` (the worker's JSON-RPC endpoint).
+/// `None` when the worker does not know the task.
+pub async fn get_task_state(url: &str, tenant: Option<&str>, id: &str) -> Option<String> {
+    let mut params = json!({ "id": id });
+    if let Some(t) = tenant {
+        params["tenant"] = json!(t);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": "harness-get", "method": "GetTask", "params": params});
+    let resp = post_json(url, "/", &[], &body).await;
+    let v = resp.json();
+    v["result"]["status"]["state"].as_str().map(str::to_string)
+}
+
+/// Polls the worker until the task is in `want`, for at most `within`.
+/// Returns how long it took, or the last state seen.
+pub async fn wait_for_state(url: &str, tenant: Option<&str>, id: &str, want: &str, within: Duration) -> Result<Duration, Option<String>> {
+    let start = tokio::time::Instant::now();
+    let mut last = None;
+    while start.elapsed() <= within {
+        last = get_task_state(url, tenant, id).await;
+        if last.as_deref() == Some(want) {
+            return Ok(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Err(last)
+}

@@ -1,0 +1,10 @@
+//! Small helpers that start real peers on free loopback ports and talk to them.
+
+#![allow(dead_code)]
+
+pub mod gateway;
+pub mod http;
+pub mod stream;
+pub mod worker;
+pub mod rust_worker;
+pub mod python_worker;

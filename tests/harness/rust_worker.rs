@@ -1,0 +1,428 @@
+//! A real A2A agent on the published a2a-rust 0.15 crates, served in-process.
+//!
+//! [`RustWorker::start`] binds `127.0.0.1:0`, builds a `RequestHandler` whose
+//! agent card points at that port, and serves it with `CombinedDispatcher`
+//! (JSON-RPC at `POST /`, HTTP+JSON at every other path, `/{tenant}/…` too).
+//! With `websocket` a `WebSocketDispatcher` gets a listener of its own.
+//!
+//! What the executor does is chosen by the text of the user message
+//! (`Message::text`, the first text part):
+//!
+//! * `work:<ms>`: `WORKING`, then a `WORKING` status update every 100 ms until
+//!   `<ms>` have passed, then an artifact and `COMPLETED`. It watches the
+//!   task's cancellation token and returns at once when it fires, writing
+//!   nothing more: the server writes `CANCELED` (CancelTask, lease lapse).
+//! * `quick`, and anything else: `WORKING` then `COMPLETED`.
+//! * `ask`: `WORKING` then `INPUT_REQUIRED` (with an agent message). A
+//!   continuation (same `taskId`) is run by the text rules again, so a
+//!   continuation saying `quick` completes the task.
+//!
+//! Counters: `tasks_started` (executor runs that created a task; a
+//! continuation of the same task id is not counted, see `executions`),
+//! `cancels` (the executor's cancel hook run for a `CancelTask` call),
+//! `lease_stops` (the cancel hook run for anything else: a lease lapse or a
+//! halt), `upgrade_extensions` (every URI of `A2A-Extensions` any call
+//! carried, from a `ServerInterceptor`).
+//!
+//! Tasks are kept in a `TenantAwareInMemoryTaskStore`: a task created under
+//! tenant `acme` is only found again with tenant `acme`.
+//!
+//! Dropping the worker aborts both accept loops, so nothing new connects.
+//! Connections already open (e.g. an SSE stream) are spawned by the crate
+//! and live on until their task ends or the test's runtime stops; a test
+//! that needs "the worker vanished mid-stream" cannot get it from Drop.
+//!
+//! # Reference (`/work/shared/a2a-reference.md`) versus the real 0.15.0 crates
+//!
+//! Checked by running `tests/worker_selftest.rs` (and a throw-away probe):
+//!
+//! * Matched: JSON-RPC at `POST /`; SSE frames `event: message` + `data:`
+//!   (compact JSON), the first a `task` frame in `TASK_STATE_SUBMITTED` with
+//!   no `id:` line, later ones `id: 1`, `id: 2`, …; JSON-RPC `data` is a
+//!   success response echoing the request id, REST `data` a bare
+//!   StreamResponse; `/{tenant}/message:stream` and
+//!   `POST /{tenant}/tasks/{id}:cancel` work; CancelTask answers the Task in
+//!   `TASK_STATE_CANCELED` and the open stream ends with a CANCELED
+//!   `statusUpdate`; a second CancelTask gets -32002 without running the
+//!   cancel hook; the stream closes at `INPUT_REQUIRED`; a lease grant with
+//!   `ttlMs: 1000` and no renewal ends the task CANCELED about 1-1.3 s after
+//!   the last renewal, with no CancelTask.
+//! * Not in the reference: a request naming a tenant is refused with
+//!   -32004 (`UNSUPPORTED_OPERATION`, "this server cannot isolate tenants…")
+//!   unless the task and push-config stores partition by tenant (the
+//!   `TenantAware*` stores) or the builder calls
+//!   `accept_unisolated_tenants()`. So a "plain" a2a-rust agent with the
+//!   default store rejects every tenant-carrying request. This worker uses
+//!   `TenantAwareInMemoryTaskStore` (the push-config store follows it), so
+//!   tenants are isolated: a task made under `acme` is unknown to GetTask
+//!   without a tenant or with another tenant (-> `state()` is `None`).
+//! * Not in the reference: a card without `capabilities.streaming: true`
+//!   makes SendStreamingMessage fail before the stream with -32004 "agent
+//!   does not support streaming" (plain `application/json`, HTTP 200).
+//! * Precision on §5 "the cancel hook emits CANCELED": `AgentExecutor::cancel`
+//!   runs for a `CancelTask` (its `RequestContext::call_context` has method
+//!   `"CancelTask"`) and also, after the executor returns, for a lease lapse
+//!   or halt (`TerminalTracking::finish_run`, with the executor's own call
+//!   context, method `SendStreamingMessage`/`SendMessage`). A hook that
+//!   writes nothing is fine: `cancel_with` writes the CANCELED status itself.
+//!   That is how `cancels()` and `lease_stops()` are told apart.
+//! * Precision on §2 "the executor sees only card-declared URIs":
+//!   interceptors see the raw list (`CallContext::extensions`, parsed from
+//!   the `a2a-extensions` header; raw value in `CallContext::http_headers`).
+//!   Over WebSocket every call's `CallContext` carries the upgrade request's
+//!   headers, so the interceptor sees the upgrade's `A2A-Extensions` on every
+//!   call of the connection (not once at the upgrade itself: there is no
+//!   hook for the upgrade).
+//! * `serve_with_addr` (both dispatchers) spawns an accept loop with no
+//!   handle; `Server::from_listener(..).serve_with_shutdown(..)` and
+//!   `WebSocketDispatcher::serve_with_shutdown(listener, ..)` return futures
+//!   this harness spawns and aborts.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use a2a_protocol_server::serve::Server;
+use a2a_protocol_server::store::InMemoryLeaseStore;
+use a2a_protocol_server::streaming::EventQueueWriter;
+use a2a_protocol_server::{
+    AgentExecutor, CallContext, CombinedDispatcher, EventEmitter, RequestContext,
+    RequestHandlerBuilder, ServerInterceptor, TenantAwareInMemoryTaskStore, WebSocketDispatcher,
+};
+use a2a_protocol_types::agent_card::{AgentCard, AgentInterface, AgentSkill};
+use a2a_protocol_types::error::A2aResult;
+use a2a_protocol_types::events::{StreamResponse, TaskStatusUpdateEvent};
+use a2a_protocol_types::message::{Message, Part};
+use a2a_protocol_types::task::{ContextId, TaskState, TaskStatus};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// How to build a [`RustWorker`]. `Default`: no lease store, no WebSocket.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RustWorkerOptions {
+    /// Build with `with_lease_store(InMemoryLeaseStore::new())`: the card
+    /// then declares `https://a2a-rust.com/extensions/lease/v1` and grants
+    /// are honoured (lapse stops the task as CANCELED).
+    pub lease_store: bool,
+    /// Also serve the WebSocket binding on a second listener (`ws_url`).
+    pub websocket: bool,
+}
+
+/// What the worker observed, shared by executor, interceptor and handle.
+#[derive(Debug, Default)]
+struct Observed {
+    tasks_started: AtomicUsize,
+    executions: AtomicUsize,
+    cancels: AtomicUsize,
+    lease_stops: AtomicUsize,
+    /// Distinct extension URIs, in first-seen order.
+    extensions: Mutex<Vec<String>>,
+    /// (method, raw `a2a-extensions` value) for every call that carried one.
+    extension_calls: Mutex<Vec<(String, String)>>,
+}
+
+/// A running a2a-rust 0.15 agent. Stops accepting when dropped.
+#[derive(Debug)]
+pub struct RustWorker {
+    url: String,
+    ws_url: Option<String>,
+    observed: Arc<Observed>,
+    serve_tasks: Vec<JoinHandle<()>>,
+}
+
+impl RustWorker {
+    /// Binds, builds the handler and starts serving in tokio tasks.
+    pub async fn start(opts: RustWorkerOptions) -> RustWorker {
+        let http_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
+        let http_addr = http_listener.local_addr().unwrap();
+        let url = format!("http://{http_addr}");
+
+        let ws_listener = if opts.websocket {
+            Some(TcpListener::bind("127.0.0.1:0").await.expect("bind ws"))
+        } else {
+            None
+        };
+        let ws_url = ws_listener
+            .as_ref()
+            .map(|l| format!("ws://{}/ws", l.local_addr().unwrap()));
+
+        let mut card = AgentCard::new("rust-worker", "1.0.0", AgentInterface::jsonrpc(&url))
+            .with_description("a2a-gateway test worker on a2a-protocol-server 0.15")
+            .with_skill(
+                AgentSkill::new("work", "Work", "work:<ms>, quick, ask").with_tags(["test"]),
+            )
+            .with_streaming(true)
+            .with_interface(AgentInterface::rest(&url));
+        if let Some(ws) = &ws_url {
+            card = card.with_interface(AgentInterface::new(
+                ws,
+                a2a_protocol_types::WEBSOCKET_BINDING_URI,
+            ));
+        }
+
+        let observed = Arc::new(Observed::default());
+        let mut builder = RequestHandlerBuilder::new(WorkerExecutor {
+            observed: Arc::clone(&observed),
+        })
+        .with_agent_card(card)
+        .with_task_store(TenantAwareInMemoryTaskStore::new())
+        .with_interceptor(ExtensionRecorder {
+            observed: Arc::clone(&observed),
+        });
+        if opts.lease_store {
+            builder = builder.with_lease_store(InMemoryLeaseStore::new());
+        }
+        let handler = Arc::new(builder.build().expect("build worker handler"));
+
+        let mut serve_tasks = Vec::new();
+        let http = Server::from_listener(http_listener).serve_with_shutdown(
+            CombinedDispatcher::new(Arc::clone(&handler)),
+            std::future::pending(),
+        );
+        serve_tasks.push(tokio::spawn(async move {
+            let _report = http.await;
+        }));
+        if let Some(listener) = ws_listener {
+            let ws = Arc::new(WebSocketDispatcher::new(Arc::clone(&handler)));
+            serve_tasks.push(tokio::spawn(async move {
+                let _report = ws
+                    .serve_with_shutdown(listener, std::future::pending())
+                    .await;
+            }));
+        }
+
+        RustWorker {
+            url,
+            ws_url,
+            observed,
+            serve_tasks,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`: JSON-RPC at `POST /`, HTTP+JSON elsewhere.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// `ws://127.0.0.1:PORT2/ws` when started with `websocket: true`.
+    pub fn ws_url(&self) -> Option<String> {
+        self.ws_url.clone()
+    }
+
+    /// Executor runs that created a task (continuations not counted).
+    pub fn tasks_started(&self) -> usize {
+        self.observed.tasks_started.load(Ordering::SeqCst)
+    }
+
+    /// Every executor run, continuations included.
+    pub fn executions(&self) -> usize {
+        self.observed.executions.load(Ordering::SeqCst)
+    }
+
+    /// `CancelTask` calls that reached the executor's cancel hook.
+    pub fn cancels(&self) -> usize {
+        self.observed.cancels.load(Ordering::SeqCst)
+    }
+
+    /// Cancel-hook runs not caused by `CancelTask`: a lease lapse (or halt)
+    /// stopping a task.
+    pub fn lease_stops(&self) -> usize {
+        self.observed.lease_stops.load(Ordering::SeqCst)
+    }
+
+    /// Distinct `A2A-Extensions` URIs seen on any call (HTTP requests and
+    /// every call on a WebSocket, which carries its upgrade's headers), in
+    /// first-seen order. Read by a `ServerInterceptor` from the raw list.
+    pub fn upgrade_extensions(&self) -> Vec<String> {
+        self.observed.extensions.lock().unwrap().clone()
+    }
+
+    /// `(method, raw A2A-Extensions value)` for every call that carried the
+    /// header, in arrival order (e.g. `("GetTask", "…/lease/v1")`).
+    pub fn extension_calls(&self) -> Vec<(String, String)> {
+        self.observed.extension_calls.lock().unwrap().clone()
+    }
+
+    /// The task's state read straight from this worker (JSON-RPC GetTask).
+    pub async fn state(&self, tenant: Option<&str>, id: &str) -> Option<String> {
+        crate::harness::http::get_task_state(&self.url(), tenant, id).await
+    }
+}
+
+impl Drop for RustWorker {
+    fn drop(&mut self) {
+        for task in &self.serve_tasks {
+            task.abort();
+        }
+    }
+}
+
+// ── Executor ────────────────────────────────────────────────────────────────
+
+struct WorkerExecutor {
+    observed: Arc<Observed>,
+}
+
+enum Behaviour {
+    Work(Duration),
+    Quick,
+    Ask,
+}
+
+fn behaviour(text: &str) -> Behaviour {
+    let text = text.trim();
+    if let Some(ms) = text.strip_prefix("work:") {
+        if let Ok(ms) = ms.trim().parse::<u64>() {
+            return Behaviour::Work(Duration::from_millis(ms));
+        }
+    }
+    if text == "ask" {
+        return Behaviour::Ask;
+    }
+    Behaviour::Quick
+}
+
+fn next_message_id() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("worker-{nanos}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn run(ctx: &RequestContext, queue: &dyn EventQueueWriter) -> A2aResult<()> {
+    let emit = EventEmitter::new(ctx, queue);
+    let token = &ctx.cancellation_token;
+    let text = ctx.message.text().unwrap_or("").to_owned();
+    emit.status(TaskState::Working).await?;
+    match behaviour(&text) {
+        Behaviour::Quick => emit.status(TaskState::Completed).await,
+        Behaviour::Ask => {
+            let note = Message::agent(next_message_id(), vec![Part::text("what next?")])
+                .with_task_id(ctx.task_id.clone())
+                .with_context_id(ContextId::new(ctx.context_id.clone()));
+            let mut status = TaskStatus::new(TaskState::InputRequired);
+            status.message = Some(note);
+            queue
+                .write(StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+                    task_id: ctx.task_id.clone(),
+                    context_id: ContextId::new(ctx.context_id.clone()),
+                    status,
+                    metadata: None,
+                }))
+                .await
+        }
+        Behaviour::Work(total) => {
+            let deadline = tokio::time::Instant::now() + total;
+            loop {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                let step = (deadline - now).min(Duration::from_millis(100));
+                tokio::select! {
+                    () = token.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(step) => {}
+                }
+                if tokio::time::Instant::now() < deadline {
+                    emit.status(TaskState::Working).await?;
+                }
+            }
+            emit.artifact(
+                "result",
+                vec![Part::text(format!("worked {} ms", total.as_millis()))],
+                None,
+                Some(true),
+            )
+            .await?;
+            emit.status(TaskState::Completed).await
+        }
+    }
+}
+
+impl AgentExecutor for WorkerExecutor {
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a RequestContext,
+        queue: &'a dyn EventQueueWriter,
+    ) -> Pin<Box<dyn Future<Output = A2aResult<()>> + Send + 'a>> {
+        Box::pin(async move {
+            self.observed.executions.fetch_add(1, Ordering::SeqCst);
+            let continuation = ctx
+                .stored_task
+                .as_ref()
+                .is_some_and(|t| t.id == ctx.task_id);
+            if !continuation {
+                self.observed.tasks_started.fetch_add(1, Ordering::SeqCst);
+            }
+            let result = run(ctx, queue).await;
+            // Once cancelled (CancelTask, lease lapse, halt) the server owns
+            // the terminal state: write nothing more, report no failure.
+            if ctx.cancellation_token.is_cancelled() {
+                return Ok(());
+            }
+            result
+        })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        ctx: &'a RequestContext,
+        _queue: &'a dyn EventQueueWriter,
+    ) -> Pin<Box<dyn Future<Output = A2aResult<()>> + Send + 'a>> {
+        Box::pin(async move {
+            let by_cancel_task = ctx
+                .call_context
+                .as_ref()
+                .is_some_and(|c| c.method() == "CancelTask");
+            if by_cancel_task {
+                self.observed.cancels.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.observed.lease_stops.fetch_add(1, Ordering::SeqCst);
+            }
+            // Writing nothing is fine: `TerminalTracking::cancel_with` then
+            // writes the CANCELED status itself.
+            Ok(())
+        })
+    }
+}
+
+// ── Interceptor recording A2A-Extensions ────────────────────────────────────
+
+struct ExtensionRecorder {
+    observed: Arc<Observed>,
+}
+
+impl ServerInterceptor for ExtensionRecorder {
+    fn before<'a>(
+        &'a self,
+        ctx: &'a CallContext,
+    ) -> Pin<Box<dyn Future<Output = A2aResult<()>> + Send + 'a>> {
+        Box::pin(async move {
+            if let Some(raw) = ctx.http_headers().get("a2a-extensions") {
+                self.observed
+                    .extension_calls
+                    .lock()
+                    .unwrap()
+                    .push((ctx.method().to_owned(), raw.clone()));
+            }
+            let mut seen = self.observed.extensions.lock().unwrap();
+            for uri in ctx.extensions() {
+                if !seen.contains(uri) {
+                    seen.push(uri.clone());
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn after<'a>(
+        &'a self,
+        _ctx: &'a CallContext,
+    ) -> Pin<Box<dyn Future<Output = A2aResult<()>> + Send + 'a>> {
+        Box::pin(async { Ok(()) })
+    }
+}

@@ -1,0 +1,384 @@
+"""A real A2A v1.0 worker agent on the official Python SDK (`a2a-sdk` 1.3.0).
+
+The integration tests start it (tests/harness/python_worker.rs) to check the
+gateway against an unmodified peer. It is a Starlette app assembled from the
+SDK's own pieces:
+
+- `DefaultRequestHandler` (= `DefaultRequestHandlerV2`) over an
+  `InMemoryTaskStore`, driving `TestAgentExecutor` below;
+- `create_jsonrpc_routes(handler, '/')`: JSON-RPC at `POST /`;
+- `create_rest_routes(handler)`: the HTTP+JSON routes (`/message:stream`,
+  `/tasks/{id}`, `/tasks/{id}:cancel`, ...) and the same under `/{tenant}/`;
+- `create_agent_card_routes(card)`: `GET /.well-known/agent-card.json`.
+
+Two test-only extras: `GET /_test/stats` and an ASGI middleware that records
+every `A2A-Extensions` request header.
+
+What the agent does is chosen by the first text part of the user message:
+
+- `work:<ms>`  WORKING, then a WORKING update every 100 ms until <ms> elapsed,
+               then an artifact and COMPLETED. Cancel ends it CANCELED at once.
+- `quick`      WORKING then COMPLETED (no artifact).
+- `ask`        WORKING then INPUT_REQUIRED (the stream closes; a follow-up
+               message with the task id runs again by the same rules).
+- `spend:<ms>:<meter>=<n>`  like work:<ms>, but the k-th status update carries
+               metadata {"a2a-rust.com/budget": {"spent": {"<meter>": k*n}}}.
+- anything else: like `quick`.
+
+Usage: python python_agent.py --port N [--host 127.0.0.1] [--tenant-scoped]
+       [--declare-extension URI ...]
+Prints `READY` on stdout once the socket listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import (
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
+    AgentInterface,
+    AgentSkill,
+    Part,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+
+
+BUDGET_KEY = 'a2a-rust.com/budget'
+TICK_SECONDS = 0.1
+
+log = logging.getLogger('python_agent')
+
+
+@dataclass
+class Stats:
+    """What `/_test/stats` reports."""
+
+    tasks_started: int = 0  # execute() calls that created a new task
+    turns: int = 0  # every execute() call (continuations included)
+    cancels: int = 0  # executor cancel() calls
+    extensions_seen: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            'tasks_started': self.tasks_started,
+            'turns': self.turns,
+            'cancels': self.cancels,
+            'extensions_seen': list(self.extensions_seen),
+        }
+
+
+class _Guard:
+    """Serialises the work loop's writes with cancel().
+
+    cancel() sets `cancelled` and writes CANCELED under the lock; the work loop
+    checks the flag under the same lock before each write, so no event of the
+    loop can land after the terminal CANCELED.
+    """
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.cancelled = False
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _first_text(context: RequestContext) -> str:
+    message = context.message
+    if message is None:
+        return ''
+    for part in message.parts:
+        if part.HasField('text'):
+            return part.text
+    return ''
+
+
+def _parse(text: str) -> tuple[str, float, str | None, float]:
+    """Returns (kind, seconds, meter, n)."""
+    text = text.strip()
+    if text.startswith('work:'):
+        try:
+            return 'work', max(0, int(text[5:])) / 1000, None, 0
+        except ValueError:
+            return 'quick', 0, None, 0
+    if text.startswith('spend:'):
+        try:
+            ms, charge = text[6:].split(':', 1)
+            meter, n = charge.split('=', 1)
+            return 'work', max(0, int(ms)) / 1000, meter, float(n)
+        except ValueError:
+            return 'quick', 0, None, 0
+    if text == 'ask':
+        return 'ask', 0, None, 0
+    return 'quick', 0, None, 0
+
+
+def _number(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x
+
+
+class TestAgentExecutor(AgentExecutor):
+    """The scripted agent; see the module doc for its behaviour."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self._guards: dict[str, _Guard] = {}
+
+    async def execute(
+        self, context: RequestContext, event_queue: EventQueue
+    ) -> None:
+        task_id = context.task_id or ''
+        context_id = context.context_id or ''
+        self.stats.turns += 1
+        if context.current_task is None:
+            self.stats.tasks_started += 1
+            # A new task: the first event must be the Task itself.
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[context.message] if context.message else [],
+                )
+            )
+
+        guard = self._guards.setdefault(task_id, _Guard())
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        kind, seconds, meter, n = _parse(_first_text(context))
+        updates = 0
+
+        async def status(state: TaskState, message=None) -> None:
+            nonlocal updates
+            async with guard.lock:
+                if guard.cancelled:
+                    raise _Cancelled
+                updates += 1
+                metadata = None
+                if meter is not None:
+                    metadata = {
+                        BUDGET_KEY: {'spent': {meter: _number(updates * n)}}
+                    }
+                await updater.update_status(
+                    state, message=message, metadata=metadata
+                )
+
+        try:
+            await status(TaskState.TASK_STATE_WORKING)
+            if kind == 'ask':
+                await status(
+                    TaskState.TASK_STATE_INPUT_REQUIRED,
+                    message=updater.new_agent_message(
+                        [Part(text='need more input')]
+                    ),
+                )
+                return
+            if kind == 'work':
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + seconds
+                while True:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    await asyncio.sleep(min(TICK_SECONDS, left))
+                    if loop.time() < deadline:
+                        await status(TaskState.TASK_STATE_WORKING)
+                async with guard.lock:
+                    if guard.cancelled:
+                        raise _Cancelled
+                    await updater.add_artifact(
+                        [Part(text=f'done: {_first_text(context)}')],
+                        name='result',
+                    )
+            await status(TaskState.TASK_STATE_COMPLETED)
+        except _Cancelled:
+            log.info('task %s: stopped by cancel', task_id)
+        finally:
+            if self._guards.get(task_id) is guard:
+                self._guards.pop(task_id, None)
+
+    async def cancel(
+        self, context: RequestContext, event_queue: EventQueue
+    ) -> None:
+        task_id = context.task_id or ''
+        context_id = context.context_id or ''
+        self.stats.cancels += 1
+        guard = self._guards.pop(task_id, None) or _Guard()
+        async with guard.lock:
+            guard.cancelled = True
+            await TaskUpdater(event_queue, task_id, context_id).cancel()
+
+
+class RecordExtensions:
+    """Pure ASGI middleware: records each `A2A-Extensions` request header.
+
+    Pure ASGI (not BaseHTTPMiddleware) so SSE streaming and client-disconnect
+    handling are exactly those of the SDK's routes.
+    """
+
+    def __init__(self, app, stats: Stats) -> None:
+        self.app = app
+        self.stats = stats
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope['type'] == 'http' and scope.get('path') != '/_test/stats':
+            for name, value in scope.get('headers', []):
+                if name.lower() == b'a2a-extensions':
+                    self.stats.extensions_seen.append(value.decode('latin-1'))
+        await self.app(scope, receive, send)
+
+
+def _tenant_owner(context: ServerCallContext) -> str:
+    """Owner resolver that scopes tasks by tenant (only with --tenant-scoped)."""
+    return f'{context.tenant}\x00{context.user.user_name}'
+
+
+def build_app(
+    base_url: str,
+    tenant_scoped: bool = False,
+    extensions: list[str] | None = None,
+) -> tuple[Starlette, Stats]:
+    stats = Stats()
+    card = AgentCard(
+        name='python-test-worker',
+        description='Scripted A2A worker on a2a-sdk 1.3.0 for a2a-gateway tests.',
+        version='1.0.0',
+        supported_interfaces=[
+            AgentInterface(
+                url=base_url,
+                protocol_binding='JSONRPC',
+                protocol_version='1.0',
+            ),
+            AgentInterface(
+                url=base_url,
+                protocol_binding='HTTP+JSON',
+                protocol_version='1.0',
+            ),
+        ],
+        capabilities=AgentCapabilities(
+            streaming=True,
+            push_notifications=False,
+            extensions=[
+                AgentExtension(uri=uri, required=False)
+                for uri in (extensions or [])
+            ],
+        ),
+        default_input_modes=['text/plain'],
+        default_output_modes=['text/plain'],
+        skills=[
+            AgentSkill(
+                id='scripted',
+                name='scripted',
+                description='work:<ms>, quick, ask, spend:<ms>:<meter>=<n>',
+                tags=['test'],
+            )
+        ],
+    )
+    store = (
+        InMemoryTaskStore(owner_resolver=_tenant_owner)
+        if tenant_scoped
+        else InMemoryTaskStore()
+    )
+    handler = DefaultRequestHandler(
+        agent_executor=TestAgentExecutor(stats),
+        task_store=store,
+        agent_card=card,
+    )
+
+    async def test_stats(_request: Request) -> JSONResponse:
+        return JSONResponse(stats.to_json())
+
+    routes = [
+        # Before the REST routes: their `/{tenant}` mount matches any prefix.
+        Route('/_test/stats', test_stats, methods=['GET']),
+        *create_agent_card_routes(card),
+        *create_jsonrpc_routes(handler, rpc_url='/'),
+        *create_rest_routes(handler),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette):
+        yield
+        await handler.aclose()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(RecordExtensions, stats=stats)
+    return app, stats
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    base_url = f'http://{args.host}:{args.port}'
+    app, _ = build_app(base_url, args.tenant_scoped, args.declare_extension)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan='on',
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            await serving  # re-raises a startup failure
+            sys.exit('uvicorn stopped before it started')
+        await asyncio.sleep(0.02)
+    print('READY', flush=True)
+    await serving
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--port', type=int, required=True)
+    parser.add_argument('--host', default='127.0.0.1')
+    parser.add_argument(
+        '--tenant-scoped',
+        action='store_true',
+        help='key stored tasks by tenant (the SDK default ignores the tenant)',
+    )
+    parser.add_argument(
+        '--declare-extension',
+        action='append',
+        default=[],
+        metavar='URI',
+        help='declare this extension (required=false) in the agent card',
+    )
+    parser.add_argument('--log-level', default='warning')
+    args = parser.parse_args()
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format='%(asctime)s %(levelname)s %(name)s: %(message)s',
+    )
+    asyncio.run(_serve(args))
+
+
+if __name__ == '__main__':
+    main()
