@@ -5,5 +5,6 @@
 
 mod cascade;
 mod harness;
+mod sse_recorded;
 mod worker_selftest;
 mod python_selftest;

@@ -12,6 +12,7 @@
 //!   `<ms>` have passed, then an artifact and `COMPLETED`. It watches the
 //!   task's cancellation token and returns at once when it fires, writing
 //!   nothing more: the server writes `CANCELED` (CancelTask, lease lapse).
+//! * `burst:<n>`: `WORKING`, n more `WORKING` updates at once, `COMPLETED`.
 //! * `quick`, and anything else: `WORKING` then `COMPLETED`.
 //! * `ask`: `WORKING` then `INPUT_REQUIRED` (with an agent message). A
 //!   continuation (same `taskId`) is run by the text rules again, so a
@@ -267,6 +268,9 @@ struct WorkerExecutor {
 
 enum Behaviour {
     Work(Duration),
+    /// `burst:<n>`: n WORKING updates as fast as the server takes them, then
+    /// COMPLETED (the streaming benchmark's worker).
+    Burst(usize),
     Quick,
     Ask,
 }
@@ -276,6 +280,11 @@ fn behaviour(text: &str) -> Behaviour {
     if let Some(ms) = text.strip_prefix("work:") {
         if let Ok(ms) = ms.trim().parse::<u64>() {
             return Behaviour::Work(Duration::from_millis(ms));
+        }
+    }
+    if let Some(n) = text.strip_prefix("burst:") {
+        if let Ok(n) = n.trim().parse::<usize>() {
+            return Behaviour::Burst(n);
         }
     }
     if text == "ask" {
@@ -300,6 +309,15 @@ async fn run(ctx: &RequestContext, queue: &dyn EventQueueWriter) -> A2aResult<()
     emit.status(TaskState::Working).await?;
     match behaviour(&text) {
         Behaviour::Quick => emit.status(TaskState::Completed).await,
+        Behaviour::Burst(n) => {
+            for _ in 0..n {
+                if token.is_cancelled() {
+                    return Ok(());
+                }
+                emit.status(TaskState::Working).await?;
+            }
+            emit.status(TaskState::Completed).await
+        }
         Behaviour::Ask => {
             let note = Message::agent(next_message_id(), vec![Part::text("what next?")])
                 .with_task_id(ctx.task_id.clone())

@@ -34,7 +34,8 @@ impl Worker {
     pub async fn start(kind: Kind) -> Worker {
         match kind {
             Kind::Rust => Worker::Rust(RustWorker::start(RustWorkerOptions::default()).await),
-            Kind::Python => Worker::Python(PythonWorker::start().await),
+            // Tenant-scoped, so a cancel sent in the wrong tenant would miss.
+            Kind::Python => Worker::Python(PythonWorker::start_with_args(&["--tenant-scoped"]).await),
         }
     }
 
