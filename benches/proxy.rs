@@ -10,6 +10,9 @@
 //!
 //! Under `cargo test` (no `--bench` argument) it only says it was skipped.
 
+// A benchmark's report is its standard output.
+#![allow(clippy::print_stdout)]
+
 #[path = "../tests/harness/mod.rs"]
 #[allow(dead_code, unused_imports, clippy::all)]
 mod harness;
@@ -45,7 +48,13 @@ fn wrk_send(url: &str) -> Option<Send> {
     );
     std::fs::write(&script, lua).ok()?;
     let out = Command::new("wrk")
-        .args(["-t2", "-c32", &format!("-d{SEND_SECONDS}s"), "--latency", "-s"])
+        .args([
+            "-t2",
+            "-c32",
+            &format!("-d{SEND_SECONDS}s"),
+            "--latency",
+            "-s",
+        ])
         .arg(&script)
         .arg(format!("{url}/"))
         .output()
@@ -53,7 +62,9 @@ fn wrk_send(url: &str) -> Option<Send> {
     let text = String::from_utf8_lossy(&out.stdout);
     let num = |prefix: &str| -> Option<f64> {
         let line = text.lines().find(|l| l.trim_start().starts_with(prefix))?;
-        let v = line.trim_start()[prefix.len()..].trim().split_whitespace().next()?;
+        let v = line.trim_start()[prefix.len()..]
+            .split_whitespace()
+            .next()?;
         parse_ms(v).or_else(|| v.parse().ok())
     };
     if text.contains("Non-2xx") {
@@ -86,7 +97,8 @@ async fn sse_events_per_sec(url: &str) -> f64 {
     for _ in 0..STREAMS {
         let url = url.to_string();
         tasks.push(tokio::spawn(async move {
-            let (mut stream, _id) = send_stream(&url, Bind::JsonRpc, None, &format!("burst:{BURST}")).await;
+            let (mut stream, _id) =
+                send_stream(&url, Bind::JsonRpc, None, &format!("burst:{BURST}")).await;
             1 + stream.rest(Duration::from_secs(60)).await.len()
         }));
     }

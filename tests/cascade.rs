@@ -31,7 +31,12 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
     let took = worker
         .wait_state(tenant, &id, CANCELED, Duration::from_secs(1))
         .await
-        .unwrap_or_else(|last| panic!("not canceled within 1 s (state {last:?}); gateway log:\n{}", gw.log_text()));
+        .unwrap_or_else(|last| {
+            panic!(
+                "not canceled within 1 s (state {last:?}); gateway log:\n{}",
+                gw.log_text()
+            )
+        });
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
     eprintln!("{kind:?}/{bind:?}: canceled {took:?} after the caller left");
     let outcome = ["outcome=\"canceled\""];
@@ -44,13 +49,23 @@ async fn completed_task(kind: Kind, bind: Bind) {
     let gw = Gateway::in_front_of(&worker.url(), "").await;
     let (mut stream, id) = send_stream(&gw.url, bind, None, "work:300").await;
     let events = stream.rest(Duration::from_secs(10)).await;
-    assert_eq!(events.last().and_then(state_of).as_deref(), Some("TASK_STATE_COMPLETED"));
+    assert_eq!(
+        events.last().and_then(state_of).as_deref(),
+        Some("TASK_STATE_COMPLETED")
+    );
     stream.close();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(worker.state(None, &id).await.as_deref(), Some("TASK_STATE_COMPLETED"));
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_COMPLETED")
+    );
     assert_eq!(worker.cancels().await, 0);
     assert_eq!(gw.counter("a2agw_cancel_attempts_total", &[]).await, 0.0);
-    assert!(gw.counter("a2agw_cascade_decisions_total", &["keep_settled"]).await >= 1.0);
+    assert!(
+        gw.counter("a2agw_cascade_decisions_total", &["keep_settled"])
+            .await
+            >= 1.0
+    );
 }
 
 /// A task handed back (input-required) whose caller leaves gets no cancel.
@@ -70,7 +85,10 @@ async fn input_required(kind: Kind, bind: Bind) {
     assert_eq!(last.as_deref(), Some("TASK_STATE_INPUT_REQUIRED"));
     stream.close();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(worker.state(None, &id).await.as_deref(), Some("TASK_STATE_INPUT_REQUIRED"));
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED")
+    );
     assert_eq!(worker.cancels().await, 0);
 }
 
@@ -83,7 +101,11 @@ async fn detach(kind: Kind, bind: Bind) {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING));
     assert_eq!(worker.cancels().await, 0);
-    assert!(gw.counter("a2agw_cascade_decisions_total", &["keep_detached"]).await >= 1.0);
+    assert!(
+        gw.counter("a2agw_cascade_decisions_total", &["keep_detached"])
+            .await
+            >= 1.0
+    );
 }
 
 /// With a grace, a resubscribe inside it keeps the child alive; when that
@@ -96,15 +118,27 @@ async fn grace_resubscribe(kind: Kind, bind: Bind) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut again = subscribe(&gw.url, bind, None, &id).await;
     assert_eq!(again.status, 200);
-    again.next(Duration::from_secs(5)).await.expect("the resubscribed stream flows");
+    again
+        .next(Duration::from_secs(5))
+        .await
+        .expect("the resubscribed stream flows");
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING), "kept alive by the resubscribe");
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some(WORKING),
+        "kept alive by the resubscribe"
+    );
     assert_eq!(worker.cancels().await, 0);
     again.close();
     worker
         .wait_state(None, &id, CANCELED, Duration::from_millis(1500 + 1000))
         .await
-        .unwrap_or_else(|last| panic!("not canceled after the second grace (state {last:?}); log:\n{}", gw.log_text()));
+        .unwrap_or_else(|last| {
+            panic!(
+                "not canceled after the second grace (state {last:?}); log:\n{}",
+                gw.log_text()
+            )
+        });
     assert_eq!(worker.cancels().await, 1);
 }
 
@@ -114,7 +148,11 @@ async fn gap_without_gateway(kind: Kind, bind: Bind) {
     let (stream, id) = send_stream(&worker.url(), bind, None, LONG).await;
     stream.close();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING), "the orphan runs on");
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some(WORKING),
+        "the orphan runs on"
+    );
     assert_eq!(worker.cancels().await, 0);
 }
 

@@ -1,10 +1,11 @@
-//! Integration tests of a2a-gateway against real peers: a2a-rust 0.15 agents,
-//! agents on the official Python `a2a-sdk`, and a real `redis-server`.
+//! Integration tests of a2a-gateway against real peers: a2a-rust 0.15 agents
+//! and agents on the official Python `a2a-sdk` 1.3.0.
 //!
 //! One test binary; `harness` holds the helpers that start each peer.
 
 mod cascade;
+mod gateway_basics;
 mod harness;
+mod python_selftest;
 mod sse_recorded;
 mod worker_selftest;
-mod python_selftest;

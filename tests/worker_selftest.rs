@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
 use crate::harness::http::{post_json, split_url, wait_for_state};
-use crate::harness::stream::SseStream;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::stream::SseStream;
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 

@@ -47,7 +47,7 @@ pub struct Server {
     /// Base URL written into rewritten agent cards, without a trailing `/`.
     /// `None`: derived per request from the caller's `Host`.
     pub public_url: Option<String>,
-    /// Listener for `/healthz` and `/metrics`; none by default.
+    /// Listener for `/healthz`, `/metrics` and `/tasks`; none by default.
     pub admin: Option<SocketAddr>,
     /// Proxy worker threads, 1 to 256. Default 2.
     pub threads: usize,

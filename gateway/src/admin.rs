@@ -33,7 +33,11 @@ impl ServeHttp for Admin {
         let path = session.req_header().uri.path().to_string();
         match path.as_str() {
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
-            "/metrics" => reply(200, "text/plain; version=0.0.4", metrics::render().into_bytes()),
+            "/metrics" => reply(
+                200,
+                "text/plain; version=0.0.4",
+                metrics::render().into_bytes(),
+            ),
             "/tasks" => match self.store.list(1000).await {
                 Ok(tasks) => {
                     let tasks: Vec<_> = tasks
@@ -53,9 +57,17 @@ impl ServeHttp for Admin {
                     let body = json!({"store": self.store.kind(), "tasks": tasks});
                     reply(200, "application/json", body.to_string().into_bytes())
                 }
-                Err(e) => reply(503, "application/json", json!({"error": e.to_string()}).to_string().into_bytes()),
+                Err(e) => reply(
+                    503,
+                    "application/json",
+                    json!({"error": e.to_string()}).to_string().into_bytes(),
+                ),
             },
-            _ => reply(404, "text/plain", b"not found: try /healthz, /metrics or /tasks\n".to_vec()),
+            _ => reply(
+                404,
+                "text/plain",
+                b"not found: try /healthz, /metrics or /tasks\n".to_vec(),
+            ),
         }
     }
 }

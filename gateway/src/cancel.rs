@@ -156,7 +156,11 @@ impl Canceller {
                     "method": "CancelTask",
                     "params": params,
                 });
-                let path = if job.target.path.is_empty() { "/".to_string() } else { job.target.path.clone() };
+                let path = if job.target.path.is_empty() {
+                    "/".to_string()
+                } else {
+                    job.target.path.clone()
+                };
                 (path, body)
             }
             Binding::Rest => {
@@ -290,22 +294,62 @@ mod tests {
         use CancelOutcome::*;
         let not_cancelable_rest = br#"{"error":{"code":400,"status":"FAILED_PRECONDITION","message":"x","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"TASK_NOT_CANCELABLE","domain":"a2a-protocol.org"}]}}"#;
         let table: Vec<(Binding, u16, &[u8], Attempt)> = vec![
-            (Binding::JsonRpc, 200, br#"{"jsonrpc":"2.0","id":"x","result":{"id":"t"}}"#, Attempt::Final(Canceled)),
-            (Binding::JsonRpc, 200, br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32002,"message":"no"}}"#, Attempt::Final(NotCancelable)),
-            (Binding::JsonRpc, 200, br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32001,"message":"no"}}"#, Attempt::Final(NotFound)),
-            (Binding::Rest, 200, br#"{"id":"t"}"#, Attempt::Final(Canceled)),
+            (
+                Binding::JsonRpc,
+                200,
+                br#"{"jsonrpc":"2.0","id":"x","result":{"id":"t"}}"#,
+                Attempt::Final(Canceled),
+            ),
+            (
+                Binding::JsonRpc,
+                200,
+                br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32002,"message":"no"}}"#,
+                Attempt::Final(NotCancelable),
+            ),
+            (
+                Binding::JsonRpc,
+                200,
+                br#"{"jsonrpc":"2.0","id":"x","error":{"code":-32001,"message":"no"}}"#,
+                Attempt::Final(NotFound),
+            ),
+            (
+                Binding::Rest,
+                200,
+                br#"{"id":"t"}"#,
+                Attempt::Final(Canceled),
+            ),
             (Binding::Rest, 404, b"{}", Attempt::Final(NotFound)),
             (Binding::Rest, 409, b"{}", Attempt::Final(NotCancelable)),
-            (Binding::Rest, 400, not_cancelable_rest, Attempt::Final(NotCancelable)),
+            (
+                Binding::Rest,
+                400,
+                not_cancelable_rest,
+                Attempt::Final(NotCancelable),
+            ),
         ];
         for (binding, status, body, want) in table {
             assert_eq!(judge(binding, status, body), want, "{binding:?} {status}");
         }
         assert!(matches!(judge(Binding::Rest, 503, b""), Attempt::Retry(_)));
-        assert!(matches!(judge(Binding::JsonRpc, 502, b""), Attempt::Retry(_)));
-        assert!(matches!(judge(Binding::JsonRpc, 200, b"oops"), Attempt::Retry(_)));
-        assert!(matches!(judge(Binding::JsonRpc, 401, b""), Attempt::Refused(_)));
-        assert!(matches!(judge(Binding::JsonRpc, 200, br#"{"error":{"code":-32009}}"#), Attempt::Refused(_)));
-        assert!(matches!(judge(Binding::Rest, 400, b"{}"), Attempt::Refused(_)));
+        assert!(matches!(
+            judge(Binding::JsonRpc, 502, b""),
+            Attempt::Retry(_)
+        ));
+        assert!(matches!(
+            judge(Binding::JsonRpc, 200, b"oops"),
+            Attempt::Retry(_)
+        ));
+        assert!(matches!(
+            judge(Binding::JsonRpc, 401, b""),
+            Attempt::Refused(_)
+        ));
+        assert!(matches!(
+            judge(Binding::JsonRpc, 200, br#"{"error":{"code":-32009}}"#),
+            Attempt::Refused(_)
+        ));
+        assert!(matches!(
+            judge(Binding::Rest, 400, b"{}"),
+            Attempt::Refused(_)
+        ));
     }
 }

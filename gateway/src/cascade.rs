@@ -64,6 +64,16 @@ impl Tracker {
         }
     }
 
+    /// Queues an update, waiting for room: for updates that must not be lost
+    /// (a watcher leaving), from async code that may wait.
+    pub async fn update_reliably(&self, key: TaskKey, update: TaskUpdate) {
+        if self.tx.send(Op::Update(key, update)).await.is_err() {
+            metrics::UNTRACKED
+                .with_label_values(&["tracker_closed"])
+                .inc();
+        }
+    }
+
     /// Waits until every update queued before this call is applied.
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -123,13 +133,15 @@ impl Cascade {
         let mut watchers = 0;
         if let Some(key) = &key {
             if end.was_watching {
-                self.tracker.update(
-                    key.clone(),
-                    TaskUpdate {
-                        watchers_delta: -1,
-                        ..TaskUpdate::default()
-                    },
-                );
+                self.tracker
+                    .update_reliably(
+                        key.clone(),
+                        TaskUpdate {
+                            watchers_delta: -1,
+                            ..TaskUpdate::default()
+                        },
+                    )
+                    .await;
             }
             watchers = self.refresh(key, &mut end.seen).await;
         }

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// A reverse proxy that enforces A2A delegation policy (cascade cancel,
-/// leases, budgets) in front of unmodified A2A workers.
+/// A reverse proxy that enforces A2A delegation policy in front of
+/// unmodified A2A workers: today cascade cancel; leases and budgets planned.
 #[derive(Debug, Parser)]
 #[command(name = "a2a-gateway", version)]
 struct Cli {
@@ -61,11 +61,15 @@ fn main() -> ExitCode {
     let cfg = match (&cli.config, &cli.worker) {
         (Some(file), None) => config::load(file).map_err(|e| e.to_string()),
         (None, Some(worker)) => {
-            let listen = cli.listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+            let listen = cli
+                .listen
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
             config::Config::single_worker(listen, worker)
         }
         (Some(_), Some(_)) => Err("give either --config or --worker, not both".to_string()),
-        (None, None) => Err("nothing to proxy: give --worker URL or --config FILE (see --help)".to_string()),
+        (None, None) => {
+            Err("nothing to proxy: give --worker URL or --config FILE (see --help)".to_string())
+        }
     };
     let mut cfg = match cfg {
         Ok(c) => c,

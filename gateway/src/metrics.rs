@@ -18,16 +18,61 @@ macro_rules! counter {
     };
 }
 
-counter!(REQUESTS, "a2agw_requests_total", "Requests by route and A2A call kind.", &["route", "call"]);
-counter!(TASKS_TRACKED, "a2agw_tasks_tracked_total", "Tasks whose id the gateway learned from a worker's answer.", &["route"]);
-counter!(CASCADE_DECISIONS, "a2agw_cascade_decisions_total", "What the gateway decided when a tracked stream ended.", &["route", "decision"]);
-counter!(CANCELS, "a2agw_cancels_total", "Gateway-sent CancelTask calls by final outcome.", &["route", "cause", "outcome"]);
-counter!(CANCEL_ATTEMPTS, "a2agw_cancel_attempts_total", "CancelTask attempts, retries included.", &["route"]);
+counter!(
+    REQUESTS,
+    "a2agw_requests_total",
+    "Requests by route and A2A call kind.",
+    &["route", "call"]
+);
+counter!(
+    TASKS_TRACKED,
+    "a2agw_tasks_tracked_total",
+    "Tasks whose id the gateway learned from a worker's answer.",
+    &["route"]
+);
+counter!(
+    CASCADE_DECISIONS,
+    "a2agw_cascade_decisions_total",
+    "What the gateway decided when a tracked stream ended.",
+    &["route", "decision"]
+);
+counter!(
+    CANCELS,
+    "a2agw_cancels_total",
+    "Gateway-sent CancelTask calls by final outcome.",
+    &["route", "cause", "outcome"]
+);
+counter!(
+    CANCEL_ATTEMPTS,
+    "a2agw_cancel_attempts_total",
+    "CancelTask attempts, retries included.",
+    &["route"]
+);
 counter!(UNREACHABLE, "a2agw_unreachable_children_total", "Children whose caller left before any event named them: a task may run on that nobody can cancel.", &["route"]);
-counter!(UNTRACKED, "a2agw_untracked_total", "Traffic passed through without tracking, by reason.", &["reason"]);
-counter!(CARDS_REWRITTEN, "a2agw_agent_cards_rewritten_total", "Agent cards whose interface URLs were rewritten.", &["route", "outcome"]);
-counter!(STORE_ERRORS, "a2agw_store_errors_total", "Store operations that failed.", &["op"]);
-counter!(NO_ROUTE, "a2agw_no_route_total", "Requests that matched no route (answered 404).", &["listener"]);
+counter!(
+    UNTRACKED,
+    "a2agw_untracked_total",
+    "Traffic passed through without tracking, by reason.",
+    &["reason"]
+);
+counter!(
+    CARDS_REWRITTEN,
+    "a2agw_agent_cards_rewritten_total",
+    "Agent cards whose interface URLs were rewritten.",
+    &["route", "outcome"]
+);
+counter!(
+    STORE_ERRORS,
+    "a2agw_store_errors_total",
+    "Store operations that failed.",
+    &["op"]
+);
+counter!(
+    NO_ROUTE,
+    "a2agw_no_route_total",
+    "Requests that matched no route (answered 404).",
+    &["listener"]
+);
 
 /// Time from the decision to cancel to the worker's answer.
 pub static CANCEL_LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
@@ -42,8 +87,11 @@ pub static CANCEL_LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
 
 /// Streams being watched right now on this replica.
 pub static OPEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
-    register_int_gauge!("a2agw_open_tracked_streams", "Tracked streams open on this replica.")
-        .expect("metric registers once")
+    register_int_gauge!(
+        "a2agw_open_tracked_streams",
+        "Tracked streams open on this replica."
+    )
+    .expect("metric registers once")
 });
 
 /// Renders every registered metric in the Prometheus text format.

@@ -97,7 +97,9 @@ impl Gateway {
 
     /// The admin endpoint's `/metrics` text.
     pub async fn metrics(&self) -> String {
-        super::http::request("GET", &self.admin, "/metrics", &[], b"").await.text()
+        super::http::request("GET", &self.admin, "/metrics", &[], b"")
+            .await
+            .text()
     }
 
     /// The sum of a counter's samples whose labels contain every `labels` item.

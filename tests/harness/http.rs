@@ -46,13 +46,23 @@ pub fn split_url(url: &str) -> (String, String) {
         .strip_prefix("http://")
         .unwrap_or_else(|| panic!("only http:// URLs in tests: {url}"));
     match rest.find('/') {
-        Some(i) => (rest[..i].to_string(), rest[i..].trim_end_matches('/').to_string()),
+        Some(i) => (
+            rest[..i].to_string(),
+            rest[i..].trim_end_matches('/').to_string(),
+        ),
         None => (rest.to_string(), String::new()),
     }
 }
 
-fn request_bytes(method: &str, authority: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n");
+fn request_bytes(
+    method: &str,
+    authority: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Vec<u8> {
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n");
     let mut has_version = false;
     for (k, v) in headers {
         if k.eq_ignore_ascii_case("a2a-version") {
@@ -74,14 +84,26 @@ fn request_bytes(method: &str, authority: &str, path: &str, headers: &[(&str, &s
 
 /// Sends one request and reads the whole response (until the server closes).
 /// `A2A-Version: 1.0` is added unless `headers` name it.
-pub async fn request(method: &str, url: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+pub async fn request(
+    method: &str,
+    url: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
     let (authority, base) = split_url(url);
     let mut sock = TcpStream::connect(&authority)
         .await
         .unwrap_or_else(|e| panic!("connect {authority}: {e}"));
-    sock.write_all(&request_bytes(method, &authority, &format!("{base}{path}"), headers, body))
-        .await
-        .unwrap();
+    sock.write_all(&request_bytes(
+        method,
+        &authority,
+        &format!("{base}{path}"),
+        headers,
+        body,
+    ))
+    .await
+    .unwrap();
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), sock.read_to_end(&mut raw))
         .await
@@ -114,17 +136,25 @@ fn parse_response(raw: &[u8]) -> Response {
     let chunked = headers
         .iter()
         .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-    let body = if chunked { dechunk(rest) } else { rest.to_vec() };
-    Response { status, headers, body }
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_vec()
+    };
+    Response {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// Decodes a chunked body (tolerating a truncated tail).
 pub fn dechunk(mut data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(nl) = data.windows(2).position(|w| w == b"\r\n") else { break };
+    while let Some(nl) = data.windows(2).position(|w| w == b"\r\n") {
         let size_str = std::str::from_utf8(&data[..nl]).unwrap_or("0");
-        let size = usize::from_str_radix(size_str.split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        let size =
+            usize::from_str_radix(size_str.split(';').next().unwrap().trim(), 16).unwrap_or(0);
         data = &data[nl + 2..];
         if size == 0 || data.len() < size {
             out.extend_from_slice(&data[..size.min(data.len())]);
@@ -144,7 +174,8 @@ pub async fn get_task_state(url: &str, tenant: Option<&str>, id: &str) -> Option
     if let Some(t) = tenant {
         params["tenant"] = json!(t);
     }
-    let body = json!({"jsonrpc": "2.0", "id": "harness-get", "method": "GetTask", "params": params});
+    let body =
+        json!({"jsonrpc": "2.0", "id": "harness-get", "method": "GetTask", "params": params});
     let resp = post_json(url, "/", &[], &body).await;
     let v = resp.json();
     v["result"]["status"]["state"].as_str().map(str::to_string)
@@ -152,7 +183,13 @@ pub async fn get_task_state(url: &str, tenant: Option<&str>, id: &str) -> Option
 
 /// Polls the worker until the task is in `want`, for at most `within`.
 /// Returns how long it took, or the last state seen.
-pub async fn wait_for_state(url: &str, tenant: Option<&str>, id: &str, want: &str, within: Duration) -> Result<Duration, Option<String>> {
+pub async fn wait_for_state(
+    url: &str,
+    tenant: Option<&str>,
+    id: &str,
+    want: &str,
+    within: Duration,
+) -> Result<Duration, Option<String>> {
     let start = tokio::time::Instant::now();
     let mut last = None;
     while start.elapsed() <= within {

@@ -4,7 +4,7 @@
 
 pub mod gateway;
 pub mod http;
+pub mod python_worker;
+pub mod rust_worker;
 pub mod stream;
 pub mod worker;
-pub mod rust_worker;
-pub mod python_worker;

@@ -176,7 +176,6 @@ impl SseStream {
     }
 }
 
-
 impl SseStream {
     /// Closes the connection (FIN), as a caller that goes away does.
     pub fn close(self) {

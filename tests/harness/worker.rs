@@ -35,7 +35,9 @@ impl Worker {
         match kind {
             Kind::Rust => Worker::Rust(RustWorker::start(RustWorkerOptions::default()).await),
             // Tenant-scoped, so a cancel sent in the wrong tenant would miss.
-            Kind::Python => Worker::Python(PythonWorker::start_with_args(&["--tenant-scoped"]).await),
+            Kind::Python => {
+                Worker::Python(PythonWorker::start_with_args(&["--tenant-scoped"]).await)
+            }
         }
     }
 
@@ -60,7 +62,13 @@ impl Worker {
     }
 
     /// Polls the worker until the task is in `want`; the time it took.
-    pub async fn wait_state(&self, tenant: Option<&str>, id: &str, want: &str, within: Duration) -> Result<Duration, Option<String>> {
+    pub async fn wait_state(
+        &self,
+        tenant: Option<&str>,
+        id: &str,
+        want: &str,
+        within: Duration,
+    ) -> Result<Duration, Option<String>> {
         super::http::wait_for_state(&self.url(), tenant, id, want, within).await
     }
 }
@@ -102,7 +110,12 @@ pub fn state_of(ev: &Value) -> Option<String> {
 
 /// Opens `SendStreamingMessage` at `base` (a gateway or a worker URL) and
 /// reads events until one names the task. Returns the open stream and the id.
-pub async fn send_stream(base: &str, bind: Bind, tenant: Option<&str>, text: &str) -> (SseStream, String) {
+pub async fn send_stream(
+    base: &str,
+    bind: Bind,
+    tenant: Option<&str>,
+    text: &str,
+) -> (SseStream, String) {
     let msg = message(text);
     let mut stream = match bind {
         Bind::JsonRpc => {
@@ -122,9 +135,16 @@ pub async fn send_stream(base: &str, bind: Bind, tenant: Option<&str>, text: &st
         }
     };
     assert_eq!(stream.status, 200, "stream refused");
-    assert!(stream.content_type.starts_with("text/event-stream"), "not SSE: {}", stream.content_type);
+    assert!(
+        stream.content_type.starts_with("text/event-stream"),
+        "not SSE: {}",
+        stream.content_type
+    );
     for _ in 0..10 {
-        let ev = stream.next(Duration::from_secs(10)).await.expect("an event naming the task");
+        let ev = stream
+            .next(Duration::from_secs(10))
+            .await
+            .expect("an event naming the task");
         if let Some(id) = task_id_of(&ev) {
             return (stream, id);
         }
@@ -140,7 +160,8 @@ pub async fn subscribe(base: &str, bind: Bind, tenant: Option<&str>, id: &str) -
             if let Some(t) = tenant {
                 params["tenant"] = json!(t);
             }
-            let body = json!({"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": params});
+            let body =
+                json!({"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": params});
             SseStream::open(base, "/", &[], &body).await
         }
         Bind::Rest => {

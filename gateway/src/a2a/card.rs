@@ -67,7 +67,10 @@ impl CardRewrite<'_> {
     pub fn card(&self, body: &[u8]) -> Result<(Vec<u8>, usize), CardError> {
         let mut card: Value = serde_json::from_slice(body).map_err(|_| CardError::NotJson)?;
         let n = self.card_value(&mut card)?;
-        Ok((serde_json::to_vec(&card).unwrap_or_else(|_| body.to_vec()), n))
+        Ok((
+            serde_json::to_vec(&card).unwrap_or_else(|_| body.to_vec()),
+            n,
+        ))
     }
 
     /// Rewrites a card in place (for a card inside a JSON-RPC `result`).
@@ -113,10 +116,22 @@ mod tests {
             gateway_base: "https://gw.example/research",
         };
         let table = [
-            ("http://127.0.0.1:9000/api", Some("https://gw.example/research")),
-            ("http://127.0.0.1:9000/api/", Some("https://gw.example/research/")),
-            ("http://127.0.0.1:9000/api/v1", Some("https://gw.example/research/v1")),
-            ("http://127.0.0.1:9000/apix", Some("https://gw.example/research/apix")),
+            (
+                "http://127.0.0.1:9000/api",
+                Some("https://gw.example/research"),
+            ),
+            (
+                "http://127.0.0.1:9000/api/",
+                Some("https://gw.example/research/"),
+            ),
+            (
+                "http://127.0.0.1:9000/api/v1",
+                Some("https://gw.example/research/v1"),
+            ),
+            (
+                "http://127.0.0.1:9000/apix",
+                Some("https://gw.example/research/apix"),
+            ),
             ("https://other:1/", Some("https://gw.example/research/")),
             ("http://h", Some("https://gw.example/research")),
             ("ws://127.0.0.1:9001/ws", None),
@@ -150,10 +165,19 @@ mod tests {
         assert_eq!(n, 4);
         assert_eq!(out["url"], "http://gw:8080/r");
         assert_eq!(out["supportedInterfaces"][0]["url"], "http://gw:8080/r");
-        assert_eq!(out["supportedInterfaces"][1]["url"], "http://gw:8080/r/rest");
+        assert_eq!(
+            out["supportedInterfaces"][1]["url"],
+            "http://gw:8080/r/rest"
+        );
         assert_eq!(out["supportedInterfaces"][1]["tenant"], "acme");
-        assert_eq!(out["supportedInterfaces"][2]["url"], "http://127.0.0.1:9001");
-        assert_eq!(out["supportedInterfaces"][3]["url"], "ws://127.0.0.1:9002/ws");
+        assert_eq!(
+            out["supportedInterfaces"][2]["url"],
+            "http://127.0.0.1:9001"
+        );
+        assert_eq!(
+            out["supportedInterfaces"][3]["url"],
+            "ws://127.0.0.1:9002/ws"
+        );
         assert_eq!(out["additionalInterfaces"][0]["url"], "http://gw:8080/r");
         assert!(out.get("signatures").is_none());
         assert_eq!(out["name"], "w");

@@ -74,7 +74,10 @@ impl A2aMethod {
 
     /// Methods whose answer is an SSE stream of one task's events.
     pub fn is_streaming(self) -> bool {
-        matches!(self, A2aMethod::SendStreamingMessage | A2aMethod::SubscribeToTask)
+        matches!(
+            self,
+            A2aMethod::SendStreamingMessage | A2aMethod::SubscribeToTask
+        )
     }
 
     /// Methods whose answer names a task (and its state) the gateway tracks.
@@ -243,28 +246,104 @@ mod tests {
         use A2aMethod::*;
         let table = [
             (Method::GET, "/.well-known/agent-card.json", Call::AgentCard),
-            (Method::GET, "/a/b/.well-known/agent-card.json?x=1", Call::AgentCard),
-            (Method::POST, "/.well-known/agent-card.json", Call::JsonRpcCandidate),
+            (
+                Method::GET,
+                "/a/b/.well-known/agent-card.json?x=1",
+                Call::AgentCard,
+            ),
+            (
+                Method::POST,
+                "/.well-known/agent-card.json",
+                Call::JsonRpcCandidate,
+            ),
             (Method::POST, "/message:send", rest(SendMessage, None, None)),
-            (Method::POST, "/message:stream", rest(SendStreamingMessage, None, None)),
-            (Method::POST, "/acme/message:stream", rest(SendStreamingMessage, Some("acme"), None)),
-            (Method::POST, "/tenants/acme/message:send", rest(SendMessage, Some("acme"), None)),
-            (Method::POST, "/ac%20me/message:stream", rest(SendStreamingMessage, Some("ac me"), None)),
+            (
+                Method::POST,
+                "/message:stream",
+                rest(SendStreamingMessage, None, None),
+            ),
+            (
+                Method::POST,
+                "/acme/message:stream",
+                rest(SendStreamingMessage, Some("acme"), None),
+            ),
+            (
+                Method::POST,
+                "/tenants/acme/message:send",
+                rest(SendMessage, Some("acme"), None),
+            ),
+            (
+                Method::POST,
+                "/ac%20me/message:stream",
+                rest(SendStreamingMessage, Some("ac me"), None),
+            ),
             (Method::GET, "/tasks", rest(ListTasks, None, None)),
             (Method::GET, "/tasks/t1", rest(GetTask, None, Some("t1"))),
-            (Method::GET, "/tasks/t1?historyLength=2", rest(GetTask, None, Some("t1"))),
-            (Method::GET, "/acme/tasks/t1", rest(GetTask, Some("acme"), Some("t1"))),
-            (Method::POST, "/tasks/t1:cancel", rest(CancelTask, None, Some("t1"))),
-            (Method::POST, "/tasks/t1/cancel", rest(CancelTask, None, Some("t1"))),
-            (Method::POST, "/acme/tasks/t1:cancel", rest(CancelTask, Some("acme"), Some("t1"))),
-            (Method::POST, "/tasks/t1:subscribe", rest(SubscribeToTask, None, Some("t1"))),
-            (Method::GET, "/tasks/t1:subscribe", rest(SubscribeToTask, None, Some("t1"))),
-            (Method::POST, "/acme/tasks/t:1:subscribe", rest(SubscribeToTask, Some("acme"), Some("t:1"))),
-            (Method::POST, "/tasks/t1/pushNotificationConfigs", rest(CreateTaskPushNotificationConfig, None, Some("t1"))),
-            (Method::GET, "/tasks/t1/pushNotificationConfigs", rest(ListTaskPushNotificationConfigs, None, Some("t1"))),
-            (Method::GET, "/tasks/t1/pushNotificationConfigs/p", rest(GetTaskPushNotificationConfig, None, Some("t1"))),
-            (Method::DELETE, "/tasks/t1/pushNotificationConfigs/p", rest(DeleteTaskPushNotificationConfig, None, Some("t1"))),
-            (Method::GET, "/extendedAgentCard", rest(GetExtendedAgentCard, None, None)),
+            (
+                Method::GET,
+                "/tasks/t1?historyLength=2",
+                rest(GetTask, None, Some("t1")),
+            ),
+            (
+                Method::GET,
+                "/acme/tasks/t1",
+                rest(GetTask, Some("acme"), Some("t1")),
+            ),
+            (
+                Method::POST,
+                "/tasks/t1:cancel",
+                rest(CancelTask, None, Some("t1")),
+            ),
+            (
+                Method::POST,
+                "/tasks/t1/cancel",
+                rest(CancelTask, None, Some("t1")),
+            ),
+            (
+                Method::POST,
+                "/acme/tasks/t1:cancel",
+                rest(CancelTask, Some("acme"), Some("t1")),
+            ),
+            (
+                Method::POST,
+                "/tasks/t1:subscribe",
+                rest(SubscribeToTask, None, Some("t1")),
+            ),
+            (
+                Method::GET,
+                "/tasks/t1:subscribe",
+                rest(SubscribeToTask, None, Some("t1")),
+            ),
+            (
+                Method::POST,
+                "/acme/tasks/t:1:subscribe",
+                rest(SubscribeToTask, Some("acme"), Some("t:1")),
+            ),
+            (
+                Method::POST,
+                "/tasks/t1/pushNotificationConfigs",
+                rest(CreateTaskPushNotificationConfig, None, Some("t1")),
+            ),
+            (
+                Method::GET,
+                "/tasks/t1/pushNotificationConfigs",
+                rest(ListTaskPushNotificationConfigs, None, Some("t1")),
+            ),
+            (
+                Method::GET,
+                "/tasks/t1/pushNotificationConfigs/p",
+                rest(GetTaskPushNotificationConfig, None, Some("t1")),
+            ),
+            (
+                Method::DELETE,
+                "/tasks/t1/pushNotificationConfigs/p",
+                rest(DeleteTaskPushNotificationConfig, None, Some("t1")),
+            ),
+            (
+                Method::GET,
+                "/extendedAgentCard",
+                rest(GetExtendedAgentCard, None, None),
+            ),
             (Method::POST, "/", Call::JsonRpcCandidate),
             (Method::POST, "/rpc", Call::JsonRpcCandidate),
             (Method::GET, "/", Call::Other),

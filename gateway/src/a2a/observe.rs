@@ -198,15 +198,49 @@ mod tests {
     #[test]
     fn rest_documents() {
         let table: Vec<(&str, Option<Observation>)> = vec![
-            (r#"{"task":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_SUBMITTED"}}}"#, Some(obs(Some("t1"), Some(Submitted)))),
-            (r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING","timestamp":"x"},"metadata":{"a":[1,2,{"b":null}]}}}"#, Some(obs(Some("t1"), Some(Working)))),
-            (r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_INPUT_REQUIRED","message":{"parts":[{"text":"?"}]}}}}"#, Some(obs(Some("t1"), Some(InputRequired)))),
-            (r#"{"artifactUpdate":{"taskId":"t1","contextId":"c1","artifact":{"parts":[]}}}"#, Some(obs(Some("t1"), None))),
-            (r#"{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_CANCELED"}}"#, Some(obs(Some("t1"), Some(Canceled)))),
-            (r#"{"message":{"messageId":"m","role":"ROLE_AGENT","parts":[],"contextId":"c1"}}"#, Some(Observation { context_id: Some("c1".into()), message_only: true, ..Default::default() })),
-            (r#"{"message":{"messageId":"m","taskId":"t1","contextId":"c1"}}"#, Some(obs(Some("t1"), None))),
-            (r#"{"error":{"code":404,"status":"NOT_FOUND","message":"x"}}"#, Some(Observation { error: true, ..Default::default() })),
-            (r#"{"task":{"id":"t\"1","contextId":"c1","status":{"state":"weird"}}}"#, Some(obs(Some("t\"1"), None))),
+            (
+                r#"{"task":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_SUBMITTED"}}}"#,
+                Some(obs(Some("t1"), Some(Submitted))),
+            ),
+            (
+                r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING","timestamp":"x"},"metadata":{"a":[1,2,{"b":null}]}}}"#,
+                Some(obs(Some("t1"), Some(Working))),
+            ),
+            (
+                r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_INPUT_REQUIRED","message":{"parts":[{"text":"?"}]}}}}"#,
+                Some(obs(Some("t1"), Some(InputRequired))),
+            ),
+            (
+                r#"{"artifactUpdate":{"taskId":"t1","contextId":"c1","artifact":{"parts":[]}}}"#,
+                Some(obs(Some("t1"), None)),
+            ),
+            (
+                r#"{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_CANCELED"}}"#,
+                Some(obs(Some("t1"), Some(Canceled))),
+            ),
+            (
+                r#"{"message":{"messageId":"m","role":"ROLE_AGENT","parts":[],"contextId":"c1"}}"#,
+                Some(Observation {
+                    context_id: Some("c1".into()),
+                    message_only: true,
+                    ..Default::default()
+                }),
+            ),
+            (
+                r#"{"message":{"messageId":"m","taskId":"t1","contextId":"c1"}}"#,
+                Some(obs(Some("t1"), None)),
+            ),
+            (
+                r#"{"error":{"code":404,"status":"NOT_FOUND","message":"x"}}"#,
+                Some(Observation {
+                    error: true,
+                    ..Default::default()
+                }),
+            ),
+            (
+                r#"{"task":{"id":"t\"1","contextId":"c1","status":{"state":"weird"}}}"#,
+                Some(obs(Some("t\"1"), None)),
+            ),
             ("not json", None),
             (r#"[1,2]"#, None),
             (r#"{}"#, Some(Observation::default())),
@@ -219,12 +253,30 @@ mod tests {
     #[test]
     fn jsonrpc_documents() {
         let table: Vec<(&str, Option<Observation>)> = vec![
-            (r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING"}}}}"#, Some(obs(Some("t1"), Some(Working)))),
-            (r#"{"jsonrpc":"2.0","id":"x","result":{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_COMPLETED"}}}}"#, Some(obs(Some("t1"), Some(Completed)))),
-            (r#"{"id":null,"jsonrpc":"2.0","result":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_FAILED"}}}"#, Some(obs(Some("t1"), Some(Failed)))),
-            (r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"Task not found"}}"#, Some(Observation { error: true, ..Default::default() })),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING"}}}}"#,
+                Some(obs(Some("t1"), Some(Working))),
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":"x","result":{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_COMPLETED"}}}}"#,
+                Some(obs(Some("t1"), Some(Completed))),
+            ),
+            (
+                r#"{"id":null,"jsonrpc":"2.0","result":{"id":"t1","contextId":"c1","status":{"state":"TASK_STATE_FAILED"}}}"#,
+                Some(obs(Some("t1"), Some(Failed))),
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"Task not found"}}"#,
+                Some(Observation {
+                    error: true,
+                    ..Default::default()
+                }),
+            ),
             (r#"{"jsonrpc":"2.0","id":1}"#, None),
-            (r#"{"jsonrpc":"2.0","id":1,"result":{"status":"stream_complete"}}"#, None),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"status":"stream_complete"}}"#,
+                None,
+            ),
         ];
         for (doc, want) in table {
             let got = observe(Binding::JsonRpc, doc.as_bytes());

@@ -109,21 +109,49 @@ mod tests {
         let table: Vec<(&str, Option<RequestFacts>)> = vec![
             (
                 r#"{"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"tenant":"acme","message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}],"metadata":{"x":{"y":[1]}}}}}"#,
-                Some(RequestFacts { method: Some(A2aMethod::SendStreamingMessage), is_jsonrpc: true, tenant: Some("acme".into()), message_id: Some("m1".into()), ..Default::default() }),
+                Some(RequestFacts {
+                    method: Some(A2aMethod::SendStreamingMessage),
+                    is_jsonrpc: true,
+                    tenant: Some("acme".into()),
+                    message_id: Some("m1".into()),
+                    ..Default::default()
+                }),
             ),
             (
                 r#"{"jsonrpc":"2.0","id":"a","method":"SendMessage","params":{"message":{"messageId":"m2","taskId":"t1","contextId":"c1"}}}"#,
-                Some(RequestFacts { method: Some(A2aMethod::SendMessage), is_jsonrpc: true, task_id: Some("t1".into()), context_id: Some("c1".into()), message_id: Some("m2".into()), ..Default::default() }),
+                Some(RequestFacts {
+                    method: Some(A2aMethod::SendMessage),
+                    is_jsonrpc: true,
+                    task_id: Some("t1".into()),
+                    context_id: Some("c1".into()),
+                    message_id: Some("m2".into()),
+                    ..Default::default()
+                }),
             ),
             (
                 r#"{"jsonrpc":"2.0","id":2,"method":"SubscribeToTask","params":{"id":"t9","tenant":""}}"#,
-                Some(RequestFacts { method: Some(A2aMethod::SubscribeToTask), is_jsonrpc: true, task_id: Some("t9".into()), ..Default::default() }),
+                Some(RequestFacts {
+                    method: Some(A2aMethod::SubscribeToTask),
+                    is_jsonrpc: true,
+                    task_id: Some("t9".into()),
+                    ..Default::default()
+                }),
             ),
             (
                 r#"{"jsonrpc":"2.0","id":2,"method":"message/send","params":{}}"#,
-                Some(RequestFacts { is_jsonrpc: true, ..Default::default() }),
+                Some(RequestFacts {
+                    is_jsonrpc: true,
+                    ..Default::default()
+                }),
             ),
-            (r#"{"jsonrpc":"2.0","id":2,"method":"GetTask"}"#, Some(RequestFacts { method: Some(A2aMethod::GetTask), is_jsonrpc: true, ..Default::default() })),
+            (
+                r#"{"jsonrpc":"2.0","id":2,"method":"GetTask"}"#,
+                Some(RequestFacts {
+                    method: Some(A2aMethod::GetTask),
+                    is_jsonrpc: true,
+                    ..Default::default()
+                }),
+            ),
             (r#"[{"jsonrpc":"2.0","id":2,"method":"GetTask"}]"#, None),
             (r#"{"jsonrpc":"2.0","id":2}"#, None),
             ("garbage", None),
@@ -138,7 +166,12 @@ mod tests {
     fn rest_table() {
         assert_eq!(
             rest_facts(br#"{"tenant":"acme","message":{"messageId":"m","taskId":"t"}}"#),
-            RequestFacts { tenant: Some("acme".into()), task_id: Some("t".into()), message_id: Some("m".into()), ..Default::default() }
+            RequestFacts {
+                tenant: Some("acme".into()),
+                task_id: Some("t".into()),
+                message_id: Some("m".into()),
+                ..Default::default()
+            }
         );
         assert_eq!(rest_facts(b""), RequestFacts::default());
         assert_eq!(rest_facts(b"{"), RequestFacts::default());

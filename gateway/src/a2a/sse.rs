@@ -11,7 +11,10 @@
 pub enum SseItem<'a> {
     /// The `data` of one complete event (multi-line data joined with `\n`),
     /// with the event's `event:` field if it had one.
-    Event { event: Option<&'a [u8]>, data: &'a [u8] },
+    Event {
+        event: Option<&'a [u8]>,
+        data: &'a [u8],
+    },
     /// A line or event over the limit was skipped.
     Overlong,
 }
@@ -209,11 +212,23 @@ mod tests {
             ("cr", b"data: a\r\r", vec![ev("a")]),
             ("no space", b"data:a\n\n", vec![ev("a")]),
             ("multi-line data", b"data: a\ndata: b\n\n", vec![ev("a\nb")]),
-            ("id and event", b"id: 7\nevent: message\ndata: x\n\n", vec![Got::Ev(Some("message".into()), "x".into())]),
+            (
+                "id and event",
+                b"id: 7\nevent: message\ndata: x\n\n",
+                vec![Got::Ev(Some("message".into()), "x".into())],
+            ),
             ("comment only", b": keep-alive\n\n", vec![]),
-            ("comment between", b"data: a\n: ping\n\ndata: b\n\n", vec![ev("a"), ev("b")]),
+            (
+                "comment between",
+                b"data: a\n: ping\n\ndata: b\n\n",
+                vec![ev("a"), ev("b")],
+            ),
             ("no trailing blank", b"data: a\n", vec![]),
-            ("two events", b"data: 1\n\ndata: 2\n\n", vec![ev("1"), ev("2")]),
+            (
+                "two events",
+                b"data: 1\n\ndata: 2\n\n",
+                vec![ev("1"), ev("2")],
+            ),
             ("empty data", b"data\n\n", vec![ev("")]),
         ];
         for (name, input, want) in table {
@@ -260,7 +275,11 @@ mod tests {
         for _ in 0..100 {
             p.feed(&junk, |_| {});
         }
-        assert!(p.line.capacity() <= 128, "line grew to {}", p.line.capacity());
+        assert!(
+            p.line.capacity() <= 128,
+            "line grew to {}",
+            p.line.capacity()
+        );
         assert!(p.data.capacity() <= 128);
     }
 }

@@ -69,6 +69,9 @@ pub struct Ctx {
     authorization: Option<String>,
     body: Body,
     task_id: Option<Arc<str>>,
+    /// The task id the request itself names (SubscribeToTask, a
+    /// continuation), used when the caller leaves before any event.
+    req_task_id: Option<String>,
     seen: Seen,
     /// This request counted itself as a watcher of `task_id`.
     watching: bool,
@@ -93,7 +96,12 @@ impl Gateway {
         }
     }
 
-    async fn respond_json(&self, session: &mut Session, status: u16, body: serde_json::Value) -> Result<bool> {
+    async fn respond_json(
+        &self,
+        session: &mut Session,
+        status: u16,
+        body: serde_json::Value,
+    ) -> Result<bool> {
         let body = Bytes::from(body.to_string());
         let mut resp = ResponseHeader::build(status, Some(3))?;
         resp.insert_header("content-type", "application/json")?;
@@ -106,7 +114,9 @@ impl Gateway {
     /// Applies one observation to the request's view of its task, and queues
     /// the store updates that matter (first id, settling) — never one per event.
     fn on_observation(&self, ctx: &mut Ctx, obs: Observation) {
-        let Some(route) = ctx.route.clone() else { return };
+        let Some(route) = ctx.route.clone() else {
+            return;
+        };
         if obs.message_only && !ctx.seen.id_known {
             ctx.seen.message_only = true;
         }
@@ -124,7 +134,9 @@ impl Gateway {
             let id: Arc<str> = id.into();
             ctx.task_id = Some(id.clone());
             ctx.seen.id_known = true;
-            metrics::TASKS_TRACKED.with_label_values(&[&route.name]).inc();
+            metrics::TASKS_TRACKED
+                .with_label_values(&[&route.name])
+                .inc();
             let watching = ctx.streaming;
             ctx.watching = watching;
             let target = self.cancel_target(ctx);
@@ -196,7 +208,8 @@ fn is_json(resp: &ResponseHeader) -> bool {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let essence = ct.split(';').next().unwrap_or("").trim();
-    essence.eq_ignore_ascii_case("application/json") || essence.eq_ignore_ascii_case("application/a2a+json")
+    essence.eq_ignore_ascii_case("application/json")
+        || essence.eq_ignore_ascii_case("application/a2a+json")
 }
 
 fn header_starts_with(resp: &ResponseHeader, name: &str, prefix: &str) -> bool {
@@ -230,7 +243,10 @@ impl ProxyHttp for Gateway {
         let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
         let Some(m) = self.routes.find(host, &full_path) else {
             metrics::NO_ROUTE.with_label_values(&["proxy"]).inc();
-            let msg = format!("no route for host {:?} and path {full_path:?}", host.unwrap_or(""));
+            let msg = format!(
+                "no route for host {:?} and path {full_path:?}",
+                host.unwrap_or("")
+            );
             return self
                 .respond_json(session, 404, serde_json::json!({"error": {"code": 404, "status": "NOT_FOUND", "message": msg}}))
                 .await;
@@ -238,7 +254,11 @@ impl ProxyHttp for Gateway {
         let route = m.route.clone();
         let call = classify(&req.method, m.rel, session.is_upgrade_req());
         ctx.worker_root = route.worker_root(m.prefix);
-        let rel = if m.rel == "/" && !ctx.worker_root.is_empty() && !full_path.ends_with('/') { "" } else { m.rel };
+        let rel = if m.rel == "/" && !ctx.worker_root.is_empty() && !full_path.ends_with('/') {
+            ""
+        } else {
+            m.rel
+        };
         ctx.upstream_path = format!("{}{}{}", ctx.worker_root, rel, query);
         if ctx.upstream_path.is_empty() || ctx.upstream_path.starts_with('?') {
             ctx.upstream_path.insert(0, '/');
@@ -256,7 +276,9 @@ impl ProxyHttp for Gateway {
             Call::Upgrade => "upgrade",
             Call::Other => "other",
         };
-        metrics::REQUESTS.with_label_values(&[&route.name, kind]).inc();
+        metrics::REQUESTS
+            .with_label_values(&[&route.name, kind])
+            .inc();
         let inspect_cap = |session: &Session| {
             let len = session
                 .req_header()
@@ -278,8 +300,11 @@ impl ProxyHttp for Gateway {
                 ctx.tenant = tenant.clone();
                 // A task id in the path (SubscribeToTask) is confirmed by the
                 // stream's first event, which registers the watcher.
-                let _ = task_id;
-                if matches!(method, A2aMethod::SendMessage | A2aMethod::SendStreamingMessage) {
+                ctx.req_task_id = task_id.clone();
+                if matches!(
+                    method,
+                    A2aMethod::SendMessage | A2aMethod::SendStreamingMessage
+                ) {
                     ctx.req_body = Some(inspect_cap(session));
                 }
             }
@@ -309,7 +334,12 @@ impl ProxyHttp for Gateway {
 
     /// Points the request at the worker's path and host; asks for identity
     /// encoding where the gateway reads the answer.
-    async fn upstream_request_filter(&self, _session: &mut Session, upstream: &mut RequestHeader, ctx: &mut Ctx) -> Result<()> {
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
         let uri: http::Uri = ctx
             .upstream_path
             .parse()
@@ -319,7 +349,9 @@ impl ProxyHttp for Gateway {
             upstream.insert_header("host", route.cfg.worker.authority())?;
         }
         let reads_answer = matches!(ctx.call, Some(Call::AgentCard | Call::JsonRpcCandidate))
-            || ctx.method.is_some_and(|m| m.is_tracked() || m.returns_card());
+            || ctx
+                .method
+                .is_some_and(|m| m.is_tracked() || m.returns_card());
         if reads_answer {
             upstream.remove_header("accept-encoding");
         }
@@ -328,12 +360,22 @@ impl ProxyHttp for Gateway {
 
     /// Copies the request body (bounded) to learn the JSON-RPC method, tenant
     /// and task; the bytes themselves pass through unchanged and unheld.
-    async fn request_body_filter(&self, _session: &mut Session, body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Ctx) -> Result<()> {
-        let Some(buf) = ctx.req_body.as_mut() else { return Ok(()) };
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let Some(buf) = ctx.req_body.as_mut() else {
+            return Ok(());
+        };
         if let Some(chunk) = body {
             if buf.len() + chunk.len() > self.limits.max_inspect_body {
                 ctx.req_body = None;
-                metrics::UNTRACKED.with_label_values(&["request_body_too_large"]).inc();
+                metrics::UNTRACKED
+                    .with_label_values(&["request_body_too_large"])
+                    .inc();
                 return Ok(());
             }
             buf.extend_from_slice(chunk);
@@ -361,19 +403,29 @@ impl ProxyHttp for Gateway {
             if ctx.tenant.is_none() {
                 ctx.tenant = f.tenant;
             }
+            if ctx.req_task_id.is_none() {
+                ctx.req_task_id = f.task_id;
+            }
         }
         Ok(())
     }
 
     /// Chooses how the answer is read: SSE events, one JSON document, or a
     /// card to rewrite. Encoded (compressed) answers pass through unread.
-    async fn response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
         let ok = resp.status.is_success();
         let card = matches!(ctx.call, Some(Call::AgentCard))
             || ctx.method.is_some_and(A2aMethod::returns_card);
         if card && ok && is_json(resp) {
             if is_encoded(resp) {
-                metrics::UNTRACKED.with_label_values(&["encoded_card"]).inc();
+                metrics::UNTRACKED
+                    .with_label_values(&["encoded_card"])
+                    .inc();
                 return Ok(());
             }
             resp.remove_header("content-length");
@@ -385,9 +437,13 @@ impl ProxyHttp for Gateway {
             };
             return Ok(());
         }
-        let Some(method) = ctx.tracked_method() else { return Ok(()) };
+        let Some(method) = ctx.tracked_method() else {
+            return Ok(());
+        };
         if is_encoded(resp) {
-            metrics::UNTRACKED.with_label_values(&["encoded_response"]).inc();
+            metrics::UNTRACKED
+                .with_label_values(&["encoded_response"])
+                .inc();
             return Ok(());
         }
         if is_sse(resp) {
@@ -404,7 +460,13 @@ impl ProxyHttp for Gateway {
 
     /// Reads task ids and states out of the answer as it passes. Synchronous:
     /// store updates go to the tracker's queue.
-    fn response_body_filter(&self, session: &mut Session, body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Ctx) -> Result<Option<Duration>> {
+    fn response_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
         match std::mem::take(&mut ctx.body) {
             Body::Pass => {}
             Body::Sse(mut parser) => {
@@ -414,9 +476,13 @@ impl ProxyHttp for Gateway {
                         SseItem::Event { data, .. } => match observe::observe(binding, data) {
                             Some(o) if !o.is_empty() => observations.push(o),
                             Some(_) => {}
-                            None => metrics::UNTRACKED.with_label_values(&["bad_sse_event"]).inc(),
+                            None => metrics::UNTRACKED
+                                .with_label_values(&["bad_sse_event"])
+                                .inc(),
                         },
-                        SseItem::Overlong => metrics::UNTRACKED.with_label_values(&["sse_event_too_large"]).inc(),
+                        SseItem::Overlong => metrics::UNTRACKED
+                            .with_label_values(&["sse_event_too_large"])
+                            .inc(),
                     });
                     for o in observations {
                         self.on_observation(ctx, o);
@@ -427,7 +493,9 @@ impl ProxyHttp for Gateway {
             Body::Json(mut buf) => {
                 if let Some(chunk) = body.as_ref() {
                     if buf.len() + chunk.len() > self.limits.max_inspect_body {
-                        metrics::UNTRACKED.with_label_values(&["response_body_too_large"]).inc();
+                        metrics::UNTRACKED
+                            .with_label_values(&["response_body_too_large"])
+                            .inc();
                         return Ok(None);
                     }
                     buf.extend_from_slice(chunk);
@@ -436,7 +504,9 @@ impl ProxyHttp for Gateway {
                     if let Some(binding) = ctx.binding {
                         match observe::observe(binding, &buf) {
                             Some(o) => self.on_observation(ctx, o),
-                            None => metrics::UNTRACKED.with_label_values(&["bad_json_response"]).inc(),
+                            None => metrics::UNTRACKED
+                                .with_label_values(&["bad_json_response"])
+                                .inc(),
                         }
                     }
                 } else {
@@ -449,7 +519,9 @@ impl ProxyHttp for Gateway {
                 }
                 if held.len() > self.limits.max_card_body {
                     // Too large to rewrite: release what is held, pass the rest.
-                    metrics::UNTRACKED.with_label_values(&["card_too_large"]).inc();
+                    metrics::UNTRACKED
+                        .with_label_values(&["card_too_large"])
+                        .inc();
                     *body = Some(Bytes::from(held));
                     return Ok(None);
                 }
@@ -470,8 +542,11 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             metrics::OPEN_STREAMS.dec();
         }
-        let Some(route) = ctx.route.clone() else { return };
-        let streaming_call = ctx.method.is_some_and(A2aMethod::is_streaming) && ctx.binding.is_some();
+        let Some(route) = ctx.route.clone() else {
+            return;
+        };
+        let streaming_call =
+            ctx.method.is_some_and(A2aMethod::is_streaming) && ctx.binding.is_some();
         if !streaming_call {
             return;
         }
@@ -480,13 +555,21 @@ impl ProxyHttp for Gateway {
         if !ctx.streaming && e.is_none() {
             return;
         }
+        // A stream that ended without an error ended either settled (the
+        // decision keeps the task) or early (a loss): both are StreamLost.
         let event = match e {
             Some(e) if *e.esource() == ErrorSource::Downstream => Event::CallerGone,
-            Some(_) => Event::StreamLost,
-            None if ctx.seen.is_settled() => Event::StreamLost, // decided as settled
-            None => Event::StreamLost,
+            _ => Event::StreamLost,
         };
-        let Some(target) = self.cancel_target(ctx) else { return };
+        if ctx.task_id.is_none() {
+            if let Some(id) = ctx.req_task_id.take() {
+                ctx.task_id = Some(id.into());
+                ctx.seen.id_known = true;
+            }
+        }
+        let Some(target) = self.cancel_target(ctx) else {
+            return;
+        };
         let end = StreamEnd {
             route: route.name.clone(),
             policy: route.cfg.cascade,
@@ -536,12 +619,17 @@ impl Gateway {
         match result {
             Ok((out, n)) => {
                 metrics::CARDS_REWRITTEN
-                    .with_label_values(&[&route.name, if n > 0 { "rewritten" } else { "unchanged" }])
+                    .with_label_values(&[
+                        &route.name,
+                        if n > 0 { "rewritten" } else { "unchanged" },
+                    ])
                     .inc();
                 out
             }
             Err(e) => {
-                metrics::CARDS_REWRITTEN.with_label_values(&[&route.name, "unreadable"]).inc();
+                metrics::CARDS_REWRITTEN
+                    .with_label_values(&[&route.name, "unreadable"])
+                    .inc();
                 tracing::debug!(route = %route.name, error = ?e, "agent card passed through unchanged");
                 held
             }
@@ -556,9 +644,11 @@ mod tests {
     #[test]
     fn content_types() {
         let mut r = ResponseHeader::build(200, None).unwrap();
-        r.insert_header("content-type", "application/a2a+json; charset=utf-8").unwrap();
+        r.insert_header("content-type", "application/a2a+json; charset=utf-8")
+            .unwrap();
         assert!(is_json(&r) && !is_sse(&r));
-        r.insert_header("content-type", "Text/Event-Stream").unwrap();
+        r.insert_header("content-type", "Text/Event-Stream")
+            .unwrap();
         assert!(is_sse(&r) && !is_json(&r));
         r.insert_header("content-encoding", "gzip").unwrap();
         assert!(is_encoded(&r));

@@ -104,10 +104,11 @@ mod tests {
     use super::*;
 
     fn route(name: &str, host: Option<&str>, prefix: Option<&str>) -> config::Route {
-        let mut r = config::Config::single_worker("127.0.0.1:1".parse().unwrap(), "http://127.0.0.1:9000")
-            .unwrap()
-            .routes
-            .remove(0);
+        let mut r =
+            config::Config::single_worker("127.0.0.1:1".parse().unwrap(), "http://127.0.0.1:9000")
+                .unwrap()
+                .routes
+                .remove(0);
         r.name = name.into();
         r.host = host.map(str::to_string);
         r.path_prefix = prefix.map(str::to_string);

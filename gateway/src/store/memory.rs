@@ -29,9 +29,15 @@ impl MemoryStore {
 
 #[async_trait]
 impl TaskStore for MemoryStore {
-    async fn update(&self, key: &TaskKey, update: TaskUpdate, now_ms: u64) -> Result<TaskRecord, StoreError> {
+    async fn update(
+        &self,
+        key: &TaskKey,
+        update: TaskUpdate,
+        now_ms: u64,
+    ) -> Result<TaskRecord, StoreError> {
         let entry = self.tasks.entry_by_ref(key).and_upsert_with(|old| {
-            let mut rec = old.map_or_else(|| TaskRecord::new(key.clone(), now_ms), |e| e.into_value());
+            let mut rec =
+                old.map_or_else(|| TaskRecord::new(key.clone(), now_ms), |e| e.into_value());
             rec.apply(update, now_ms);
             rec
         });

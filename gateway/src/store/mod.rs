@@ -85,7 +85,12 @@ impl std::error::Error for StoreError {}
 pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Applies `update` to the task's record (creating it), atomically with
     /// respect to every other replica sharing the store; returns the result.
-    async fn update(&self, key: &TaskKey, update: TaskUpdate, now_ms: u64) -> Result<TaskRecord, StoreError>;
+    async fn update(
+        &self,
+        key: &TaskKey,
+        update: TaskUpdate,
+        now_ms: u64,
+    ) -> Result<TaskRecord, StoreError>;
 
     /// The task's record, if the store holds one.
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError>;
@@ -178,26 +183,50 @@ pub(crate) mod conformance {
             watchers_delta: d,
             ..TaskUpdate::default()
         };
-        assert_eq!(store.update(&key("t1"), up(1), 11).await.unwrap().watchers, 2);
-        assert_eq!(store.update(&key("t1"), up(-1), 12).await.unwrap().watchers, 1);
-        assert_eq!(store.update(&key("t1"), up(-1), 13).await.unwrap().watchers, 0);
-        assert_eq!(store.update(&key("t1"), up(-1), 14).await.unwrap().watchers, 0);
+        assert_eq!(
+            store.update(&key("t1"), up(1), 11).await.unwrap().watchers,
+            2
+        );
+        assert_eq!(
+            store.update(&key("t1"), up(-1), 12).await.unwrap().watchers,
+            1
+        );
+        assert_eq!(
+            store.update(&key("t1"), up(-1), 13).await.unwrap().watchers,
+            0
+        );
+        assert_eq!(
+            store.update(&key("t1"), up(-1), 14).await.unwrap().watchers,
+            0
+        );
 
         // Terminal is final.
         let state = |s| TaskUpdate {
             state: Some(s),
             ..TaskUpdate::default()
         };
-        store.update(&key("t1"), state(TaskState::Completed), 15).await.unwrap();
-        let rec = store.update(&key("t1"), state(TaskState::Working), 16).await.unwrap();
+        store
+            .update(&key("t1"), state(TaskState::Completed), 15)
+            .await
+            .unwrap();
+        let rec = store
+            .update(&key("t1"), state(TaskState::Working), 16)
+            .await
+            .unwrap();
         assert_eq!(rec.state, Some(TaskState::Completed));
         assert_eq!(rec.context_id.as_deref(), Some("c1"));
         assert_eq!(rec.target, Some(target));
         assert_eq!(rec.updated_ms, 16);
 
         // Interrupted is not final: a continuation works again.
-        store.update(&key("t2"), state(TaskState::InputRequired), 20).await.unwrap();
-        let rec = store.update(&key("t2"), state(TaskState::Working), 21).await.unwrap();
+        store
+            .update(&key("t2"), state(TaskState::InputRequired), 20)
+            .await
+            .unwrap();
+        let rec = store
+            .update(&key("t2"), state(TaskState::Working), 21)
+            .await
+            .unwrap();
         assert_eq!(rec.state, Some(TaskState::Working));
 
         // Tenants are separate tasks.

@@ -1,0 +1,205 @@
+//! Issue 2: routing, agent-card rewriting, verbatim pass-through, and the
+//! command line (no-config mode, `check-config`).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::gateway::{free_port, scratch_dir, Gateway};
+use crate::harness::http::{post_json, request};
+use crate::harness::worker::{send_stream, Bind, Kind, Worker};
+
+/// Two workers behind one gateway, by path prefix; each card sends clients
+/// back through the gateway, and a cascade through a prefixed route cancels
+/// on the right worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_routes_cards_and_cascade() {
+    let rust = Worker::start(Kind::Rust).await;
+    let python = Worker::start(Kind::Python).await;
+    let gw = Gateway::start(&format!(
+        "[[routes]]\nname = \"r\"\nworker = \"{}\"\npath_prefix = \"/r\"\n\n[[routes]]\nname = \"p\"\nworker = \"{}\"\npath_prefix = \"/p\"\n",
+        rust.url(),
+        python.url()
+    ))
+    .await;
+    for prefix in ["/r", "/p"] {
+        let card = request(
+            "GET",
+            &gw.url,
+            &format!("{prefix}/.well-known/agent-card.json"),
+            &[],
+            b"",
+        )
+        .await;
+        assert_eq!(card.status, 200, "{prefix}: {}", card.text());
+        let card = card.json();
+        let ifaces = card["supportedInterfaces"].as_array().expect("interfaces");
+        assert!(!ifaces.is_empty());
+        for iface in ifaces {
+            let url = iface["url"].as_str().unwrap();
+            assert!(
+                url.starts_with(&format!("{}{prefix}", gw.url)),
+                "{prefix}: {url} does not point at the gateway"
+            );
+        }
+    }
+    // A stream through each prefixed route is canceled on its own worker.
+    for (prefix, worker, bind) in [("/r", &rust, Bind::Rest), ("/p", &python, Bind::JsonRpc)] {
+        let base = format!("{}{prefix}", gw.url);
+        let (stream, id) = send_stream(&base, bind, None, "work:30000").await;
+        stream.close();
+        worker
+            .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|s| panic!("{prefix}: not canceled ({s:?}); log:\n{}", gw.log_text()));
+    }
+    // No route: a clear 404 from the gateway itself.
+    let none = request("GET", &gw.url, "/elsewhere", &[], b"").await;
+    assert_eq!(none.status, 404);
+    assert!(none.text().contains("no route"), "{}", none.text());
+}
+
+/// What the gateway does not understand reaches the worker byte for byte,
+/// and the worker's answer comes back unchanged.
+#[tokio::test]
+async fn unknown_traffic_passes_verbatim() {
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let bodies: [&[u8]; 3] = [
+        b"this is not json",
+        b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\",\"params\":{\"id\":\"x\"}}]",
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"message/send\",\"params\":{}}",
+    ];
+    for body in bodies {
+        let headers = [("content-type", "application/json")];
+        let direct = request("POST", &worker.url(), "/", &headers, body).await;
+        let via = request("POST", &gw.url, "/", &headers, body).await;
+        assert_eq!(
+            via.status,
+            direct.status,
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(
+            via.json(),
+            direct.json(),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    let direct = request("GET", &worker.url(), "/no/such/path", &[], b"").await;
+    let via = request("GET", &gw.url, "/no/such/path", &[], b"").await;
+    assert_eq!(via.status, direct.status);
+    assert_eq!(via.body, direct.body);
+    // A unary SendMessage goes through and is tracked.
+    let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"message": crate::harness::worker::message("quick")}});
+    let resp = post_json(&gw.url, "/", &[], &send).await;
+    assert_eq!(
+        resp.json()["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert!(gw.counter("a2agw_untracked_total", &["not_jsonrpc"]).await >= 1.0);
+    assert_eq!(gw.counter("a2agw_tasks_tracked_total", &[]).await, 1.0);
+}
+
+/// `a2a-gateway --listen ADDR --worker URL` runs with no config file.
+#[tokio::test]
+async fn runs_without_a_config_file() {
+    let worker = Worker::start(Kind::Rust).await;
+    let port = free_port();
+    let admin = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--worker",
+            &worker.url(),
+            "--admin",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut up = false;
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(up, "gateway listens");
+    let (stream, id) = send_stream(&url, Bind::JsonRpc, None, "work:30000").await;
+    stream.close();
+    worker
+        .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(1))
+        .await
+        .expect("cascade on by default");
+    let health = request(
+        "GET",
+        &format!("http://127.0.0.1:{admin}"),
+        "/healthz",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(health.status, 200);
+    let _ = child.kill().await;
+}
+
+/// `check-config` prints every error at once, each with file:line:col.
+#[tokio::test]
+async fn check_config_reports_every_error() {
+    let dir = scratch_dir("cfg");
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[server]\nthreads = 0\n\n[[routes]]\nname = \"a\"\nworker = \"ftp://x\"\ncascade = \"sometimes\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("bad.toml:")).collect();
+    assert_eq!(lines.len(), 3, "three errors, one line each:\n{err}");
+    assert!(
+        lines[0].contains("bad.toml:2:") && lines[0].contains("server.threads"),
+        "{err}"
+    );
+    assert!(
+        lines[1].contains("bad.toml:6:") && lines[1].contains("routes[0].worker"),
+        "{err}"
+    );
+    assert!(
+        lines[2].contains("bad.toml:7:") && lines[2].contains("routes[0].cascade"),
+        "{err}"
+    );
+
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "[[routes]]\nname = \"a\"\nworker = \"http://127.0.0.1:1\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
