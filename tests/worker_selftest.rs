@@ -60,9 +60,9 @@ async fn stream_jsonrpc(url: &str, params: Value) -> (SseStream, String) {
     let mut s = SseStream::open(url, "/", &[], &rpc("SendStreamingMessage", params)).await;
     assert_eq!(s.status, 200);
     assert!(
-        s.content_type.starts_with("text/event-stream"),
+        s.content_type().starts_with("text/event-stream"),
         "{}",
-        s.content_type
+        s.content_type()
     );
     let first = s.next(Duration::from_secs(5)).await.expect("a first event");
     assert_eq!(
@@ -269,9 +269,9 @@ async fn rest_stream_under_a_tenant_prefix() {
     .await;
     assert_eq!(s.status, 200);
     assert!(
-        s.content_type.starts_with("text/event-stream"),
+        s.content_type().starts_with("text/event-stream"),
         "{}",
-        s.content_type
+        s.content_type()
     );
     let first = s.next(Duration::from_secs(5)).await.expect("first event");
     assert!(

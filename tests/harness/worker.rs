@@ -136,9 +136,9 @@ pub async fn send_stream(
     };
     assert_eq!(stream.status, 200, "stream refused");
     assert!(
-        stream.content_type.starts_with("text/event-stream"),
+        stream.content_type().starts_with("text/event-stream"),
         "not SSE: {}",
-        stream.content_type
+        stream.content_type()
     );
     for _ in 0..10 {
         let ev = stream
