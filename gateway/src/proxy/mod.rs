@@ -551,15 +551,19 @@ impl ProxyHttp for Gateway {
             return;
         }
         // A streaming call answered without a stream (an error before it
-        // started) created nothing the gateway knows of.
-        if !ctx.streaming && e.is_none() {
+        // started), or that failed on the worker's side before a stream began
+        // (connect refused, bad answer), created nothing the gateway knows of.
+        // Only a caller leaving before the answer may have left a task behind.
+        let caller_left = e.is_some_and(|e| *e.esource() == ErrorSource::Downstream);
+        if !ctx.streaming && !caller_left {
             return;
         }
         // A stream that ended without an error ended either settled (the
         // decision keeps the task) or early (a loss): both are StreamLost.
-        let event = match e {
-            Some(e) if *e.esource() == ErrorSource::Downstream => Event::CallerGone,
-            _ => Event::StreamLost,
+        let event = if caller_left {
+            Event::CallerGone
+        } else {
+            Event::StreamLost
         };
         if ctx.task_id.is_none() {
             if let Some(id) = ctx.req_task_id.take() {
