@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use crate::harness::gateway::Gateway;
+use crate::harness::http::{list_task_ids, send_and_leave};
 use crate::harness::worker::{send_stream, state_of, subscribe, Bind, Kind, Worker};
 
 const CANCELED: &str = "TASK_STATE_CANCELED";
@@ -142,6 +145,45 @@ async fn grace_resubscribe(kind: Kind, bind: Bind) {
     assert_eq!(worker.cancels().await, 1);
 }
 
+/// The caller sends its request and leaves before reading a byte, so no
+/// event named the task while it was there: the gateway keeps reading the
+/// worker's stream (up to `id_wait`) to learn the id, then cancels.
+async fn caller_leaves_before_first_event(kind: Kind, bind: Bind, text: &str, after: Duration) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let msg = crate::harness::worker::message(text);
+    let (path, body) = match bind {
+        Bind::JsonRpc => (
+            "/",
+            json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": {"message": msg}}),
+        ),
+        Bind::Rest => ("/message:stream", json!({"message": msg})),
+    };
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream"),
+    ];
+    send_and_leave(&gw.url, path, &headers, body.to_string().as_bytes(), after).await;
+    let mut ids = Vec::new();
+    for _ in 0..300 {
+        ids = list_task_ids(&worker.url()).await;
+        if !ids.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ids.len(), 1, "the worker started the task");
+    worker
+        .wait_state(None, &ids[0], CANCELED, Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|last| panic!("not canceled (state {last:?}); log:\n{}", gw.log_text()));
+    assert_eq!(worker.cancels().await, 1);
+    assert_eq!(
+        gw.counter("a2agw_unreachable_children_total", &[]).await,
+        0.0
+    );
+}
+
 /// Without the gateway the child keeps running: the gap the gateway closes.
 async fn gap_without_gateway(kind: Kind, bind: Bind) {
     let worker = Worker::start(kind).await;
@@ -198,6 +240,13 @@ scenarios! {
     rust_rest_grace_resubscribe => grace_resubscribe(Kind::Rust, Bind::Rest);
     python_jsonrpc_grace_resubscribe => grace_resubscribe(Kind::Python, Bind::JsonRpc);
     python_rest_grace_resubscribe => grace_resubscribe(Kind::Python, Bind::Rest);
+
+    rust_jsonrpc_leaves_at_once => caller_leaves_before_first_event(Kind::Rust, Bind::JsonRpc, LONG, Duration::ZERO);
+    rust_rest_leaves_at_once => caller_leaves_before_first_event(Kind::Rust, Bind::Rest, LONG, Duration::ZERO);
+    python_jsonrpc_leaves_at_once => caller_leaves_before_first_event(Kind::Python, Bind::JsonRpc, LONG, Duration::ZERO);
+    // The worker names the task only after 1 s; the caller left at 300 ms.
+    python_jsonrpc_leaves_before_late_first_event => caller_leaves_before_first_event(Kind::Python, Bind::JsonRpc, "late:1000:work:30000", Duration::from_millis(300));
+    python_rest_leaves_before_late_first_event => caller_leaves_before_first_event(Kind::Python, Bind::Rest, "late:1000:work:30000", Duration::from_millis(300));
 
     rust_jsonrpc_gap_without_gateway => gap_without_gateway(Kind::Rust, Bind::JsonRpc);
     python_rest_gap_without_gateway => gap_without_gateway(Kind::Python, Bind::Rest);

@@ -201,3 +201,45 @@ pub async fn wait_for_state(
     }
     Err(last)
 }
+
+/// Sends one request and closes the socket (FIN) after `after`, without
+/// reading a byte of the answer: a caller that leaves before any event.
+pub async fn send_and_leave(
+    url: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    after: Duration,
+) {
+    let (authority, base) = split_url(url);
+    let mut sock = TcpStream::connect(&authority)
+        .await
+        .unwrap_or_else(|e| panic!("connect {authority}: {e}"));
+    sock.write_all(&request_bytes(
+        "POST",
+        &authority,
+        &format!("{base}{path}"),
+        headers,
+        body,
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(after).await;
+    drop(sock);
+}
+
+/// The ids of every task the worker holds (JSON-RPC `ListTasks`, straight to
+/// the worker).
+pub async fn list_task_ids(url: &str) -> Vec<String> {
+    let body = json!({"jsonrpc": "2.0", "id": "harness-list", "method": "ListTasks", "params": {}});
+    let v = post_json(url, "/", &[], &body).await.json();
+    v["result"]["tasks"]
+        .as_array()
+        .map(|tasks| {
+            tasks
+                .iter()
+                .filter_map(|t| t["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -23,6 +23,8 @@ What the agent does is chosen by the first text part of the user message:
                message with the task id runs again by the same rules).
 - `spend:<ms>:<meter>=<n>`  like work:<ms>, but the k-th status update carries
                metadata {"a2a-rust.com/budget": {"spent": {"<meter>": k*n}}}.
+- `late:<ms>:<text>`  waits <ms> before the task's first event, then does
+               <text>: a worker whose stream names the task late.
 - anything else: like `quick`.
 
 Usage: python python_agent.py --port N [--host 127.0.0.1] [--tenant-scoped]
@@ -158,6 +160,13 @@ class TestAgentExecutor(AgentExecutor):
         task_id = context.task_id or ''
         context_id = context.context_id or ''
         self.stats.turns += 1
+        text = _first_text(context).strip()
+        if text.startswith('late:'):
+            ms, _, text = text[5:].partition(':')
+            try:
+                await asyncio.sleep(max(0, int(ms)) / 1000)
+            except ValueError:
+                pass
         if context.current_task is None:
             self.stats.tasks_started += 1
             # A new task: the first event must be the Task itself.
@@ -172,7 +181,7 @@ class TestAgentExecutor(AgentExecutor):
 
         guard = self._guards.setdefault(task_id, _Guard())
         updater = TaskUpdater(event_queue, task_id, context_id)
-        kind, seconds, meter, n = _parse(_first_text(context))
+        kind, seconds, meter, n = _parse(text)
         updates = 0
 
         async def status(state: TaskState, message=None) -> None:

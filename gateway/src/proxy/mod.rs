@@ -77,6 +77,11 @@ pub struct Ctx {
     watching: bool,
     /// A tracked SSE stream started flowing to the caller.
     streaming: bool,
+    /// The caller may leave before any event names its new task: a FIN from
+    /// it is tolerated (pingora's `abort_on_close` off) so the worker's
+    /// stream is still read until an event names the task, for at most
+    /// `id_wait`; then the caller's leaving is acted on with the id known.
+    awaiting_id: Option<std::time::Instant>,
 }
 
 impl Ctx {
@@ -187,6 +192,14 @@ impl Gateway {
             }
         };
         format!("{origin}{}", ctx.public_prefix)
+    }
+}
+
+/// Ends the id wait: from now on a caller's FIN aborts the request at once
+/// (pingora's default), and one that came during the wait is acted on.
+fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
+    if ctx.awaiting_id.take().is_some() {
+        session.set_abort_on_close(true);
     }
 }
 
@@ -311,6 +324,19 @@ impl ProxyHttp for Gateway {
             Call::JsonRpcCandidate => ctx.req_body = Some(inspect_cap(session)),
             _ => {}
         }
+        let may_start_stream = match &call {
+            Call::Rest { method, .. } => *method == A2aMethod::SendStreamingMessage,
+            Call::JsonRpcCandidate => true,
+            _ => false,
+        };
+        let policy = route.cfg.cascade;
+        if may_start_stream
+            && policy.mode == policies::CascadeMode::Cancel
+            && !policy.id_wait.is_zero()
+        {
+            session.set_abort_on_close(false);
+            ctx.awaiting_id = Some(std::time::Instant::now());
+        }
         ctx.call = Some(call);
         ctx.route = Some(route);
         if let Some(t) = self.timeouts.downstream_idle {
@@ -362,7 +388,7 @@ impl ProxyHttp for Gateway {
     /// and task; the bytes themselves pass through unchanged and unheld.
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Ctx,
@@ -407,6 +433,11 @@ impl ProxyHttp for Gateway {
                 ctx.req_task_id = f.task_id;
             }
         }
+        let new_task_stream =
+            ctx.method == Some(A2aMethod::SendStreamingMessage) && ctx.req_task_id.is_none();
+        if !new_task_stream {
+            stop_awaiting_id(session, ctx);
+        }
         Ok(())
     }
 
@@ -414,7 +445,7 @@ impl ProxyHttp for Gateway {
     /// card to rewrite. Encoded (compressed) answers pass through unread.
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
@@ -438,13 +469,18 @@ impl ProxyHttp for Gateway {
             return Ok(());
         }
         let Some(method) = ctx.tracked_method() else {
+            stop_awaiting_id(session, ctx);
             return Ok(());
         };
         if is_encoded(resp) {
             metrics::UNTRACKED
                 .with_label_values(&["encoded_response"])
                 .inc();
+            stop_awaiting_id(session, ctx);
             return Ok(());
+        }
+        if !is_sse(resp) {
+            stop_awaiting_id(session, ctx);
         }
         if is_sse(resp) {
             ctx.body = Body::Sse(SseParser::new(self.limits.max_sse_event));
@@ -489,6 +525,12 @@ impl ProxyHttp for Gateway {
                     }
                 }
                 ctx.body = Body::Sse(parser);
+                if let (Some(since), Some(route)) = (ctx.awaiting_id, &ctx.route) {
+                    let waited_enough = since.elapsed() >= route.cfg.cascade.id_wait;
+                    if ctx.seen.id_known || ctx.seen.is_settled() || waited_enough {
+                        stop_awaiting_id(session, ctx);
+                    }
+                }
             }
             Body::Json(mut buf) => {
                 if let Some(chunk) = body.as_ref() {
