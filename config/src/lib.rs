@@ -35,6 +35,7 @@ pub struct Config {
     pub limits: Limits,
     pub timeouts: Timeouts,
     pub cancel: Cancel,
+    pub leases: Leases,
     /// In file order; at least one. The router picks among them.
     pub routes: Vec<Route>,
 }
@@ -188,6 +189,64 @@ pub struct Route {
     /// `Authorization` value for the gateway's own calls to this worker
     /// (such as `CancelTask`) when the caller's request carried none.
     pub worker_credential: Option<String>,
+    pub lease: LeasePolicy,
+}
+
+/// Who enforces the lease extension for a route's worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WorkerLeases {
+    /// Enforce unless the worker's agent card declares the lease extension
+    /// (then the worker enforces grants itself and the gateway observes).
+    #[default]
+    Auto,
+    /// Always enforce at the gateway.
+    Enforce,
+    /// Never enforce: pass grants through and only observe.
+    Observe,
+}
+
+/// Per-route lease policy (the a2a-rust lease extension, enforced on the
+/// wire for workers without a lease store).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeasePolicy {
+    /// Grants above this are refused with InvalidParams (`max_lease_ttl`,
+    /// default 1 h, as the SDK's `DEFAULT_MAX_LEASE_TTL`).
+    pub max_ttl: Duration,
+    /// `lease = { ttl = "30s" }`: a lease the gateway imposes on a streamed
+    /// task whose caller granted none, renewed by the replica holding the
+    /// caller's connection for as long as it lives.
+    pub impose_ttl: Option<Duration>,
+    pub worker_leases: WorkerLeases,
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        LeasePolicy {
+            max_ttl: Duration::from_secs(3600),
+            impose_ttl: None,
+            worker_leases: WorkerLeases::Auto,
+        }
+    }
+}
+
+/// `[leases]`: how this replica runs the lease reaper and renewer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leases {
+    /// How often lapsed leases are looked for (default 100 ms; a lapse is
+    /// acted on within this plus one CancelTask round trip).
+    pub tick: Duration,
+    /// How this replica names itself as the holder of gateway-held leases;
+    /// default: host name, process id and start time.
+    pub replica_id: Option<String>,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Leases {
+            tick: Duration::from_millis(100),
+            replica_id: None,
+        }
+    }
 }
 
 impl fmt::Debug for Route {
@@ -201,6 +260,7 @@ impl fmt::Debug for Route {
             strip_prefix,
             cascade,
             worker_credential,
+            lease,
         } = self;
         f.debug_struct("Route")
             .field("name", name)
@@ -213,6 +273,7 @@ impl fmt::Debug for Route {
                 "worker_credential",
                 &worker_credential.as_ref().map(|_| "<redacted>"),
             )
+            .field("lease", lease)
             .finish()
     }
 }
@@ -238,7 +299,9 @@ impl Config {
                 strip_prefix: true,
                 cascade: CascadePolicy::default(),
                 worker_credential: None,
+                lease: LeasePolicy::default(),
             }],
+            leases: Leases::default(),
         })
     }
 }

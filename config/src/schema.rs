@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use policies::cascade::{CascadeMode, CascadePolicy};
 use toml_edit::Item;
@@ -12,7 +13,8 @@ use crate::read::{
 };
 use crate::url::{split_url, UrlError};
 use crate::{
-    Cancel, Config, Limits, OnStoreError, Route, Server, Store, StoreKind, Timeouts, WorkerUrl,
+    Cancel, Config, LeasePolicy, Leases, Limits, OnStoreError, Route, Server, Store, StoreKind,
+    Timeouts, WorkerLeases, WorkerUrl,
 };
 
 /// Looks up an environment variable (`worker_credential_env`).
@@ -28,6 +30,7 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
     let limits = limits(root.section("limits"));
     let timeouts = timeouts(root.section("timeouts"));
     let cancel = cancel(root.section("cancel"));
+    let leases = leases(root.section("leases"));
     let defaults = defaults(root.section("defaults"));
     let routes = routes(root, sink, &defaults, env);
     if sink.count() > 0 {
@@ -39,8 +42,85 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
         limits,
         timeouts,
         cancel,
+        leases,
         routes: routes?,
     })
+}
+
+fn leases(mut r: Reader<'_>) -> Leases {
+    let d = Leases::default();
+    let tick = r.or("tick", d.tick, duration);
+    if tick < Duration::from_millis(10) || tick > Duration::from_secs(1) {
+        let at = r.pos("tick");
+        r.report_at(
+            at,
+            "tick",
+            "must be between 10ms and 1s (a lapse is acted on within one tick)",
+        );
+    }
+    let replica_id = r.opt("replica_id", |item| {
+        let s = string(item)?;
+        if s.is_empty() || s.len() > 128 || s.contains(char::is_whitespace) {
+            return Err("must be 1 to 128 characters without spaces".to_string());
+        }
+        Ok(s.to_string())
+    });
+    r.finish();
+    Leases { tick, replica_id }
+}
+
+/// Route defaults: the cascade policy and the largest lease TTL accepted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Defaults {
+    cascade: CascadePolicy,
+    max_lease_ttl: Duration,
+}
+
+const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+
+fn lease_policy(r: &mut Reader<'_>, d: &Defaults) -> LeasePolicy {
+    let max_ttl = r.or("max_lease_ttl", d.max_lease_ttl, duration);
+    if max_ttl < MIN_LEASE_TTL {
+        let at = r.pos("max_lease_ttl");
+        r.report_at(
+            at,
+            "max_lease_ttl",
+            "must be at least 1s (the shortest lease the extension allows)",
+        );
+    }
+    let worker_leases = r.or(
+        "worker_leases",
+        WorkerLeases::Auto,
+        one_of(&[
+            ("auto", WorkerLeases::Auto),
+            ("enforce", WorkerLeases::Enforce),
+            ("observe", WorkerLeases::Observe),
+        ]),
+    );
+    let present = r.has("lease");
+    let mut sub = r.section("lease");
+    let impose_ttl = if present {
+        let ttl = sub.required("ttl", duration);
+        if let Some(t) = ttl {
+            if t < MIN_LEASE_TTL || t > max_ttl {
+                let at = sub.pos("ttl");
+                sub.report_at(
+                    at,
+                    "ttl",
+                    format!("must be between 1s and max_lease_ttl ({max_ttl:?})"),
+                );
+            }
+        }
+        ttl
+    } else {
+        None
+    };
+    sub.finish();
+    LeasePolicy {
+        max_ttl,
+        impose_ttl,
+        worker_leases,
+    }
 }
 
 fn server(mut r: Reader<'_>) -> Server {
@@ -141,10 +221,14 @@ fn cascade(r: &mut Reader<'_>, d: CascadePolicy) -> CascadePolicy {
     }
 }
 
-fn defaults(mut r: Reader<'_>) -> CascadePolicy {
-    let policy = cascade(&mut r, CascadePolicy::default());
+fn defaults(mut r: Reader<'_>) -> Defaults {
+    let cascade = cascade(&mut r, CascadePolicy::default());
+    let max_lease_ttl = r.or("max_lease_ttl", LeasePolicy::default().max_ttl, duration);
     r.finish();
-    policy
+    Defaults {
+        cascade,
+        max_lease_ttl,
+    }
 }
 
 /// The spellings are the policies crate's own.
@@ -159,7 +243,7 @@ fn cascade_mode(item: &Item) -> Result<CascadeMode, String> {
 fn routes(
     root: &mut Reader<'_>,
     sink: &Sink<'_>,
-    defaults: &CascadePolicy,
+    defaults: &Defaults,
     env: Env<'_>,
 ) -> Option<Vec<Route>> {
     let Some((field, readers)) = root.tables("routes") else {
@@ -215,14 +299,15 @@ fn routes(
 
 /// One `[[routes]]` table. Add a route key here: one line reading it, one
 /// field on [`Route`].
-fn route(r: &mut Reader<'_>, defaults: &CascadePolicy, env: Env<'_>) -> Option<Route> {
+fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route> {
     let name = r.required("name", route_name);
     let worker = r.required("worker", |item| WorkerUrl::parse(string(item)?));
     let path_prefix = r.opt("path_prefix", path_prefix);
     let host = r.opt("host", route_host);
     let strip_prefix = r.or("strip_prefix", true, boolean);
-    let cascade = cascade(r, *defaults);
+    let cascade = cascade(r, defaults.cascade);
     let worker_credential = credential(r, env);
+    let lease = lease_policy(r, defaults);
     r.finish();
     Some(Route {
         name: name?,
@@ -232,6 +317,7 @@ fn route(r: &mut Reader<'_>, defaults: &CascadePolicy, env: Env<'_>) -> Option<R
         strip_prefix,
         cascade,
         worker_credential,
+        lease,
     })
 }
 

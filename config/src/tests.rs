@@ -76,8 +76,15 @@ fn examples_parse() {
                 id_wait: 5 * S,
             },
             worker_credential: Some("Bearer abc".into()),
+            lease: LeasePolicy {
+                max_ttl: 600 * S,
+                impose_ttl: Some(30 * S),
+                worker_leases: WorkerLeases::Auto,
+            },
         }
     );
+    assert_eq!(default.lease, LeasePolicy::default());
+    assert_eq!(full.leases.replica_id.as_deref(), Some("gw-1"));
     assert_eq!(default.worker.origin(), "https://worker.internal:8443");
     assert_eq!(default.cascade, CascadePolicy::default());
     assert_eq!(default.worker_credential.as_deref(), Some("Bearer default"));
@@ -238,7 +245,7 @@ fn single_errors() {
         // unknown keys, with a suggestion when one is close
         (
             "servr = 1\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, defaults, routes",
+            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, leases, defaults, routes",
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -246,7 +253,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -406,7 +413,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease",
         ]
     );
 }

@@ -17,6 +17,11 @@ use crate::store::{now_ms, CancelTarget, TaskKey, TaskStore, TaskUpdate};
 #[derive(Debug)]
 enum Op {
     Update(TaskKey, TaskUpdate),
+    LeaseStart {
+        key: TaskKey,
+        ttl_ms: u64,
+        holder: Option<String>,
+    },
     /// Answered once every op sent before it has been applied.
     Flush(oneshot::Sender<()>),
 }
@@ -46,6 +51,21 @@ impl Tracker {
                             tracing::warn!(task = %key, error = %e, "could not record a task");
                         }
                     }
+                    Op::LeaseStart {
+                        key,
+                        ttl_ms,
+                        holder,
+                    } => {
+                        if let Err(e) = store
+                            .lease_start(&key, ttl_ms, holder.as_deref(), now_ms())
+                            .await
+                        {
+                            metrics::STORE_ERRORS
+                                .with_label_values(&["lease_start"])
+                                .inc();
+                            tracing::warn!(task = %key, error = %e, "could not start a lease");
+                        }
+                    }
                     Op::Flush(done) => {
                         let _ = done.send(());
                     }
@@ -58,6 +78,23 @@ impl Tracker {
     /// Queues an update without waiting.
     pub fn update(&self, key: TaskKey, update: TaskUpdate) {
         if self.tx.try_send(Op::Update(key, update)).is_err() {
+            metrics::UNTRACKED
+                .with_label_values(&["tracker_queue_full"])
+                .inc();
+        }
+    }
+
+    /// Queues the start of a lease (after the update that recorded the task).
+    pub fn lease_start(&self, key: TaskKey, ttl_ms: u64, holder: Option<String>) {
+        if self
+            .tx
+            .try_send(Op::LeaseStart {
+                key,
+                ttl_ms,
+                holder,
+            })
+            .is_err()
+        {
             metrics::UNTRACKED
                 .with_label_values(&["tracker_queue_full"])
                 .inc();
@@ -160,7 +197,14 @@ impl Cascade {
                 .with_label_values(&[&end.route, label])
                 .inc();
             match decision {
-                Decision::Keep(_) => {
+                Decision::Keep(keep) => {
+                    if keep == Keep::Detached {
+                        // A detached child is the caller's to manage: a lease
+                        // the gateway imposed must not stop it.
+                        if let Some(key) = &key {
+                            self.end_lease(key).await;
+                        }
+                    }
                     tracing::debug!(route = %end.route, task = ?end.task_id, decision = label, "stream ended; nothing to cancel");
                     return;
                 }
@@ -177,6 +221,7 @@ impl Cascade {
                         cause: cause.as_str(),
                     };
                     self.canceller.cancel(&job).await;
+                    self.end_lease(&job.key).await;
                     return;
                 }
                 Decision::AwaitGrace(d) => {
@@ -198,6 +243,15 @@ impl Cascade {
                     return;
                 }
             }
+        }
+    }
+
+    async fn end_lease(&self, key: &TaskKey) {
+        if let Err(e) = self.store.lease_end(key).await {
+            metrics::STORE_ERRORS
+                .with_label_values(&["lease_end"])
+                .inc();
+            tracing::warn!(task = %key, error = %e, "could not end a lease");
         }
     }
 

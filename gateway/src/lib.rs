@@ -8,6 +8,7 @@ pub mod a2a;
 pub mod admin;
 pub mod cancel;
 pub mod cascade;
+pub mod lease;
 pub mod metrics;
 pub mod proxy;
 pub mod server;

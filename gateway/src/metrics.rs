@@ -104,3 +104,28 @@ pub fn render() -> String {
     }
     String::from_utf8(buf).unwrap_or_default()
 }
+
+counter!(
+    LEASES_STARTED,
+    "a2agw_leases_started_total",
+    "Leases the gateway started enforcing: granted by the caller, or imposed by the route.",
+    &["route", "kind"]
+);
+counter!(
+    LEASE_RENEWALS,
+    "a2agw_lease_renewals_total",
+    "Lease renewals by outcome (renewed, lapsed, no_lease) and source (get_task, held).",
+    &["route", "source", "outcome"]
+);
+counter!(
+    LEASES_LAPSED,
+    "a2agw_leases_lapsed_total",
+    "Lapsed leases this replica claimed and cancelled.",
+    &["route"]
+);
+counter!(
+    REFUSALS,
+    "a2agw_refusals_total",
+    "Requests refused before reaching the worker, by reason.",
+    &["route", "reason"]
+);

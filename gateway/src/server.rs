@@ -11,6 +11,8 @@ use pingora::services::background::{background_service, BackgroundService};
 use crate::admin::Admin;
 use crate::cancel::Canceller;
 use crate::cascade::{Cascade, Tracker};
+use crate::lease::{default_replica_id, Leases};
+use crate::proxy::route::Routes;
 use crate::proxy::Gateway;
 use crate::store::memory::MemoryStore;
 use crate::store::TaskStore;
@@ -36,25 +38,61 @@ impl BackgroundService for TrackerLoop {
     }
 }
 
-/// Builds the store a config names.
+/// The runtime that drives the Redis connection for the life of the process
+/// (pingora's services each run their own runtimes; the connection's driver
+/// must outlive them all).
+static STORE_RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+
+/// Redis keys are namespaced with this prefix.
+pub const REDIS_NAMESPACE: &str = "a2agw";
+
+/// Builds the store a config names. Redis must answer at start-up.
 pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
     match &cfg.store.kind {
         config::StoreKind::Memory => Ok(Arc::new(MemoryStore::new(
             cfg.limits.max_tracked_tasks,
             MEMORY_RETENTION,
         ))),
-        config::StoreKind::Redis { url } => Err(format!(
-            "store {url}: the Redis store is not built yet; use memory://"
-        )),
+        config::StoreKind::Redis { url } => {
+            let rt = STORE_RUNTIME.get_or_init(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("a2agw-store")
+                    .enable_all()
+                    .build()
+                    .expect("a tokio runtime for the store")
+            });
+            let store = rt
+                .block_on(crate::store::redis::RedisStore::connect(
+                    url,
+                    REDIS_NAMESPACE,
+                ))
+                .map_err(|e| format!("store {url}: {e}"))?;
+            Ok(Arc::new(store))
+        }
     }
 }
 
 /// Builds every service and runs until a signal stops the process.
 pub fn run(cfg: config::Config) -> Result<(), String> {
     let store = build_store(&cfg)?;
+    let store_kind = store.kind();
     let (tracker, tracker_run) = Tracker::new(store.clone());
     let canceller = Canceller::new(cfg.cancel.clone(), cfg.timeouts.connect);
-    let cascade = Arc::new(Cascade::new(store.clone(), tracker, canceller));
+    let cascade = Arc::new(Cascade::new(store.clone(), tracker, canceller.clone()));
+    let routes = Arc::new(Routes::new(&cfg.routes));
+    let replica_id = cfg
+        .leases
+        .replica_id
+        .clone()
+        .unwrap_or_else(default_replica_id);
+    let leases = Arc::new(Leases::new(
+        store.clone(),
+        canceller,
+        routes.clone(),
+        replica_id.clone(),
+        cfg.leases.tick,
+    ));
 
     let conf = ServerConf {
         threads: cfg.server.threads,
@@ -67,7 +105,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(&cfg, cascade),
+        Gateway::new(&cfg, routes, cascade, leases.clone(), store.clone()),
         "a2a-gateway",
     );
     for addr in &cfg.server.listen {
@@ -77,6 +115,10 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     server.add_service(background_service(
         "tracker",
         TrackerLoop(Mutex::new(Some(Box::pin(tracker_run)))),
+    ));
+    server.add_service(pingora::services::background::GenBackgroundService::new(
+        "leases".to_string(),
+        leases,
     ));
     if let Some(addr) = cfg.server.admin {
         let mut admin = pingora::services::listening::Service::new(
@@ -90,6 +132,8 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         listen = ?cfg.server.listen,
         admin = ?cfg.server.admin,
         routes = cfg.routes.len(),
+        store = store_kind,
+        replica = %replica_id,
         "a2a-gateway starting"
     );
     server.run_forever()

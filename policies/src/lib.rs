@@ -7,6 +7,7 @@
 //! services) stay thin.
 
 pub mod cascade;
+pub mod lease;
 pub mod task_state;
 
 pub use cascade::{CascadeMode, CascadePolicy, Decision, Event, Seen};

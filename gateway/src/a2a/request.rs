@@ -21,10 +21,17 @@ pub struct RequestFacts {
     /// The sent message's `contextId` and `messageId`.
     pub context_id: Option<String>,
     pub message_id: Option<String>,
+    /// The sent message's lease grant (`metadata["a2a-rust.com/lease"]`):
+    /// its TTL in ms, or why it is malformed.
+    pub lease: Option<Result<u64, String>>,
+    /// JSON-RPC only: the request id, echoed in an error the gateway answers.
+    pub rpc_id: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
 struct Envelope<'a> {
+    #[serde(default)]
+    id: Option<serde_json::Value>,
     #[serde(borrow, default)]
     method: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -49,6 +56,32 @@ struct Message<'a> {
     context_id: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "messageId")]
     message_id: Option<Cow<'a, str>>,
+    #[serde(default)]
+    metadata: Option<Metadata>,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    #[serde(default, rename = "a2a-rust.com/lease")]
+    lease: Option<serde_json::Value>,
+}
+
+/// Reads a lease grant `{"ttlMs": N}`. Python peers send numbers as floats
+/// (`2000.0`): an integral float is accepted.
+fn lease_grant(v: &serde_json::Value) -> Result<u64, String> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("invalid type: {v}, expected an object {{\"ttlMs\": N}}"))?;
+    let ttl = obj.get("ttlMs").ok_or("missing field `ttlMs`")?;
+    if let Some(n) = ttl.as_u64() {
+        return Ok(n);
+    }
+    match ttl.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(f as u64),
+        _ => Err(format!(
+            "invalid value: {ttl}, expected a non-negative integer `ttlMs`"
+        )),
+    }
 }
 
 fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
@@ -57,9 +90,17 @@ fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
 
 impl Params<'_> {
     fn into_facts(self, method: Option<A2aMethod>, is_jsonrpc: bool) -> RequestFacts {
-        let (m_task, context_id, message_id) = match self.message {
-            Some(m) => (owned(m.task_id), owned(m.context_id), owned(m.message_id)),
-            None => (None, None, None),
+        let (m_task, context_id, message_id, lease) = match self.message {
+            Some(m) => {
+                let lease = m.metadata.and_then(|md| md.lease).map(|v| lease_grant(&v));
+                (
+                    owned(m.task_id),
+                    owned(m.context_id),
+                    owned(m.message_id),
+                    lease,
+                )
+            }
+            None => (None, None, None, None),
         };
         RequestFacts {
             method,
@@ -68,6 +109,8 @@ impl Params<'_> {
             task_id: owned(self.id).or(m_task),
             context_id,
             message_id,
+            lease,
+            rpc_id: None,
         }
     }
 }
@@ -79,14 +122,16 @@ pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     let env: Envelope<'_> = serde_json::from_slice(body).ok()?;
     let name = env.method?;
     let method = A2aMethod::from_jsonrpc(&name);
-    Some(match env.params {
+    let mut facts = match env.params {
         Some(p) => p.into_facts(method, true),
         None => RequestFacts {
             method,
             is_jsonrpc: true,
             ..RequestFacts::default()
         },
-    })
+    };
+    facts.rpc_id = env.id;
+    Some(facts)
 }
 
 /// Reads a REST request body (the body of `message:send`, `message:stream`,
@@ -158,7 +203,35 @@ mod tests {
             ("", None),
         ];
         for (body, want) in table {
-            assert_eq!(jsonrpc_facts(body.as_bytes()), want, "{body}");
+            // The request id is checked in `lease_grants`.
+            let got = jsonrpc_facts(body.as_bytes()).map(|f| RequestFacts { rpc_id: None, ..f });
+            assert_eq!(got, want, "{body}");
+        }
+    }
+
+    #[test]
+    fn lease_grants() {
+        let send = |md: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":9,"method":"SendStreamingMessage","params":{{"message":{{"messageId":"m","metadata":{md}}}}}}}"#
+            )
+        };
+        let table: Vec<(&str, Option<Result<u64, ()>>)> = vec![
+            (r#"{}"#, None),
+            (r#"{"a2a-rust.com/lease":{"ttlMs":2000}}"#, Some(Ok(2000))),
+            (r#"{"a2a-rust.com/lease":{"ttlMs":2000.0}}"#, Some(Ok(2000))),
+            (r#"{"a2a-rust.com/lease":{"ttlMs":0}}"#, Some(Ok(0))),
+            (r#"{"a2a-rust.com/lease":{"ttlMs":-5}}"#, Some(Err(()))),
+            (r#"{"a2a-rust.com/lease":{"ttlMs":1.5}}"#, Some(Err(()))),
+            (r#"{"a2a-rust.com/lease":{"ttlMs":"2000"}}"#, Some(Err(()))),
+            (r#"{"a2a-rust.com/lease":{"ttl":2000}}"#, Some(Err(()))),
+            (r#"{"a2a-rust.com/lease":"soon"}"#, Some(Err(()))),
+            (r#"{"other":{"ttlMs":1}}"#, None),
+        ];
+        for (md, want) in table {
+            let f = jsonrpc_facts(send(md).as_bytes()).expect("a request");
+            assert_eq!(f.lease.map(|r| r.map_err(|_| ())), want, "{md}");
+            assert_eq!(f.rpc_id, Some(serde_json::json!(9)));
         }
     }
 

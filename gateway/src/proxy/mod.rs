@@ -20,18 +20,37 @@ use crate::a2a::request::{jsonrpc_facts, rest_facts, RequestFacts};
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{classify, observe, A2aMethod, Binding, Call, Observation};
 use crate::cascade::{Cascade, StreamEnd};
+use crate::lease::Leases;
 use crate::metrics;
-use crate::store::{CancelTarget, TaskKey, TaskUpdate};
+use crate::store::{now_ms, CancelTarget, Renewal, TaskKey, TaskStore, TaskUpdate};
 use route::{host_without_port, Routes};
 
 /// The gateway's proxy service.
 #[derive(Debug)]
 pub struct Gateway {
-    routes: Routes,
+    routes: Arc<Routes>,
     limits: config::Limits,
     timeouts: config::Timeouts,
     public_url: Option<String>,
     cascade: Arc<Cascade>,
+    leases: Arc<Leases>,
+    store: Arc<dyn TaskStore>,
+}
+
+/// Bodies up to this size are read before the worker is contacted, so that a
+/// refused request never reaches it (pingora replays them from its retry
+/// buffer, which holds this much). Larger bodies are inspected as they pass.
+const PRE_READ_LIMIT: usize = 64 * 1024;
+
+/// A request the gateway answers itself, with an A2A error, instead of
+/// forwarding it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Refusal {
+    /// `-32602` InvalidParams (REST: 400 INVALID_ARGUMENT).
+    code: i64,
+    message: String,
+    /// Metric label.
+    reason: &'static str,
 }
 
 /// What the gateway does with the worker's response body.
@@ -82,6 +101,16 @@ pub struct Ctx {
     /// stream is still read until an event names the task, for at most
     /// `id_wait`; then the caller's leaving is acted on with the id known.
     awaiting_id: Option<std::time::Instant>,
+    /// The request's `A2A-Extensions` activates the lease extension.
+    lease_ext: bool,
+    /// A valid lease grant the sent message carries (TTL in ms).
+    lease_grant: Option<u64>,
+    /// A gateway-held lease this connection keeps renewing.
+    held_lease: Option<TaskKey>,
+    /// The JSON-RPC request id, for errors the gateway answers itself.
+    rpc_id: Option<serde_json::Value>,
+    /// Why the request is refused, when it is.
+    refusal: Option<Refusal>,
 }
 
 impl Ctx {
@@ -91,13 +120,148 @@ impl Ctx {
 }
 
 impl Gateway {
-    pub fn new(cfg: &config::Config, cascade: Arc<Cascade>) -> Self {
+    pub fn new(
+        cfg: &config::Config,
+        routes: Arc<Routes>,
+        cascade: Arc<Cascade>,
+        leases: Arc<Leases>,
+        store: Arc<dyn TaskStore>,
+    ) -> Self {
         Gateway {
-            routes: Routes::new(&cfg.routes),
+            routes,
             limits: cfg.limits.clone(),
             timeouts: cfg.timeouts.clone(),
             public_url: cfg.server.public_url.clone(),
             cascade,
+            leases,
+            store,
+        }
+    }
+
+    fn task_key(&self, ctx: &Ctx, route: &route::Route, task_id: &str) -> TaskKey {
+        TaskKey {
+            route: route.name.clone(),
+            tenant: ctx.tenant.as_deref().unwrap_or("").into(),
+            task_id: task_id.into(),
+        }
+    }
+
+    /// Reads what the request body says (method, tenant, task, grants).
+    fn inspect_body(&self, ctx: &mut Ctx, buf: &[u8]) {
+        let facts: Option<RequestFacts> = match ctx.call {
+            Some(Call::JsonRpcCandidate) => {
+                let f = jsonrpc_facts(buf);
+                if f.is_none() {
+                    metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
+                }
+                f
+            }
+            Some(Call::Rest { .. }) => Some(rest_facts(buf)),
+            _ => None,
+        };
+        let Some(f) = facts else { return };
+        if f.is_jsonrpc {
+            ctx.binding = Some(Binding::JsonRpc);
+            ctx.method = f.method;
+            ctx.rpc_id = f.rpc_id;
+        }
+        if ctx.tenant.is_none() {
+            ctx.tenant = f.tenant;
+        }
+        if ctx.req_task_id.is_none() {
+            ctx.req_task_id = f.task_id;
+        }
+        let is_send = matches!(
+            ctx.method,
+            Some(A2aMethod::SendMessage | A2aMethod::SendStreamingMessage)
+        );
+        if let (true, Some(grant), Some(route)) = (is_send, f.lease, &ctx.route) {
+            let checked = grant
+                .map_err(policies::lease::LeaseRefusal::Malformed)
+                .and_then(|ttl| {
+                    let max = route.cfg.lease.max_ttl.as_millis() as u64;
+                    policies::lease::validate_ttl(ttl, max)
+                });
+            match checked {
+                Ok(ttl) => ctx.lease_grant = Some(ttl),
+                Err(refusal) => {
+                    let reason = match refusal {
+                        policies::lease::LeaseRefusal::OutOfBounds { .. } => "lease_out_of_bounds",
+                        policies::lease::LeaseRefusal::Malformed(_) => "lease_malformed",
+                    };
+                    ctx.refusal = Some(Refusal {
+                        code: -32602,
+                        message: refusal.to_string(),
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+
+    /// A `GetTask` whose request activates the lease extension renews the
+    /// task's lease (as the SDK's lease store does); a plain one renews nothing.
+    async fn renew_if_asked(&self, ctx: &Ctx) {
+        if !ctx.lease_ext || ctx.method != Some(A2aMethod::GetTask) {
+            return;
+        }
+        let (Some(route), Some(id)) = (&ctx.route, &ctx.req_task_id) else {
+            return;
+        };
+        let key = self.task_key(ctx, route, id);
+        let outcome = match self.store.lease_renew(&key, now_ms()).await {
+            Ok(Renewal::Renewed { .. }) => "renewed",
+            Ok(Renewal::Lapsed) => "lapsed",
+            Ok(Renewal::NoLease) => "no_lease",
+            Err(e) => {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["lease_renew"])
+                    .inc();
+                tracing::warn!(task = %key, error = %e, "could not renew a lease");
+                "store_error"
+            }
+        };
+        metrics::LEASE_RENEWALS
+            .with_label_values(&[&route.name, "get_task", outcome])
+            .inc();
+    }
+
+    /// What follows reading the body: renewals, and the end of the id wait for
+    /// anything but a new task's stream.
+    async fn after_inspection(&self, session: &mut Session, ctx: &mut Ctx) {
+        self.renew_if_asked(ctx).await;
+        let new_task_stream =
+            ctx.method == Some(A2aMethod::SendStreamingMessage) && ctx.req_task_id.is_none();
+        if !new_task_stream {
+            stop_awaiting_id(session, ctx);
+        }
+    }
+
+    /// Answers a refused request itself; nothing reaches the worker.
+    async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, r: &Refusal) -> Result<bool> {
+        if let Some(route) = &ctx.route {
+            metrics::REFUSALS
+                .with_label_values(&[&route.name, r.reason])
+                .inc();
+            tracing::info!(route = %route.name, reason = r.reason, "request refused: {}", r.message);
+        }
+        stop_awaiting_id(session, ctx);
+        let (status, body) = Self::refusal_response(ctx, r);
+        self.respond_json(session, status, body).await
+    }
+
+    /// The error body and HTTP status for a refusal, in the caller's binding.
+    fn refusal_response(ctx: &Ctx, r: &Refusal) -> (u16, serde_json::Value) {
+        match ctx.binding {
+            Some(Binding::Rest) => (
+                400,
+                serde_json::json!({"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": r.message}}),
+            ),
+            _ => (
+                200,
+                serde_json::json!({"jsonrpc": "2.0", "id": ctx.rpc_id.clone().unwrap_or(serde_json::Value::Null),
+                    "error": {"code": r.code, "message": r.message}}),
+            ),
         }
     }
 
@@ -146,7 +310,7 @@ impl Gateway {
             ctx.watching = watching;
             let target = self.cancel_target(ctx);
             self.cascade.tracker().update(
-                key(id),
+                key(id.clone()),
                 TaskUpdate {
                     context_id: obs.context_id,
                     state: ctx.seen.state,
@@ -154,6 +318,7 @@ impl Gateway {
                     watchers_delta: i32::from(watching),
                 },
             );
+            self.start_lease(ctx, &route, key(id));
         } else if ctx.seen.is_settled() && !prev_settled {
             if let Some(id) = ctx.task_id.clone() {
                 self.cascade.tracker().update(
@@ -165,6 +330,43 @@ impl Gateway {
                 );
             }
         }
+    }
+
+    /// Once a task's id is known: enforce the caller's lease grant, or the
+    /// lease the route imposes on streams whose caller granted none.
+    fn start_lease(&self, ctx: &mut Ctx, route: &route::Route, key: TaskKey) {
+        if ctx.seen.is_settled() {
+            return;
+        }
+        if let Some(ttl) = ctx.lease_grant {
+            if route.gateway_enforces_leases() {
+                metrics::LEASES_STARTED
+                    .with_label_values(&[&route.name, "granted"])
+                    .inc();
+                self.cascade.tracker().lease_start(key, ttl, None);
+            }
+            return;
+        }
+        let Some(ttl) = route.cfg.lease.impose_ttl else {
+            return;
+        };
+        if !ctx.streaming || route.cfg.cascade.mode == policies::CascadeMode::Detach {
+            return;
+        }
+        let ttl = ttl.as_millis() as u64;
+        if ctx.method == Some(A2aMethod::SendStreamingMessage) {
+            metrics::LEASES_STARTED
+                .with_label_values(&[&route.name, "imposed"])
+                .inc();
+            self.cascade.tracker().lease_start(
+                key.clone(),
+                ttl,
+                Some(self.leases.replica_id().to_string()),
+            );
+        }
+        // Any stream of the task (a resubscribe too) renews it while it lives.
+        self.leases.hold(key.clone(), ttl);
+        ctx.held_lease = Some(key);
     }
 
     /// Where a cancel for this request's task goes: the JSON-RPC endpoint
@@ -201,6 +403,19 @@ fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
     if ctx.awaiting_id.take().is_some() {
         session.set_abort_on_close(true);
     }
+}
+
+/// The request's `A2A-Extensions` (any number of lines, comma-separated)
+/// names the lease extension.
+fn activates_lease(req: &RequestHeader) -> bool {
+    req.headers.get_all("a2a-extensions").iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',').any(|u| {
+                u.trim()
+                    .eq_ignore_ascii_case(policies::lease::LEASE_EXTENSION_URI)
+            })
+        })
+    })
 }
 
 fn request_host(req: &RequestHeader) -> Option<&str> {
@@ -337,10 +552,37 @@ impl ProxyHttp for Gateway {
             session.set_abort_on_close(false);
             ctx.awaiting_id = Some(std::time::Instant::now());
         }
+        ctx.lease_ext = activates_lease(session.req_header());
         ctx.call = Some(call);
         ctx.route = Some(route);
         if let Some(t) = self.timeouts.downstream_idle {
             session.set_read_timeout(Some(t));
+        }
+        // REST GetTask: everything is in the head.
+        if ctx.method == Some(A2aMethod::GetTask) {
+            self.renew_if_asked(ctx).await;
+        }
+        // Small bodies are read now, before the worker is contacted, so a
+        // refused request never reaches it; pingora replays them upstream.
+        let content_length = session
+            .req_header()
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let small =
+            content_length.is_some_and(|n| n <= PRE_READ_LIMIT.min(self.limits.max_inspect_body));
+        if ctx.req_body.is_some() && small {
+            session.downstream_session.enable_retry_buffering();
+            let mut buf = ctx.req_body.take().unwrap_or_default();
+            while let Some(chunk) = session.read_request_body().await? {
+                buf.extend_from_slice(&chunk);
+            }
+            self.inspect_body(ctx, &buf);
+            if let Some(r) = ctx.refusal.clone() {
+                return self.refuse(session, ctx, &r).await;
+            }
+            self.after_inspection(session, ctx).await;
         }
         Ok(false)
     }
@@ -384,8 +626,10 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    /// Copies the request body (bounded) to learn the JSON-RPC method, tenant
-    /// and task; the bytes themselves pass through unchanged and unheld.
+    /// Copies a large request body (bounded) to learn the JSON-RPC method,
+    /// tenant, task and grants; the bytes pass through unchanged and unheld,
+    /// except that a refused request loses its last chunk and is aborted, so
+    /// the worker never receives it whole.
     async fn request_body_filter(
         &self,
         session: &mut Session,
@@ -402,6 +646,7 @@ impl ProxyHttp for Gateway {
                 metrics::UNTRACKED
                     .with_label_values(&["request_body_too_large"])
                     .inc();
+                stop_awaiting_id(session, ctx);
                 return Ok(());
             }
             buf.extend_from_slice(chunk);
@@ -410,34 +655,15 @@ impl ProxyHttp for Gateway {
             return Ok(());
         }
         let buf = ctx.req_body.take().unwrap_or_default();
-        let facts: Option<RequestFacts> = match ctx.call {
-            Some(Call::JsonRpcCandidate) => {
-                let f = jsonrpc_facts(&buf);
-                if f.is_none() {
-                    metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
-                }
-                f
-            }
-            Some(Call::Rest { .. }) => Some(rest_facts(&buf)),
-            _ => None,
-        };
-        if let Some(f) = facts {
-            if f.is_jsonrpc {
-                ctx.binding = Some(Binding::JsonRpc);
-                ctx.method = f.method;
-            }
-            if ctx.tenant.is_none() {
-                ctx.tenant = f.tenant;
-            }
-            if ctx.req_task_id.is_none() {
-                ctx.req_task_id = f.task_id;
-            }
+        self.inspect_body(ctx, &buf);
+        if ctx.refusal.is_some() {
+            *body = None;
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(400),
+                "request refused by policy",
+            ));
         }
-        let new_task_stream =
-            ctx.method == Some(A2aMethod::SendStreamingMessage) && ctx.req_task_id.is_none();
-        if !new_task_stream {
-            stop_awaiting_id(session, ctx);
-        }
+        self.after_inspection(session, ctx).await;
         Ok(())
     }
 
@@ -584,6 +810,9 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             metrics::OPEN_STREAMS.dec();
         }
+        if let Some(key) = ctx.held_lease.take() {
+            self.leases.release(&key);
+        }
         let Some(route) = ctx.route.clone() else {
             return;
         };
@@ -631,6 +860,47 @@ impl ProxyHttp for Gateway {
         };
         let cascade = self.cascade.clone();
         tokio::spawn(async move { cascade.stream_ended(end).await });
+    }
+
+    /// A request refused while its (large) body streamed gets the A2A error
+    /// the caller's binding expects; anything else pingora's default answer.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Ctx,
+    ) -> pingora::proxy::FailToProxy {
+        if let Some(r) = ctx.refusal.clone() {
+            if let Some(route) = &ctx.route {
+                metrics::REFUSALS
+                    .with_label_values(&[&route.name, r.reason])
+                    .inc();
+            }
+            let (status, body) = Self::refusal_response(ctx, &r);
+            let _ = self.respond_json(session, status, body).await;
+            return pingora::proxy::FailToProxy {
+                error_code: status,
+                can_reuse_downstream: false,
+            };
+        }
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            _ => match e.esource() {
+                ErrorSource::Upstream => 502,
+                ErrorSource::Downstream => match e.etype() {
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                ErrorSource::Internal | ErrorSource::Unset => 500,
+            },
+        };
+        if code > 0 {
+            let _ = session.respond_error(code).await;
+        }
+        pingora::proxy::FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &Error) -> bool {

@@ -7,6 +7,22 @@ use std::sync::Arc;
 pub struct Route {
     pub name: Arc<str>,
     pub cfg: config::Route,
+    /// The worker's agent card (seen passing through) declares the lease
+    /// extension: with `worker_leases = "auto"` the worker enforces grants.
+    pub card_declares_lease: std::sync::atomic::AtomicBool,
+}
+
+impl Route {
+    /// Whether the gateway enforces lease grants for this route's worker.
+    pub fn gateway_enforces_leases(&self) -> bool {
+        match self.cfg.lease.worker_leases {
+            config::WorkerLeases::Enforce => true,
+            config::WorkerLeases::Observe => false,
+            config::WorkerLeases::Auto => !self
+                .card_declares_lease
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
 }
 
 /// Routes in match order: host and prefix, then prefix (longest first), then
@@ -48,6 +64,7 @@ impl Routes {
                 Arc::new(Route {
                     name: r.name.as_str().into(),
                     cfg: r.clone(),
+                    card_declares_lease: std::sync::atomic::AtomicBool::new(false),
                 })
             })
             .collect();
@@ -64,6 +81,11 @@ impl Routes {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.routes.iter()
+    }
+
+    /// The route named `name` (as stored with a task), if this replica has it.
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| &*r.name == name)
     }
 
     /// The route for `host` (without port, any case) and `path`.

@@ -1,19 +1,27 @@
 //! The embedded store: one gateway process, no dependencies.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use moka::sync::Cache;
+use policies::lease::{self, Renewal};
 
-use super::{StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate};
+use super::{LeaseRecord, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate};
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
 /// than the retention are dropped; past capacity the least useful go first
 /// (moka's TinyLFU), which at worst forgets a task and so skips its cancel:
 /// size `limits.max_tracked_tasks` above the live tasks you expect.
+///
+/// Leases are indexed by deadline in an ordered set, so finding lapsed ones
+/// is O(log n) per lease, never a scan.
 #[derive(Debug)]
 pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,
+    /// (deadline, task) for every live lease.
+    deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
 }
 
 impl MemoryStore {
@@ -23,7 +31,32 @@ impl MemoryStore {
                 .max_capacity(capacity)
                 .time_to_idle(retention)
                 .build(),
+            deadlines: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, BTreeSet<(u64, TaskKey)>> {
+        // A panic while holding the lock leaves the set consistent (every
+        // operation on it is a single insert/remove), so poisoning is ignored.
+        self.deadlines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Read-modify-write of one record, atomic per key; `f` returns a value
+    /// for the caller. Index changes happen under the index lock inside `f`.
+    fn modify<T>(
+        &self,
+        key: &TaskKey,
+        now_ms: u64,
+        f: impl FnOnce(&mut TaskRecord) -> T,
+    ) -> (TaskRecord, T) {
+        let mut out = None;
+        let entry = self.tasks.entry_by_ref(key).and_upsert_with(|old| {
+            let mut rec =
+                old.map_or_else(|| TaskRecord::new(key.clone(), now_ms), |e| e.into_value());
+            out = Some(f(&mut rec));
+            rec
+        });
+        (entry.into_value(), out.expect("upsert ran the closure"))
     }
 }
 
@@ -35,13 +68,14 @@ impl TaskStore for MemoryStore {
         update: TaskUpdate,
         now_ms: u64,
     ) -> Result<TaskRecord, StoreError> {
-        let entry = self.tasks.entry_by_ref(key).and_upsert_with(|old| {
-            let mut rec =
-                old.map_or_else(|| TaskRecord::new(key.clone(), now_ms), |e| e.into_value());
+        let (rec, ()) = self.modify(key, now_ms, |rec| {
+            let before = rec.lease.as_ref().map(|l| l.deadline_ms);
             rec.apply(update, now_ms);
-            rec
+            if let (Some(d), None) = (before, &rec.lease) {
+                self.index().remove(&(d, key.clone()));
+            }
         });
-        Ok(entry.into_value())
+        Ok(rec)
     }
 
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
@@ -50,6 +84,103 @@ impl TaskStore for MemoryStore {
 
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
         Ok(self.tasks.iter().take(limit).map(|(_, v)| v).collect())
+    }
+
+    async fn lease_start(
+        &self,
+        key: &TaskKey,
+        ttl_ms: u64,
+        holder: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.modify(key, now_ms, |rec| {
+            let mut index = self.index();
+            if let Some(old) = &rec.lease {
+                index.remove(&(old.deadline_ms, key.clone()));
+            }
+            let deadline_ms = lease::deadline(now_ms, ttl_ms);
+            index.insert((deadline_ms, key.clone()));
+            rec.lease = Some(LeaseRecord {
+                ttl_ms,
+                deadline_ms,
+                holder: holder.map(str::to_string),
+            });
+            rec.updated_ms = now_ms;
+        });
+        Ok(())
+    }
+
+    async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError> {
+        if !self.tasks.contains_key(key) {
+            return Ok(Renewal::NoLease);
+        }
+        let (_, renewal) = self.modify(key, now_ms, |rec| {
+            let mut index = self.index();
+            let live = rec
+                .lease
+                .as_ref()
+                .filter(|l| index.contains(&(l.deadline_ms, key.clone())))
+                .map(|l| (l.deadline_ms, l.ttl_ms));
+            let renewal = match (live, &rec.lease) {
+                (None, Some(_)) => Renewal::NoLease, // claimed by the reaper already
+                _ => lease::renew(now_ms, live),
+            };
+            if let (Renewal::Renewed { deadline_ms }, Some(l)) = (renewal, rec.lease.as_mut()) {
+                index.remove(&(l.deadline_ms, key.clone()));
+                index.insert((deadline_ms, key.clone()));
+                l.deadline_ms = deadline_ms;
+            }
+            renewal
+        });
+        Ok(renewal)
+    }
+
+    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for key in keys {
+            if let Renewal::Renewed { .. } = self.lease_renew(key, now_ms).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
+        if let Some(mut rec) = self.tasks.get(key) {
+            if let Some(l) = rec.lease.take() {
+                self.index().remove(&(l.deadline_ms, key.clone()));
+                self.tasks.insert(key.clone(), rec);
+            }
+        }
+        Ok(())
+    }
+
+    async fn lease_claim_lapsed(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        let claimed: Vec<(u64, TaskKey)> = {
+            let mut index = self.index();
+            let lapsed: Vec<(u64, TaskKey)> = index
+                .iter()
+                .take_while(|(d, _)| lease::is_lapsed(now_ms, *d))
+                .take(limit)
+                .cloned()
+                .collect();
+            for item in &lapsed {
+                index.remove(item);
+            }
+            lapsed
+        };
+        Ok(claimed
+            .into_iter()
+            .filter_map(|(_, key)| self.tasks.get(&key))
+            .collect())
+    }
+
+    async fn lease_count(&self) -> Result<u64, StoreError> {
+        Ok(self.index().len() as u64)
     }
 
     fn kind(&self) -> &'static str {

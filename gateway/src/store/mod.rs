@@ -6,18 +6,20 @@
 //! never stored.
 
 pub mod memory;
+pub mod redis;
 
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+pub use policies::lease::Renewal;
 use policies::TaskState;
 
 use crate::a2a::Binding;
 
 /// A task as the gateway names it: the route it went through, the tenant it
 /// was sent in (`""` for none) and the worker's task id.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TaskKey {
     pub route: Arc<str>,
     pub tenant: Arc<str>,
@@ -54,8 +56,21 @@ pub struct TaskRecord {
     pub target: Option<CancelTarget>,
     /// Callers streaming the task through the gateway right now (any replica).
     pub watchers: u32,
+    /// The lease the gateway enforces on the task, while it is unsettled.
+    pub lease: Option<LeaseRecord>,
     /// Unix milliseconds of the last update.
     pub updated_ms: u64,
+}
+
+/// A lease the gateway enforces: who holds it and until when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub ttl_ms: u64,
+    /// Unix milliseconds; lapsed once `now > deadline_ms`.
+    pub deadline_ms: u64,
+    /// The gateway replica renewing it for a live caller connection
+    /// (gateway-held lease), or `None` when the caller renews it.
+    pub holder: Option<String>,
 }
 
 /// One change to a task's record; absent fields keep their value.
@@ -98,6 +113,40 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Up to `limit` records, for the admin endpoint (order unspecified).
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError>;
 
+    /// Starts (or restarts, replacing) a lease on the task: deadline
+    /// `now + ttl`, entered in the deadline index. Creates the record if the
+    /// store has none.
+    async fn lease_start(
+        &self,
+        key: &TaskKey,
+        ttl_ms: u64,
+        holder: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Renews the task's lease by its TTL, in one atomic step against a
+    /// racing lapse: a lease already past its deadline is not revived.
+    async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError>;
+
+    /// Renews many leases in one round trip (a replica renewing the leases it
+    /// holds for its live callers); returns how many were renewed.
+    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError>;
+
+    /// Ends the task's lease (it settled, or it was cancelled).
+    async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError>;
+
+    /// Takes up to `limit` lapsed leases out of the deadline index and
+    /// returns their records. Atomic: across every replica sharing the
+    /// store, each lapsed lease is returned to exactly one caller.
+    async fn lease_claim_lapsed(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError>;
+
+    /// Live leases in the deadline index (for metrics and the admin endpoint).
+    async fn lease_count(&self) -> Result<u64, StoreError>;
+
     /// `memory` or `redis`, for logs and metrics.
     fn kind(&self) -> &'static str;
 }
@@ -111,6 +160,7 @@ impl TaskRecord {
             state: None,
             target: None,
             watchers: 0,
+            lease: None,
             updated_ms: now_ms,
         }
     }
@@ -124,6 +174,11 @@ impl TaskRecord {
         if let Some(s) = u.state {
             if !self.state.is_some_and(TaskState::is_terminal) {
                 self.state = Some(s);
+            }
+            // A settled turn is no longer watched for a lapse (the SDK stops
+            // watching when the turn ends; a continuation brings its own grant).
+            if s.is_settled() {
+                self.lease = None;
             }
         }
         if u.target.is_some() {
@@ -141,103 +196,5 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-#[cfg(test)]
-pub(crate) mod conformance {
-    //! The behaviour every store must have; each implementation runs it.
-
-    use super::*;
-
-    fn key(id: &str) -> TaskKey {
-        TaskKey {
-            route: "r".into(),
-            tenant: "".into(),
-            task_id: id.into(),
-        }
-    }
-
-    pub async fn run(store: &dyn TaskStore) {
-        assert_eq!(store.get(&key("t1")).await.unwrap(), None);
-
-        let target = CancelTarget {
-            binding: Binding::JsonRpc,
-            path: "/".into(),
-        };
-        let rec = store
-            .update(
-                &key("t1"),
-                TaskUpdate {
-                    context_id: Some("c1".into()),
-                    state: Some(TaskState::Working),
-                    target: Some(target.clone()),
-                    watchers_delta: 1,
-                },
-                10,
-            )
-            .await
-            .unwrap();
-        assert_eq!(rec.watchers, 1);
-        assert_eq!(rec.state, Some(TaskState::Working));
-
-        // A second watcher, then both leave: never below zero.
-        let up = |d| TaskUpdate {
-            watchers_delta: d,
-            ..TaskUpdate::default()
-        };
-        assert_eq!(
-            store.update(&key("t1"), up(1), 11).await.unwrap().watchers,
-            2
-        );
-        assert_eq!(
-            store.update(&key("t1"), up(-1), 12).await.unwrap().watchers,
-            1
-        );
-        assert_eq!(
-            store.update(&key("t1"), up(-1), 13).await.unwrap().watchers,
-            0
-        );
-        assert_eq!(
-            store.update(&key("t1"), up(-1), 14).await.unwrap().watchers,
-            0
-        );
-
-        // Terminal is final.
-        let state = |s| TaskUpdate {
-            state: Some(s),
-            ..TaskUpdate::default()
-        };
-        store
-            .update(&key("t1"), state(TaskState::Completed), 15)
-            .await
-            .unwrap();
-        let rec = store
-            .update(&key("t1"), state(TaskState::Working), 16)
-            .await
-            .unwrap();
-        assert_eq!(rec.state, Some(TaskState::Completed));
-        assert_eq!(rec.context_id.as_deref(), Some("c1"));
-        assert_eq!(rec.target, Some(target));
-        assert_eq!(rec.updated_ms, 16);
-
-        // Interrupted is not final: a continuation works again.
-        store
-            .update(&key("t2"), state(TaskState::InputRequired), 20)
-            .await
-            .unwrap();
-        let rec = store
-            .update(&key("t2"), state(TaskState::Working), 21)
-            .await
-            .unwrap();
-        assert_eq!(rec.state, Some(TaskState::Working));
-
-        // Tenants are separate tasks.
-        let other = TaskKey {
-            tenant: "acme".into(),
-            ..key("t1")
-        };
-        assert_eq!(store.get(&other).await.unwrap(), None);
-
-        let listed = store.list(10).await.unwrap();
-        assert_eq!(listed.len(), 2);
-        assert_eq!(store.list(1).await.unwrap().len(), 1);
-    }
-}
+#[doc(hidden)]
+pub mod conformance;

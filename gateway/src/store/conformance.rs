@@ -1,0 +1,242 @@
+//! The behaviour every store must have; each implementation runs it (the
+//! memory store in its unit tests, Redis in the integration tests).
+
+#![allow(clippy::missing_panics_doc)]
+
+use super::*;
+use policies::lease::Renewal;
+
+fn key(id: &str) -> TaskKey {
+    TaskKey {
+        route: "r".into(),
+        tenant: "".into(),
+        task_id: id.into(),
+    }
+}
+
+/// Every check, on an empty store.
+pub async fn run(store: &dyn TaskStore) {
+    records(store).await;
+    leases(store).await;
+}
+
+async fn records(store: &dyn TaskStore) {
+    assert_eq!(store.get(&key("t1")).await.unwrap(), None);
+
+    let target = CancelTarget {
+        binding: Binding::JsonRpc,
+        path: "/".into(),
+    };
+    let rec = store
+        .update(
+            &key("t1"),
+            TaskUpdate {
+                context_id: Some("c1".into()),
+                state: Some(TaskState::Working),
+                target: Some(target.clone()),
+                watchers_delta: 1,
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rec.watchers, 1);
+    assert_eq!(rec.state, Some(TaskState::Working));
+
+    // A second watcher, then both leave: never below zero.
+    let up = |d| TaskUpdate {
+        watchers_delta: d,
+        ..TaskUpdate::default()
+    };
+    assert_eq!(
+        store.update(&key("t1"), up(1), 11).await.unwrap().watchers,
+        2
+    );
+    assert_eq!(
+        store.update(&key("t1"), up(-1), 12).await.unwrap().watchers,
+        1
+    );
+    assert_eq!(
+        store.update(&key("t1"), up(-1), 13).await.unwrap().watchers,
+        0
+    );
+    assert_eq!(
+        store.update(&key("t1"), up(-1), 14).await.unwrap().watchers,
+        0
+    );
+
+    // Terminal is final.
+    let state = |s| TaskUpdate {
+        state: Some(s),
+        ..TaskUpdate::default()
+    };
+    store
+        .update(&key("t1"), state(TaskState::Completed), 15)
+        .await
+        .unwrap();
+    let rec = store
+        .update(&key("t1"), state(TaskState::Working), 16)
+        .await
+        .unwrap();
+    assert_eq!(rec.state, Some(TaskState::Completed));
+    assert_eq!(rec.context_id.as_deref(), Some("c1"));
+    assert_eq!(rec.target, Some(target));
+    assert_eq!(rec.updated_ms, 16);
+
+    // Interrupted is not final: a continuation works again.
+    store
+        .update(&key("t2"), state(TaskState::InputRequired), 20)
+        .await
+        .unwrap();
+    let rec = store
+        .update(&key("t2"), state(TaskState::Working), 21)
+        .await
+        .unwrap();
+    assert_eq!(rec.state, Some(TaskState::Working));
+
+    // Tenants are separate tasks.
+    let other = TaskKey {
+        tenant: "acme".into(),
+        ..key("t1")
+    };
+    assert_eq!(store.get(&other).await.unwrap(), None);
+
+    let listed = store.list(10).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(store.list(1).await.unwrap().len(), 1);
+}
+
+fn lkey(id: &str) -> TaskKey {
+    TaskKey {
+        route: "lease".into(),
+        tenant: "acme".into(),
+        task_id: id.into(),
+    }
+}
+
+async fn leases(store: &dyn TaskStore) {
+    let before = store.lease_count().await.unwrap();
+    store
+        .lease_start(&lkey("l1"), 1_000, None, 100)
+        .await
+        .unwrap();
+    let rec = store
+        .get(&lkey("l1"))
+        .await
+        .unwrap()
+        .expect("lease_start creates the record");
+    assert_eq!(
+        rec.lease,
+        Some(LeaseRecord {
+            ttl_ms: 1_000,
+            deadline_ms: 1_100,
+            holder: None
+        })
+    );
+    assert_eq!(store.lease_count().await.unwrap(), before + 1);
+
+    // Renewal moves the deadline by the TTL; at the deadline itself it is live.
+    assert_eq!(
+        store.lease_renew(&lkey("l1"), 600).await.unwrap(),
+        Renewal::Renewed { deadline_ms: 1_600 }
+    );
+    assert_eq!(
+        store.lease_renew(&lkey("l1"), 1_600).await.unwrap(),
+        Renewal::Renewed { deadline_ms: 2_600 }
+    );
+    // Nothing has lapsed yet.
+    assert!(store
+        .lease_claim_lapsed(2_600, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // Past the deadline a renewal does not revive it; it is claimed once.
+    assert_eq!(
+        store.lease_renew(&lkey("l1"), 2_601).await.unwrap(),
+        Renewal::Lapsed
+    );
+    let claimed = store.lease_claim_lapsed(2_601, 100).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].key, lkey("l1"));
+    assert!(store
+        .lease_claim_lapsed(9_999, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // A claimed lease renews nothing.
+    assert_eq!(
+        store.lease_renew(&lkey("l1"), 2_602).await.unwrap(),
+        Renewal::NoLease
+    );
+    // No lease at all.
+    assert_eq!(
+        store.lease_renew(&lkey("none"), 100).await.unwrap(),
+        Renewal::NoLease
+    );
+
+    // Held leases renew in a batch; unknown keys are skipped.
+    store
+        .lease_start(&lkey("h1"), 2_000, Some("replica-a"), 0)
+        .await
+        .unwrap();
+    store
+        .lease_start(&lkey("h2"), 2_000, Some("replica-a"), 0)
+        .await
+        .unwrap();
+    let n = store
+        .lease_renew_many(&[lkey("h1"), lkey("h2"), lkey("nobody")], 1_000)
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    let h1 = store
+        .get(&lkey("h1"))
+        .await
+        .unwrap()
+        .unwrap()
+        .lease
+        .unwrap();
+    assert_eq!(
+        (h1.deadline_ms, h1.holder.as_deref()),
+        (3_000, Some("replica-a"))
+    );
+
+    // Settling ends the lease: nothing to claim afterwards.
+    store
+        .update(
+            &lkey("h1"),
+            TaskUpdate {
+                state: Some(TaskState::Completed),
+                ..TaskUpdate::default()
+            },
+            1_100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.get(&lkey("h1")).await.unwrap().unwrap().lease, None);
+    // An ended lease is gone too.
+    store.lease_end(&lkey("h2")).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(99_999, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.lease_count().await.unwrap(), before);
+
+    // Claims are bounded by `limit`, and every lapsed lease is claimed once.
+    for i in 0..5 {
+        store
+            .lease_start(&lkey(&format!("b{i}")), 1_000, None, 0)
+            .await
+            .unwrap();
+    }
+    let first = store.lease_claim_lapsed(5_000, 3).await.unwrap();
+    let second = store.lease_claim_lapsed(5_000, 3).await.unwrap();
+    assert_eq!((first.len(), second.len()), (3, 2));
+    let mut ids: Vec<String> = first
+        .iter()
+        .chain(&second)
+        .map(|r| r.key.task_id.to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["b0", "b1", "b2", "b3", "b4"]);
+}
