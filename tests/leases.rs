@@ -6,6 +6,8 @@ use serde_json::{json, Value};
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
+use crate::harness::parent::ParentProcess;
+use crate::harness::redis::RedisServer;
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of, Bind, Kind, Worker};
 
@@ -28,8 +30,14 @@ async fn tasks_started(worker: &Worker) -> u64 {
 }
 
 /// Sends a streaming message with `grant` and returns (HTTP status, body).
-async fn send_with_grant(url: &str, bind: Bind, grant: Value, pad: usize) -> (u16, Value) {
-    let mut msg = leased_message("work:30000", grant);
+async fn send_with_grant(
+    url: &str,
+    bind: Bind,
+    grant: Value,
+    pad: usize,
+    text: &str,
+) -> (u16, Value) {
+    let mut msg = leased_message(text, grant);
     if pad > 0 {
         msg["metadata"]["pad"] = json!("x".repeat(pad));
     }
@@ -74,7 +82,7 @@ async fn refusals(kind: Kind, bind: Bind, pad: usize) {
         (json!({"ttlMs": -3}), "malformed lease: invalid value"),
     ];
     for (grant, want) in table {
-        let (status, body) = send_with_grant(&gw.url, bind, grant.clone(), pad).await;
+        let (status, body) = send_with_grant(&gw.url, bind, grant.clone(), pad, "work:30000").await;
         match bind {
             Bind::JsonRpc => {
                 assert_eq!(status, 200, "{grant}: {body}");
@@ -107,7 +115,7 @@ async fn refusals(kind: Kind, bind: Bind, pad: usize) {
         "no refused request created a task"
     );
     // A grant in bounds goes through.
-    let (status, _) = send_with_grant(&gw.url, bind, json!({"ttlMs": 2000}), 0).await;
+    let (status, _) = send_with_grant(&gw.url, bind, json!({"ttlMs": 2000}), 0, "quick").await;
     assert_eq!(status, 200);
     assert_eq!(tasks_started(&worker).await, 1);
     assert!(gw.counter("a2agw_refusals_total", &[]).await >= 6.0);
@@ -210,6 +218,179 @@ async fn granted_lease_lapses_unless_renewed() {
     assert_eq!(card.status, 200);
 }
 
+/// A parent process using `a2a-protocol-client` 0.15 `Delegation::start_leased`
+/// (TTL 2 s) through the gateway to an a2a-rust worker WITHOUT a lease store:
+/// killed with SIGKILL, its child is canceled within TTL + 1 s by the lease
+/// alone (the route detaches, so the cascade does nothing); alive, its
+/// renewals keep the child to completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegation_parent_killed_child_stops_at_lapse() {
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::in_front_of(&worker.url(), "cascade = \"detach\"").await;
+
+    let mut parent = ParentProcess::spawn(&gw.url, Duration::from_secs(2), "work:30000").await;
+    assert!(
+        parent.dump().contains(&gw.url),
+        "the parent talks to the gateway:\n{}",
+        parent.dump()
+    );
+    worker
+        .wait_state(
+            None,
+            &parent.task_id,
+            "TASK_STATE_WORKING",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("the child runs");
+    // Let renewals flow through the gateway for longer than one TTL.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        worker.state(None, &parent.task_id).await.as_deref(),
+        Some("TASK_STATE_WORKING"),
+        "renewed, not lapsed"
+    );
+    parent.sigkill().await;
+    let took = worker
+        .wait_state(
+            None,
+            &parent.task_id,
+            CANCELED,
+            Duration::from_millis(2000 + 1000),
+        )
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "not canceled within TTL + 1 s ({s:?}); log:\n{}",
+                gw.log_text()
+            )
+        });
+    eprintln!("child canceled {took:?} after its parent was killed");
+    assert_eq!(worker.cancels().await, 1);
+    assert_eq!(gw.counter("a2agw_leases_lapsed_total", &[]).await, 1.0);
+
+    // A living parent renews: the child completes, nothing is canceled.
+    let mut parent = ParentProcess::spawn(&gw.url, Duration::from_secs(2), "work:4000").await;
+    let outcome = parent.wait_outcome(Duration::from_secs(15)).await;
+    assert!(outcome.starts_with("Completed"), "{outcome}");
+    assert_eq!(
+        worker.state(None, &parent.task_id).await.as_deref(),
+        Some("TASK_STATE_COMPLETED")
+    );
+    assert_eq!(worker.cancels().await, 1, "no further cancel");
+    assert!(
+        gw.counter(
+            "a2agw_lease_renewals_total",
+            &["source=\"get_task\"", "outcome=\"renewed\""]
+        )
+        .await
+            >= 3.0
+    );
+}
+
+/// Two gateway replicas share one Redis; callers stream through replica A,
+/// whose route imposes a 2 s lease that A renews while the callers are
+/// connected. A is SIGKILLed: B cancels every child within TTL + 1 s, and
+/// no child is canceled twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_killed_other_replica_cancels() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"2s\" }}\n",
+        redis.url(),
+        worker.url()
+    );
+    let mut a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    let mut streams = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (s, id) =
+            crate::harness::worker::send_stream(&a.url, Bind::JsonRpc, None, "work:30000").await;
+        streams.push(s);
+        ids.push(id);
+    }
+    // Held leases are renewed by A: past one TTL, everything still runs.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    for id in &ids {
+        assert_eq!(
+            worker.state(None, id).await.as_deref(),
+            Some("TASK_STATE_WORKING"),
+            "A renews {id}"
+        );
+    }
+    a.kill().await;
+    for id in &ids {
+        worker
+            .wait_state(None, id, CANCELED, Duration::from_millis(2000 + 1000))
+            .await
+            .unwrap_or_else(|s| {
+                panic!("{id} not canceled by B ({s:?}); B's log:\n{}", b.log_text())
+            });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        worker.cancels().await,
+        3,
+        "each child canceled exactly once"
+    );
+    assert_eq!(b.counter("a2agw_leases_lapsed_total", &[]).await, 3.0);
+    drop(streams);
+}
+
+/// Redis dies and comes back mid-run. fail-open: proxying goes on, leases are
+/// not enforced while it is down, and work again once it is back.
+/// fail-closed: a send that needs a lease is refused while Redis is down
+/// (and creates no task); other traffic passes.
+async fn redis_outage(mode: &str) {
+    let mut redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::start(&format!(
+        "[store]\nurl = \"{}\"\non_store_error = \"{mode}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        redis.url(),
+        worker.url()
+    ))
+    .await;
+    redis.kill().await;
+    // The reaper's heartbeat notices within a few ticks.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"message": message("quick")}});
+    let resp = post_json(&gw.url, "/", &[], &send).await;
+    assert_eq!(
+        resp.json()["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "plain traffic passes"
+    );
+    let before = worker.tasks_started_now();
+    let (status, body) =
+        send_with_grant(&gw.url, Bind::JsonRpc, json!({"ttlMs": 2000}), 0, "quick").await;
+    match mode {
+        "fail-closed" => {
+            assert_eq!(body["error"]["code"], -32603, "{body}");
+            assert_eq!(worker.tasks_started_now(), before, "refused: no task");
+        }
+        _ => {
+            assert_eq!(status, 200);
+            assert!(body.is_null() || body.get("error").is_none(), "{body}");
+            assert_eq!(worker.tasks_started_now(), before + 1, "passed untracked");
+        }
+    }
+    redis.restart().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Back: a leased child that is not renewed is canceled at its lapse.
+    let (_open, id) = leased_stream(&gw.url, 1000, "work:30000").await;
+    worker
+        .wait_state(None, &id, CANCELED, Duration::from_millis(1000 + 1500))
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "lease not enforced after Redis came back ({s:?}); log:\n{}",
+                gw.log_text()
+            )
+        });
+}
+
 macro_rules! scenarios {
     ($($name:ident => $body:expr;)*) => {
         $(
@@ -228,4 +409,6 @@ scenarios! {
     python_rest_refusals => refusals(Kind::Python, Bind::Rest, 0);
     rust_jsonrpc_refusals_large_body => refusals(Kind::Rust, Bind::JsonRpc, 100 * 1024);
     python_rest_refusals_large_body => refusals(Kind::Python, Bind::Rest, 100 * 1024);
+    redis_outage_fail_open => redis_outage("fail-open");
+    redis_outage_fail_closed => redis_outage("fail-closed");
 }

@@ -6,6 +6,9 @@
 mod cascade;
 mod gateway_basics;
 mod harness;
+mod leases;
+mod parent_selftest;
 mod python_selftest;
 mod sse_recorded;
+mod store_conformance;
 mod worker_selftest;

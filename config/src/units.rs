@@ -115,7 +115,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Writes a byte count the way a user would: `"64MiB"` when exact, else `"1000B"`.
 pub(crate) fn format_size(n: u64) -> String {
     for (unit, mult) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if n >= mult && n % mult == 0 {
+        if n >= mult && n.is_multiple_of(mult) {
             return format!("{}{unit}", n / mult);
         }
     }

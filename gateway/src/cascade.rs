@@ -133,6 +133,8 @@ pub struct StreamEnd {
     pub event: Event,
     /// This stream counted as a watcher in the store and must uncount.
     pub was_watching: bool,
+    /// This stream held a lease the route imposed (not one the caller granted).
+    pub imposed_lease: bool,
     /// The caller's `Authorization`, held in memory only.
     pub caller_authorization: Option<String>,
     /// The route's configured worker credential.
@@ -198,9 +200,10 @@ impl Cascade {
                 .inc();
             match decision {
                 Decision::Keep(keep) => {
-                    if keep == Keep::Detached {
+                    if keep == Keep::Detached && end.imposed_lease {
                         // A detached child is the caller's to manage: a lease
-                        // the gateway imposed must not stop it.
+                        // the gateway imposed must not stop it (a lease the
+                        // caller granted still does).
                         if let Some(key) = &key {
                             self.end_lease(key).await;
                         }

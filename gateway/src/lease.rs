@@ -20,7 +20,7 @@ use policies::lease;
 use crate::cancel::{CancelJob, Canceller};
 use crate::metrics;
 use crate::proxy::route::Routes;
-use crate::store::{now_ms, TaskKey, TaskStore};
+use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore};
 
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
@@ -41,6 +41,7 @@ pub struct Leases {
     replica_id: String,
     tick: Duration,
     held: Mutex<Held>,
+    health: Arc<StoreHealth>,
 }
 
 impl Leases {
@@ -50,6 +51,7 @@ impl Leases {
         routes: Arc<Routes>,
         replica_id: String,
         tick: Duration,
+        health: Arc<StoreHealth>,
     ) -> Self {
         Leases {
             store,
@@ -58,6 +60,7 @@ impl Leases {
             replica_id,
             tick,
             held: Mutex::new(Held::default()),
+            health,
         }
     }
 
@@ -116,7 +119,9 @@ impl Leases {
 
     /// Claims lapsed leases and cancels their tasks; returns how many.
     pub async fn reap(&self, now: u64) -> usize {
-        let lapsed = match self.store.lease_claim_lapsed(now, CLAIM_BATCH).await {
+        let claimed = self.store.lease_claim_lapsed(now, CLAIM_BATCH).await;
+        self.health.record(&claimed);
+        let lapsed = match claimed {
             Ok(l) => l,
             Err(e) => {
                 metrics::STORE_ERRORS

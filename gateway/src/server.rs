@@ -86,12 +86,14 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         .replica_id
         .clone()
         .unwrap_or_else(default_replica_id);
+    let health = Arc::new(crate::store::StoreHealth::default());
     let leases = Arc::new(Leases::new(
         store.clone(),
         canceller,
         routes.clone(),
         replica_id.clone(),
         cfg.leases.tick,
+        health.clone(),
     ));
 
     let conf = ServerConf {
@@ -105,7 +107,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(&cfg, routes, cascade, leases.clone(), store.clone()),
+        Gateway::new(&cfg, routes, cascade, leases.clone(), store.clone(), health),
         "a2a-gateway",
     );
     for addr in &cfg.server.listen {

@@ -4,7 +4,9 @@
 
 pub mod gateway;
 pub mod http;
+pub mod parent;
 pub mod python_worker;
+pub mod redis;
 pub mod rust_worker;
 pub mod stream;
 pub mod worker;

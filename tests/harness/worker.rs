@@ -53,6 +53,14 @@ impl Worker {
         super::http::get_task_state(&self.url(), tenant, id).await
     }
 
+    /// Tasks the Rust worker created so far (Rust workers only).
+    pub fn tasks_started_now(&self) -> usize {
+        match self {
+            Worker::Rust(w) => w.tasks_started(),
+            Worker::Python(_) => panic!("use stats() on the Python worker"),
+        }
+    }
+
     /// How many CancelTask calls reached the worker's cancel path.
     pub async fn cancels(&self) -> u64 {
         match self {

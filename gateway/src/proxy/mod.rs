@@ -22,7 +22,7 @@ use crate::a2a::{classify, observe, A2aMethod, Binding, Call, Observation};
 use crate::cascade::{Cascade, StreamEnd};
 use crate::lease::Leases;
 use crate::metrics;
-use crate::store::{now_ms, CancelTarget, Renewal, TaskKey, TaskStore, TaskUpdate};
+use crate::store::{now_ms, CancelTarget, Renewal, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 use route::{host_without_port, Routes};
 
 /// The gateway's proxy service.
@@ -35,6 +35,8 @@ pub struct Gateway {
     cascade: Arc<Cascade>,
     leases: Arc<Leases>,
     store: Arc<dyn TaskStore>,
+    health: Arc<StoreHealth>,
+    on_store_error: config::OnStoreError,
 }
 
 /// Bodies up to this size are read before the worker is contacted, so that a
@@ -46,8 +48,10 @@ const PRE_READ_LIMIT: usize = 64 * 1024;
 /// forwarding it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Refusal {
-    /// `-32602` InvalidParams (REST: 400 INVALID_ARGUMENT).
+    /// The JSON-RPC code: `-32602` InvalidParams, `-32603` Internal.
     code: i64,
+    /// The REST status and its gRPC code name (400 INVALID_ARGUMENT, …).
+    http: (u16, &'static str),
     message: String,
     /// Metric label.
     reason: &'static str,
@@ -126,6 +130,7 @@ impl Gateway {
         cascade: Arc<Cascade>,
         leases: Arc<Leases>,
         store: Arc<dyn TaskStore>,
+        health: Arc<StoreHealth>,
     ) -> Self {
         Gateway {
             routes,
@@ -135,6 +140,8 @@ impl Gateway {
             cascade,
             leases,
             store,
+            health,
+            on_store_error: cfg.store.on_store_error,
         }
     }
 
@@ -191,9 +198,35 @@ impl Gateway {
                     };
                     ctx.refusal = Some(Refusal {
                         code: -32602,
+                        http: (400, "INVALID_ARGUMENT"),
                         message: refusal.to_string(),
                         reason,
                     });
+                }
+            }
+        }
+        // A send whose lease the gateway must hold, while the store is down.
+        let needs_store = ctx.route.as_ref().is_some_and(|r| {
+            (ctx.lease_grant.is_some() && r.gateway_enforces_leases())
+                || (r.cfg.lease.impose_ttl.is_some()
+                    && ctx.method == Some(A2aMethod::SendStreamingMessage))
+        });
+        if ctx.refusal.is_none() && needs_store && !self.health.is_healthy() {
+            match self.on_store_error {
+                config::OnStoreError::FailClosed => {
+                    ctx.refusal = Some(Refusal {
+                        code: -32603,
+                        http: (503, "UNAVAILABLE"),
+                        message:
+                            "the lease could not be stored: the gateway's store is unavailable"
+                                .into(),
+                        reason: "store_unavailable",
+                    });
+                }
+                config::OnStoreError::FailOpen => {
+                    metrics::UNTRACKED
+                        .with_label_values(&["store_unavailable"])
+                        .inc();
                 }
             }
         }
@@ -254,8 +287,8 @@ impl Gateway {
     fn refusal_response(ctx: &Ctx, r: &Refusal) -> (u16, serde_json::Value) {
         match ctx.binding {
             Some(Binding::Rest) => (
-                400,
-                serde_json::json!({"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": r.message}}),
+                r.http.0,
+                serde_json::json!({"error": {"code": r.http.0, "status": r.http.1, "message": r.message}}),
             ),
             _ => (
                 200,
@@ -810,6 +843,7 @@ impl ProxyHttp for Gateway {
         if ctx.streaming {
             metrics::OPEN_STREAMS.dec();
         }
+        let imposed_lease = ctx.held_lease.is_some();
         if let Some(key) = ctx.held_lease.take() {
             self.leases.release(&key);
         }
@@ -855,6 +889,7 @@ impl ProxyHttp for Gateway {
             seen: ctx.seen,
             event,
             was_watching: ctx.watching,
+            imposed_lease,
             caller_authorization: ctx.authorization.take(),
             worker_credential: route.cfg.worker_credential.clone(),
         };

@@ -189,6 +189,39 @@ impl TaskRecord {
     }
 }
 
+/// Whether the store answered its last calls, as seen by this replica's
+/// background loops (the lease reaper calls it every tick, so this is a
+/// heartbeat). `on_store_error` decides what requests do while it is down.
+#[derive(Debug)]
+pub struct StoreHealth {
+    healthy: std::sync::atomic::AtomicBool,
+}
+
+impl Default for StoreHealth {
+    fn default() -> Self {
+        StoreHealth {
+            healthy: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+}
+
+impl StoreHealth {
+    /// Records the outcome of a store call; logs transitions.
+    pub fn record<T>(&self, result: &Result<T, StoreError>) {
+        let ok = result.is_ok();
+        let was = self.healthy.swap(ok, std::sync::atomic::Ordering::Relaxed);
+        match (was, result) {
+            (true, Err(e)) => tracing::error!(error = %e, "the store stopped answering"),
+            (false, Ok(_)) => tracing::info!("the store answers again"),
+            _ => {}
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Unix time in milliseconds.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -1,0 +1,743 @@
+//! The shared store: several gateway replicas on one Redis.
+//!
+//! # Key layout
+//!
+//! | key | type | holds |
+//! | --- | --- | --- |
+//! | `{ns}:task:{route}:{tenant}:{task_id}` | hash | one [`TaskRecord`] |
+//! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
+//!
+//! Route, tenant and task id are percent-encoded (everything but
+//! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
+//! share a key. The hash has one field per record field: `route`, `tenant`,
+//! `task_id`, `context_id`, `state` (the wire name, `TASK_STATE_*`),
+//! `binding` (`jsonrpc`/`rest`) and `target_path`, `watchers`, `updated_ms`,
+//! `lease_ttl`, `lease_deadline`, `lease_holder`. A missing or unreadable
+//! field reads as `None`/`0`; bad data never panics.
+//!
+//! Finding lapsed leases is one `ZRANGEBYSCORE` on the deadline index,
+//! O(log n + claimed), never a scan.
+//!
+//! # Atomicity
+//!
+//! Every read-modify-write that replicas can race on is one Lua script
+//! (sent as `EVALSHA`), so Redis runs it without interleaving: `update`,
+//! `lease_start`, `lease_renew`, `lease_renew_many`, `lease_end`,
+//! `lease_claim_lapsed`. A claim takes each lease out of the index inside the
+//! script, so across replicas each lapsed lease goes to exactly one claimer,
+//! and a renewal that races a claim either renews (and the claim no longer
+//! sees a lapsed lease) or finds the lease gone (`NoLease`) — never both.
+//!
+//! # Round trips
+//!
+//! Each [`TaskStore`] call is exactly one round trip: one `EVALSHA` or one
+//! command (`HGETALL`, `ZCARD`); none for an empty batch or a zero limit.
+//! A task costs a constant number of calls over its lifetime (start, settle,
+//! lease start/renew/end), and none per streamed event. Only after Redis lost its script cache (a restart) does the first
+//! call of each script cost a second trip to load it (`SCRIPT LOAD`).
+//! `list` (admin only) walks the keyspace with `SCAN … MATCH {ns}:task:*`
+//! inside one script, stopping at `limit` records.
+//!
+//! # Expiry
+//!
+//! Every write refreshes the hash's `PEXPIRE`: [`LIVE_TTL`] while the task is
+//! unsettled or holds a lease, [`SETTLED_RETENTION`] once it settled
+//! (terminal, input-required, auth-required) without a lease. Nothing is
+//! left behind forever.
+//!
+//! # Failure
+//!
+//! The connection is a [`ConnectionManager`], which reconnects by itself with
+//! a short backoff. Connecting and each answer time out after a second, and
+//! every call is bounded by [`CALL_TIMEOUT`] on top, so a dead server makes
+//! calls fail fast with a [`StoreError`] instead of hanging.
+//!
+//! Standalone Redis (or a Sentinel-managed primary) only: the scripts touch
+//! task keys they read from the index, which Redis Cluster does not allow.
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use policies::lease::{self, Renewal};
+use policies::TaskState;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use super::{CancelTarget, LeaseRecord, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate};
+use crate::a2a::Binding;
+
+/// How long a task's hash lives after its last write while it is unsettled
+/// (or holds a lease).
+pub const LIVE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a settled task's hash lives after its last write.
+pub const SETTLED_RETENTION: Duration = Duration::from_secs(10 * 60);
+/// Upper bound on one store call, reconnecting included.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on one connection attempt.
+const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on one answer from the server.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on [`RedisStore::connect`].
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Lua numbers are doubles: integers above this are not exact. Times and
+/// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
+const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// Every state, so the scripts know which are terminal and settled by the
+/// one definition in `policies`.
+const ALL_STATES: [TaskState; 9] = [
+    TaskState::Unspecified,
+    TaskState::Submitted,
+    TaskState::Working,
+    TaskState::Completed,
+    TaskState::Failed,
+    TaskState::Canceled,
+    TaskState::InputRequired,
+    TaskState::Rejected,
+    TaskState::AuthRequired,
+];
+
+/// Does not compile once a state is added, so `ALL_STATES` gets it too.
+const fn _all_states_listed(s: TaskState) {
+    match s {
+        TaskState::Unspecified
+        | TaskState::Submitted
+        | TaskState::Working
+        | TaskState::Completed
+        | TaskState::Failed
+        | TaskState::Canceled
+        | TaskState::InputRequired
+        | TaskState::Rejected
+        | TaskState::AuthRequired => {}
+    }
+}
+
+/// Helpers every script starts with. `{TERMINAL}`, `{SETTLED}`, `{LIVE_MS}`
+/// and `{SETTLED_MS}` are filled in from Rust.
+const PRELUDE: &str = r#"
+local MAX = 9007199254740991
+local TERMINAL = {TERMINAL}
+local SETTLED = {SETTLED}
+local function num(s)
+  local n = tonumber(s)
+  if n == nil then return 0 end
+  return n
+end
+-- Integers as exact decimal strings (redis.call would print 1e+15).
+local function fmt(n) return string.format('%.0f', n) end
+-- Short retention once settled without a lease; long otherwise.
+local function expire(k)
+  local st = redis.call('HGET', k, 'state')
+  if st and SETTLED[st] and redis.call('HEXISTS', k, 'lease_deadline') == 0 then
+    redis.call('PEXPIRE', k, {SETTLED_MS})
+  else
+    redis.call('PEXPIRE', k, {LIVE_MS})
+  end
+end
+-- -1: no live lease; -2: lapsed (left for the claimer); else the new deadline.
+local function renew(k, z, now)
+  local score = redis.call('ZSCORE', z, k)
+  if not score then return -1 end
+  local ttl = tonumber(redis.call('HGET', k, 'lease_ttl'))
+  if not ttl then return -1 end
+  if now > num(score) then return -2 end
+  local d = math.min(now + ttl, MAX)
+  redis.call('HSET', k, 'lease_deadline', fmt(d))
+  redis.call('ZADD', z, fmt(d), k)
+  expire(k)
+  return d
+end
+"#;
+
+/// KEYS: task, leases. ARGV: now, route, tenant, task_id, has_context,
+/// context, state (`""` = none), has_target, binding, path, watchers_delta.
+/// Returns the record (HGETALL).
+const UPDATE: &str = r#"
+local k, z = KEYS[1], KEYS[2]
+redis.call('HSET', k, 'route', ARGV[2], 'tenant', ARGV[3], 'task_id', ARGV[4], 'updated_ms', ARGV[1])
+if ARGV[5] == '1' then redis.call('HSET', k, 'context_id', ARGV[6]) end
+local s = ARGV[7]
+if s ~= '' then
+  local old = redis.call('HGET', k, 'state')
+  if not (old and TERMINAL[old]) then redis.call('HSET', k, 'state', s) end
+  if SETTLED[s] then
+    redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
+    redis.call('ZREM', z, k)
+  end
+end
+if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
+local w = math.max(num(redis.call('HGET', k, 'watchers')), 0) + num(ARGV[11])
+if w < 0 then w = 0 elseif w > 4294967295 then w = 4294967295 end
+redis.call('HSET', k, 'watchers', fmt(w))
+expire(k)
+return redis.call('HGETALL', k)
+"#;
+
+/// KEYS: task, leases. ARGV: now, deadline, ttl, has_holder, holder, route,
+/// tenant, task_id.
+const LEASE_START: &str = r#"
+local k, z = KEYS[1], KEYS[2]
+redis.call('HSET', k, 'route', ARGV[6], 'tenant', ARGV[7], 'task_id', ARGV[8], 'updated_ms', ARGV[1],
+  'lease_ttl', ARGV[3], 'lease_deadline', ARGV[2])
+if ARGV[4] == '1' then
+  redis.call('HSET', k, 'lease_holder', ARGV[5])
+else
+  redis.call('HDEL', k, 'lease_holder')
+end
+redis.call('ZADD', z, ARGV[2], k)
+expire(k)
+return 1
+"#;
+
+/// KEYS: task, leases. ARGV: now. Returns -1 (no lease), -2 (lapsed) or the
+/// new deadline.
+const LEASE_RENEW: &str = r#"
+return renew(KEYS[1], KEYS[2], num(ARGV[1]))
+"#;
+
+/// KEYS: leases, task… ARGV: now. Returns how many were renewed.
+const LEASE_RENEW_MANY: &str = r#"
+local now, n = num(ARGV[1]), 0
+for i = 2, #KEYS do
+  if renew(KEYS[i], KEYS[1], now) >= 0 then n = n + 1 end
+end
+return n
+"#;
+
+/// KEYS: task, leases.
+const LEASE_END: &str = r#"
+local k, z = KEYS[1], KEYS[2]
+redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
+redis.call('ZREM', z, k)
+if redis.call('EXISTS', k) == 1 then expire(k) end
+return 1
+"#;
+
+/// KEYS: leases. ARGV: now, limit. Lapsed = deadline < now, strictly.
+/// Returns the claimed records (HGETALL each); an index entry whose hash is
+/// gone is dropped.
+const LEASE_CLAIM: &str = r#"
+local z = KEYS[1]
+local ks = redis.call('ZRANGEBYSCORE', z, '-inf', '(' .. ARGV[1], 'LIMIT', '0', ARGV[2])
+local out = {}
+for _, k in ipairs(ks) do
+  redis.call('ZREM', z, k)
+  local rec = redis.call('HGETALL', k)
+  if #rec > 0 then out[#out + 1] = rec end
+end
+return out
+"#;
+
+/// ARGV: MATCH pattern, limit. Returns up to `limit` records.
+const LIST: &str = r#"
+local out, cursor, limit = {}, '0', num(ARGV[2])
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', '1000')
+  cursor = r[1]
+  for _, k in ipairs(r[2]) do
+    if #out >= limit then break end
+    if redis.call('TYPE', k).ok == 'hash' then
+      local rec = redis.call('HGETALL', k)
+      if #rec > 0 then out[#out + 1] = rec end
+    end
+  end
+until cursor == '0' or #out >= limit
+return out
+"#;
+
+#[derive(Debug)]
+struct Scripts {
+    update: Script,
+    lease_start: Script,
+    lease_renew: Script,
+    lease_renew_many: Script,
+    lease_end: Script,
+    lease_claim: Script,
+    list: Script,
+}
+
+/// The prelude with the state sets and retention filled in.
+fn prelude() -> String {
+    let lua_set = |pred: fn(TaskState) -> bool| {
+        let mut s = String::from("{");
+        for st in ALL_STATES.into_iter().filter(|s| pred(*s)) {
+            let _ = write!(s, "['{}']=true,", st.as_wire());
+        }
+        s.push('}');
+        s
+    };
+    PRELUDE
+        .replace("{TERMINAL}", &lua_set(TaskState::is_terminal))
+        .replace("{SETTLED}", &lua_set(TaskState::is_settled))
+        .replace("{LIVE_MS}", &LIVE_TTL.as_millis().to_string())
+        .replace("{SETTLED_MS}", &SETTLED_RETENTION.as_millis().to_string())
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let prelude = prelude();
+        let script = |body: &str| Script::new(&format!("{prelude}{body}"));
+        Scripts {
+            update: script(UPDATE),
+            lease_start: script(LEASE_START),
+            lease_renew: script(LEASE_RENEW),
+            lease_renew_many: script(LEASE_RENEW_MANY),
+            lease_end: script(LEASE_END),
+            lease_claim: script(LEASE_CLAIM),
+            list: script(LIST),
+        }
+    }
+}
+
+/// Tracked tasks in Redis, shared by every replica on the same namespace.
+pub struct RedisStore {
+    conn: ConnectionManager,
+    namespace: String,
+    leases_key: String,
+    scripts: Scripts,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://[user:pass@]host:port/db`, or `rediss://`
+    /// where the build has TLS) and keeps every key under `namespace`.
+    /// Fails if the server cannot be reached now.
+    pub async fn connect(url: &str, namespace: &str) -> Result<RedisStore, StoreError> {
+        let client =
+            redis::Client::open(url).map_err(|e| StoreError(format!("redis: bad url: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_ATTEMPT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(100))
+            .set_max_delay(Duration::from_millis(500));
+        let conn = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
+        .map_err(|e| StoreError(format!("redis: cannot connect: {e}")))?;
+        Ok(RedisStore {
+            conn,
+            namespace: namespace.to_string(),
+            leases_key: format!("{namespace}:leases"),
+            scripts: Scripts::new(),
+        })
+    }
+
+    /// The namespace every key starts with.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The Redis key of a task's hash.
+    pub fn task_key(&self, key: &TaskKey) -> String {
+        format!(
+            "{}:task:{}:{}:{}",
+            self.namespace,
+            pct(&key.route),
+            pct(&key.tenant),
+            pct(&key.task_id)
+        )
+    }
+
+    /// The Redis key of the lease deadline index.
+    pub fn leases_key(&self) -> &str {
+        &self.leases_key
+    }
+
+    /// Runs one round trip with the call's time bound, naming `op` in errors.
+    async fn call<T, F>(
+        &self,
+        op: &str,
+        f: impl FnOnce(ConnectionManager) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = redis::RedisResult<T>>,
+    {
+        match tokio::time::timeout(CALL_TIMEOUT, f(self.conn.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError(format!("redis {op}: {e}"))),
+            Err(_) => Err(StoreError(format!(
+                "redis {op}: no answer within {CALL_TIMEOUT:?}"
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl TaskStore for RedisStore {
+    async fn update(
+        &self,
+        key: &TaskKey,
+        update: TaskUpdate,
+        now_ms: u64,
+    ) -> Result<TaskRecord, StoreError> {
+        let k = self.task_key(key);
+        let mut inv = self.scripts.update.prepare_invoke();
+        inv.key(&k)
+            .key(&self.leases_key)
+            .arg(now_ms.min(MAX_EXACT))
+            .arg(&*key.route)
+            .arg(&*key.tenant)
+            .arg(&*key.task_id)
+            .arg(u8::from(update.context_id.is_some()))
+            .arg(update.context_id.as_deref().unwrap_or(""))
+            .arg(update.state.map_or("", TaskState::as_wire))
+            .arg(u8::from(update.target.is_some()))
+            .arg(update.target.as_ref().map_or("", |t| t.binding.as_str()))
+            .arg(update.target.as_ref().map_or("", |t| t.path.as_str()))
+            .arg(update.watchers_delta);
+        let v: Value = self
+            .call(
+                "update",
+                |mut c| async move { inv.invoke_async(&mut c).await },
+            )
+            .await?;
+        let fields = fields_of(&v).map_err(|e| StoreError(format!("redis update: {e}")))?;
+        Ok(record_from(&fields, Some(key)))
+    }
+
+    async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
+        let k = self.task_key(key);
+        let v: Value = self
+            .call("get", |mut c| async move {
+                redis::cmd("HGETALL").arg(&k).query_async(&mut c).await
+            })
+            .await?;
+        let fields = fields_of(&v).map_err(|e| StoreError(format!("redis get: {e}")))?;
+        Ok((!fields.is_empty()).then(|| record_from(&fields, Some(key))))
+    }
+
+    async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let pattern = format!("{}:task:*", glob_escape(&self.namespace));
+        let mut inv = self.scripts.list.prepare_invoke();
+        inv.arg(pattern).arg(limit.min(MAX_EXACT as usize));
+        let v: Value = self
+            .call(
+                "list",
+                |mut c| async move { inv.invoke_async(&mut c).await },
+            )
+            .await?;
+        records_of(&v).map_err(|e| StoreError(format!("redis list: {e}")))
+    }
+
+    async fn lease_start(
+        &self,
+        key: &TaskKey,
+        ttl_ms: u64,
+        holder: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let (now_ms, ttl_ms) = (now_ms.min(MAX_EXACT), ttl_ms.min(MAX_EXACT));
+        let deadline_ms = lease::deadline(now_ms, ttl_ms).min(MAX_EXACT);
+        let k = self.task_key(key);
+        let mut inv = self.scripts.lease_start.prepare_invoke();
+        inv.key(&k)
+            .key(&self.leases_key)
+            .arg(now_ms)
+            .arg(deadline_ms)
+            .arg(ttl_ms)
+            .arg(u8::from(holder.is_some()))
+            .arg(holder.unwrap_or(""))
+            .arg(&*key.route)
+            .arg(&*key.tenant)
+            .arg(&*key.task_id);
+        let _: Value = self
+            .call("lease_start", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError> {
+        let k = self.task_key(key);
+        let mut inv = self.scripts.lease_renew.prepare_invoke();
+        inv.key(&k).key(&self.leases_key).arg(now_ms.min(MAX_EXACT));
+        let v: Value = self
+            .call("lease_renew", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        match int_of(&v) {
+            Some(-2) => Ok(Renewal::Lapsed),
+            Some(d) if d >= 0 => Ok(Renewal::Renewed {
+                deadline_ms: d as u64,
+            }),
+            Some(_) => Ok(Renewal::NoLease),
+            None => Err(StoreError(format!(
+                "redis lease_renew: unexpected answer {v:?}"
+            ))),
+        }
+    }
+
+    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = self.scripts.lease_renew_many.prepare_invoke();
+        inv.key(&self.leases_key);
+        for key in keys {
+            inv.key(self.task_key(key));
+        }
+        inv.arg(now_ms.min(MAX_EXACT));
+        let v: Value = self
+            .call("lease_renew_many", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        match int_of(&v) {
+            Some(n) if n >= 0 => Ok(n as usize),
+            _ => Err(StoreError(format!(
+                "redis lease_renew_many: unexpected answer {v:?}"
+            ))),
+        }
+    }
+
+    async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
+        let k = self.task_key(key);
+        let mut inv = self.scripts.lease_end.prepare_invoke();
+        inv.key(&k).key(&self.leases_key);
+        let _: Value = self
+            .call("lease_end", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn lease_claim_lapsed(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.scripts.lease_claim.prepare_invoke();
+        inv.key(&self.leases_key)
+            .arg(now_ms.min(MAX_EXACT))
+            .arg(limit.min(MAX_EXACT as usize));
+        let v: Value = self
+            .call("lease_claim_lapsed", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        records_of(&v).map_err(|e| StoreError(format!("redis lease_claim_lapsed: {e}")))
+    }
+
+    async fn lease_count(&self) -> Result<u64, StoreError> {
+        let z = self.leases_key.clone();
+        let v: Value = self
+            .call("lease_count", |mut c| async move {
+                redis::cmd("ZCARD").arg(&z).query_async(&mut c).await
+            })
+            .await?;
+        match int_of(&v) {
+            Some(n) if n >= 0 => Ok(n as u64),
+            _ => Err(StoreError(format!(
+                "redis lease_count: unexpected answer {v:?}"
+            ))),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn pct(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Escapes `SCAN MATCH` glob characters.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn text_of(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn int_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        other => text_of(other)?.trim().parse().ok(),
+    }
+}
+
+/// A hash as HGETALL returns it (flat field/value pairs, or a RESP3 map).
+fn fields_of(v: &Value) -> Result<HashMap<String, String>, String> {
+    let pairs: Vec<(&Value, &Value)> = match v {
+        Value::Nil => Vec::new(),
+        Value::Array(items) if items.len() % 2 == 0 => {
+            items.chunks_exact(2).map(|p| (&p[0], &p[1])).collect()
+        }
+        Value::Map(items) => items.iter().map(|(k, v)| (k, v)).collect(),
+        other => return Err(format!("expected a hash, got {other:?}")),
+    };
+    pairs
+        .into_iter()
+        .map(|(k, v)| match (text_of(k), text_of(v)) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(format!("unreadable hash field {k:?} = {v:?}")),
+        })
+        .collect()
+}
+
+/// A list of hashes (the claim and list scripts' answer).
+fn records_of(v: &Value) -> Result<Vec<TaskRecord>, String> {
+    match v {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(items) => items
+            .iter()
+            .map(|h| Ok(record_from(&fields_of(h)?, None)))
+            .collect(),
+        other => Err(format!("expected a list of records, got {other:?}")),
+    }
+}
+
+fn u64_of(s: Option<&String>) -> Option<u64> {
+    let s = s?.trim();
+    s.parse::<u64>().ok().or_else(|| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+            .map(|f| f as u64)
+    })
+}
+
+/// Reads a record; `key` names it when the caller knows it, else the hash's
+/// own `route`/`tenant`/`task_id` fields do.
+fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord {
+    let field = |name: &str| f.get(name).map(String::as_str).unwrap_or("");
+    let key = key.cloned().unwrap_or_else(|| TaskKey {
+        route: field("route").into(),
+        tenant: field("tenant").into(),
+        task_id: field("task_id").into(),
+    });
+    let binding = match f.get("binding").map(String::as_str) {
+        Some("jsonrpc") => Some(Binding::JsonRpc),
+        Some("rest") => Some(Binding::Rest),
+        _ => None,
+    };
+    let target = binding
+        .zip(f.get("target_path"))
+        .map(|(binding, path)| CancelTarget {
+            binding,
+            path: path.clone(),
+        });
+    let lease = u64_of(f.get("lease_deadline")).map(|deadline_ms| LeaseRecord {
+        ttl_ms: u64_of(f.get("lease_ttl")).unwrap_or(0),
+        deadline_ms,
+        holder: f.get("lease_holder").cloned(),
+    });
+    TaskRecord {
+        key,
+        context_id: f.get("context_id").cloned(),
+        state: f.get("state").and_then(|s| TaskState::from_wire(s)),
+        target,
+        watchers: u64_of(f.get("watchers")).map_or(0, |w| w.min(u64::from(u32::MAX)) as u32),
+        lease,
+        updated_ms: u64_of(f.get("updated_ms")).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_encoding_keeps_keys_apart() {
+        assert_eq!(pct("acme"), "acme");
+        assert_eq!(pct(""), "");
+        assert_eq!(pct("a:b"), "a%3Ab");
+        assert_eq!(pct("a%3Ab"), "a%253Ab");
+        assert_eq!(pct("é/x"), "%C3%A9%2Fx");
+        assert_eq!(glob_escape("ns*[x]"), "ns\\*\\[x\\]");
+    }
+
+    #[test]
+    fn scripts_know_the_states() {
+        let p = prelude();
+        assert!(p.contains(
+            "local TERMINAL = {['TASK_STATE_COMPLETED']=true,['TASK_STATE_FAILED']=true,\
+             ['TASK_STATE_CANCELED']=true,['TASK_STATE_REJECTED']=true,}"
+        ));
+        assert!(p.contains("['TASK_STATE_INPUT_REQUIRED']=true,['TASK_STATE_REJECTED']=true,['TASK_STATE_AUTH_REQUIRED']=true,}"));
+        assert!(p.contains("redis.call('PEXPIRE', k, 600000)"));
+        assert!(p.contains("redis.call('PEXPIRE', k, 86400000)"));
+        for placeholder in ["{TERMINAL}", "{SETTLED}", "{LIVE_MS}", "{SETTLED_MS}"] {
+            assert!(!p.contains(placeholder), "{placeholder}");
+        }
+    }
+
+    #[test]
+    fn bad_data_reads_as_none() {
+        let mut f = HashMap::new();
+        for (k, v) in [
+            ("state", "bogus"),
+            ("watchers", "-3"),
+            ("updated_ms", "x"),
+            ("binding", "grpc"),
+            ("target_path", "/"),
+            ("lease_ttl", "1000"),
+        ] {
+            f.insert(k.to_string(), v.to_string());
+        }
+        let r = record_from(&f, None);
+        assert_eq!(
+            (r.state, r.watchers, r.updated_ms, r.target, r.lease),
+            (None, 0, 0, None, None)
+        );
+        assert_eq!(&*r.key.task_id, "");
+        f.insert("lease_deadline".into(), "1.5e3".into());
+        f.insert("watchers".into(), "99999999999".into());
+        let r = record_from(&f, None);
+        assert_eq!(
+            r.lease.map(|l| (l.ttl_ms, l.deadline_ms)),
+            Some((1000, 1500))
+        );
+        assert_eq!(r.watchers, u32::MAX);
+        assert!(fields_of(&Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(records_of(&Value::Okay).is_err());
+    }
+}

@@ -1,0 +1,351 @@
+//! The Redis store against a real `redis-server`: the shared conformance
+//! suite, plus what only a shared store has to get right (racing replicas,
+//! a dying server, expiry).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use a2a_gateway::store::redis::{RedisStore, LIVE_TTL, SETTLED_RETENTION};
+use a2a_gateway::store::{Renewal, TaskKey, TaskStore, TaskUpdate};
+use policies::TaskState;
+
+use crate::harness::gateway::free_port;
+use crate::harness::redis::RedisServer;
+
+fn key(route: &str, tenant: &str, id: &str) -> TaskKey {
+    TaskKey {
+        route: route.into(),
+        tenant: tenant.into(),
+        task_id: id.into(),
+    }
+}
+
+fn state(s: TaskState) -> TaskUpdate {
+    TaskUpdate {
+        state: Some(s),
+        ..TaskUpdate::default()
+    }
+}
+
+async fn store(server: &RedisServer, ns: &str) -> RedisStore {
+    RedisStore::connect(&server.url(), ns)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", server.url(), server.log()))
+}
+
+/// A plain connection for looking at what the store wrote.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redis_store_conformance() {
+    let server = RedisServer::start().await;
+    let s = store(&server, "conf").await;
+    assert_eq!(s.kind(), "redis");
+    a2a_gateway::store::conformance::run(&s).await;
+    // A second namespace on the same server is a separate store.
+    let other = store(&server, "conf2").await;
+    a2a_gateway::store::conformance::run(&other).await;
+    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3);
+}
+
+#[tokio::test]
+async fn key_layout_and_bad_data() {
+    let server = RedisServer::start().await;
+    let s = store(&server, "ns").await;
+    assert_eq!(s.task_key(&key("r", "a:b", "c")), "ns:task:r:a%3Ab:c");
+    assert_eq!(s.task_key(&key("r", "", "t/1")), "ns:task:r::t%2F1");
+    assert_eq!(s.leases_key(), "ns:leases");
+
+    // A `:` in a tenant or task id never makes two tasks share a key.
+    s.update(&key("r", "a:b", "c"), state(TaskState::Working), 1)
+        .await
+        .unwrap();
+    assert_eq!(s.get(&key("r", "a", "b:c")).await.unwrap(), None);
+    let listed = s.list(10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].key, key("r", "a:b", "c"));
+
+    // Garbage in a hash reads as None/0, never a panic.
+    let mut c = raw(&server).await;
+    let bad = s.task_key(&key("r", "", "bad"));
+    let _: () = redis::cmd("HSET")
+        .arg(&bad)
+        .arg(&[
+            ("state", "nonsense"),
+            ("watchers", "-7"),
+            ("updated_ms", "soon"),
+            ("binding", "grpc"),
+            ("lease_deadline", "never"),
+        ])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let rec = s.get(&key("r", "", "bad")).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            rec.state,
+            rec.watchers,
+            rec.updated_ms,
+            rec.target,
+            rec.lease
+        ),
+        (None, 0, 0, None, None)
+    );
+    // And the scripts cope with it too.
+    let rec = s
+        .update(
+            &key("r", "", "bad"),
+            TaskUpdate {
+                watchers_delta: 2,
+                ..state(TaskState::Working)
+            },
+            5,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (rec.state, rec.watchers, rec.updated_ms),
+        (Some(TaskState::Working), 2, 5)
+    );
+
+    // A key of the wrong type is an error, not a panic.
+    let wrong = s.task_key(&key("r", "", "wrong"));
+    let _: () = redis::cmd("SET")
+        .arg(&wrong)
+        .arg("x")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let err = s.get(&key("r", "", "wrong")).await.unwrap_err();
+    assert!(err.to_string().contains("redis get"), "{err}");
+    assert!(s
+        .update(&key("r", "", "wrong"), TaskUpdate::default(), 1)
+        .await
+        .is_err());
+    // list skips it.
+    assert_eq!(s.list(100).await.unwrap().len(), 2);
+}
+
+/// Two replicas' reapers, eight claimers in all, over 200 lapsed leases:
+/// every lease is claimed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_take_each_lease_once() {
+    let server = RedisServer::start().await;
+    let a = Arc::new(store(&server, "race").await);
+    let b = Arc::new(store(&server, "race").await);
+    for i in 0..200 {
+        a.lease_start(&key("r", "t", &format!("task-{i}")), 1_000, None, 0)
+            .await
+            .unwrap();
+    }
+    assert_eq!(a.lease_count().await.unwrap(), 200);
+
+    let mut claimers = Vec::new();
+    for n in 0..8 {
+        let s = if n % 2 == 0 { a.clone() } else { b.clone() };
+        claimers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = s.lease_claim_lapsed(5_000, 7).await.unwrap();
+                if got.is_empty() {
+                    return mine;
+                }
+                mine.extend(got.into_iter().map(|r| r.key.task_id.to_string()));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for c in claimers {
+        all.extend(c.await.unwrap());
+    }
+    let unique: HashSet<&String> = all.iter().collect();
+    assert_eq!(all.len(), 200, "claimed {} in total", all.len());
+    assert_eq!(unique.len(), 200);
+    assert_eq!(a.lease_count().await.unwrap(), 0);
+}
+
+/// A renewal racing a claim of the same lease (on two connections, as two
+/// replicas would): never both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_racing_a_claim_never_both() {
+    let server = RedisServer::start().await;
+    let renewer = Arc::new(store(&server, "rc").await);
+    let claimer = Arc::new(store(&server, "rc").await);
+    let (mut renewed_first, mut claimed_first) = (0, 0);
+    for i in 0..100 {
+        let k = key("r", "", &format!("t{i}"));
+        // Deadline 1000.
+        renewer.lease_start(&k, 1_000, None, 0).await.unwrap();
+
+        // Lapsed on both clocks: the renewal never revives it, the claim
+        // always gets it.
+        let (r, c) = tokio::join!(
+            {
+                let (s, k) = (renewer.clone(), k.clone());
+                tokio::spawn(async move { s.lease_renew(&k, 2_000).await.unwrap() })
+            },
+            {
+                let s = claimer.clone();
+                tokio::spawn(async move { s.lease_claim_lapsed(2_000, 10).await.unwrap() })
+            }
+        );
+        let (r, c) = (r.unwrap(), c.unwrap());
+        assert!(matches!(r, Renewal::Lapsed | Renewal::NoLease), "{r:?}");
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].key, k);
+
+        // Live on the renewer's clock, lapsed on the claimer's (replica
+        // clocks differ): whichever runs first wins, never both.
+        renewer.lease_start(&k, 1_000, None, 0).await.unwrap();
+        let (r, c) = tokio::join!(
+            {
+                let (s, k) = (renewer.clone(), k.clone());
+                tokio::spawn(async move { s.lease_renew(&k, 1_000).await.unwrap() })
+            },
+            {
+                let s = claimer.clone();
+                tokio::spawn(async move { s.lease_claim_lapsed(1_500, 10).await.unwrap() })
+            }
+        );
+        match (r.unwrap(), c.unwrap().len()) {
+            (Renewal::Renewed { deadline_ms: 2_000 }, 0) => {
+                renewed_first += 1;
+                assert_eq!(claimer.lease_count().await.unwrap(), 1);
+                renewer.lease_end(&k).await.unwrap();
+            }
+            (Renewal::NoLease, 1) => claimed_first += 1,
+            other => panic!("renewal and claim both or neither won: {other:?}"),
+        }
+        assert_eq!(claimer.lease_count().await.unwrap(), 0);
+    }
+    eprintln!("renewal first {renewed_first}, claim first {claimed_first}");
+    assert_eq!(renewed_first + claimed_first, 100);
+}
+
+/// A dead server makes calls fail fast; once it is back, calls work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_server_fails_fast_then_recovers() {
+    let mut server = RedisServer::start().await;
+    let s = store(&server, "dead").await;
+    let k = key("r", "", "t");
+    s.update(&k, state(TaskState::Working), 1).await.unwrap();
+    s.lease_start(&k, 1_000, None, 1).await.unwrap();
+
+    server.kill().await;
+    for round in 0..4 {
+        let started = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), async {
+            match round % 4 {
+                0 => s.get(&k).await.map(|_| ()),
+                1 => s.update(&k, TaskUpdate::default(), 2).await.map(|_| ()),
+                2 => s.lease_renew(&k, 3).await.map(|_| ()),
+                _ => s.lease_claim_lapsed(9_999, 10).await.map(|_| ()),
+            }
+        })
+        .await
+        .expect("a call on a dead server hung");
+        let took = started.elapsed();
+        let err = r.expect_err("a call on a dead server succeeded");
+        assert!(err.to_string().starts_with("store: redis "), "{err}");
+        eprintln!("dead server, round {round}: {took:?}: {err}");
+        assert!(
+            took < Duration::from_millis(2_500),
+            "round {round} took {took:?}: {err}"
+        );
+    }
+    // Connecting to nothing fails fast too.
+    let started = Instant::now();
+    let err = RedisStore::connect(&format!("redis://127.0.0.1:{}/0", free_port()), "x")
+        .await
+        .expect_err("connected to nothing");
+    assert!(started.elapsed() < Duration::from_secs(6), "{err}");
+
+    server.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        match s.get(&k).await {
+            Ok(got) => break got,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no reconnect after restart: {e}"),
+        }
+    };
+    // Without persistence the state is gone; everything works again,
+    // scripts included (reloaded into the new server's cache).
+    assert_eq!(got, None);
+    s.update(&k, state(TaskState::Working), 10).await.unwrap();
+    s.lease_start(&k, 1_000, Some("replica"), 10).await.unwrap();
+    assert_eq!(
+        s.lease_renew(&k, 20).await.unwrap(),
+        Renewal::Renewed { deadline_ms: 1_020 }
+    );
+    assert_eq!(s.lease_count().await.unwrap(), 1);
+}
+
+/// Every task hash expires: long while unsettled or leased, the short
+/// retention once settled.
+#[tokio::test]
+async fn task_hashes_expire() {
+    let server = RedisServer::start().await;
+    let s = store(&server, "exp").await;
+    let mut c = raw(&server).await;
+    let pttl = {
+        let c = c.clone();
+        move |k: String| {
+            let mut c = c.clone();
+            async move {
+                let ms: i64 = redis::cmd("PTTL").arg(k).query_async(&mut c).await.unwrap();
+                ms
+            }
+        }
+    };
+    let live = LIVE_TTL.as_millis() as i64;
+    let short = SETTLED_RETENTION.as_millis() as i64;
+
+    let k = key("r", "", "t");
+    s.update(&k, state(TaskState::Working), 1).await.unwrap();
+    let t = pttl(s.task_key(&k)).await;
+    assert!(t > short && t <= live, "{t}");
+
+    s.update(&k, state(TaskState::Completed), 2).await.unwrap();
+    let t = pttl(s.task_key(&k)).await;
+    assert!(t > 0 && t <= short, "{t}");
+
+    // Records made by a lease, and interrupted tasks holding a lease, live
+    // long; ending the lease of an interrupted task shortens it.
+    let l = key("r", "", "leased");
+    s.lease_start(&l, 1_000, None, 1).await.unwrap();
+    let t = pttl(s.task_key(&l)).await;
+    assert!(t > short && t <= live, "{t}");
+    s.update(&l, state(TaskState::InputRequired), 2)
+        .await
+        .unwrap();
+    let t = pttl(s.task_key(&l)).await;
+    assert!(t > 0 && t <= short, "{t}");
+    s.lease_start(&l, 1_000, None, 3).await.unwrap();
+    let t = pttl(s.task_key(&l)).await;
+    assert!(t > short && t <= live, "{t}");
+    s.lease_end(&l).await.unwrap();
+    let t = pttl(s.task_key(&l)).await;
+    assert!(t > 0 && t <= short, "{t}");
+
+    // Nothing under the namespace is kept without an expiry but the index.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("exp:*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for k in keys {
+        let t = pttl(k.clone()).await;
+        assert!(t > 0 || k == s.leases_key(), "{k}: {t}");
+    }
+}
