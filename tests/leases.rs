@@ -8,6 +8,7 @@ use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
 use crate::harness::parent::ParentProcess;
 use crate::harness::redis::RedisServer;
+use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of, Bind, Kind, Worker};
 
@@ -285,6 +286,46 @@ async fn delegation_parent_killed_child_stops_at_lapse() {
         )
         .await
             >= 3.0
+    );
+}
+
+/// A worker whose card declares the lease extension enforces grants itself:
+/// the gateway passes the grant through and only observes (it learned that
+/// from the card the parent fetched through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_with_lease_store_enforces_itself() {
+    let worker = RustWorker::start(RustWorkerOptions {
+        lease_store: true,
+        websocket: false,
+    })
+    .await;
+    let gw = Gateway::in_front_of(&worker.url(), "cascade = \"detach\"").await;
+    let mut parent = ParentProcess::spawn(&gw.url, Duration::from_secs(2), "work:30000").await;
+    crate::harness::http::wait_for_state(
+        &worker.url(),
+        None,
+        &parent.task_id,
+        "TASK_STATE_WORKING",
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the child runs");
+    parent.sigkill().await;
+    crate::harness::http::wait_for_state(
+        &worker.url(),
+        None,
+        &parent.task_id,
+        CANCELED,
+        Duration::from_millis(2000 + 1500),
+    )
+    .await
+    .expect("the worker's own lease store stops the child");
+    assert_eq!(worker.lease_stops(), 1, "stopped by the worker's lease");
+    assert_eq!(worker.cancels(), 0, "the gateway sent no CancelTask");
+    assert_eq!(
+        gw.counter("a2agw_leases_started_total", &[]).await,
+        0.0,
+        "the gateway only observed"
     );
 }
 

@@ -238,6 +238,12 @@ fn valid_files() {
 #[test]
 fn single_errors() {
     let table: &[(&str, &str)] = &[
+        // leases
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"500ms\"", "4:17: routes[0].max_lease_ttl: must be at least 1s (the shortest lease the extension allows)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"1m\"\nlease = { ttl = \"2m\" }", "5:17: routes[0].lease.ttl: must be between 1s and max_lease_ttl (60s)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nlease = { }", "4:9: routes[0].lease.ttl: missing required key"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_leases = \"sometimes\"", "4:17: routes[0].worker_leases: expected one of \"auto\", \"enforce\", \"observe\", found \"sometimes\""),
+        ("[leases]\ntick = \"5s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "2:8: leases.tick: must be between 10ms and 1s (a lapse is acted on within one tick)"),
         // TOML syntax
         ("[server\nthreads = 2", "1:8: invalid TOML: invalid table header; expected `.`, `]`"),
         ("a = \n", "1:5: invalid TOML: invalid string; expected `\"`, `'`"),

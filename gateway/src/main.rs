@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// A reverse proxy that enforces A2A delegation policy in front of
-/// unmodified A2A workers: today cascade cancel; leases and budgets planned.
+/// unmodified A2A workers: cascade cancel and leases (budgets planned).
 #[derive(Debug, Parser)]
 #[command(name = "a2a-gateway", version)]
 struct Cli {
@@ -26,6 +26,9 @@ struct Cli {
     /// Admin address for /healthz, /metrics and /tasks.
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// Task store (overrides `store.url`): `memory://` or `redis://HOST:PORT/DB`.
+    #[arg(long)]
+    store: Option<String>,
     /// Proxy threads (overrides `server.threads`).
     #[arg(long)]
     threads: Option<usize>,
@@ -83,6 +86,16 @@ fn main() -> ExitCode {
     }
     if let Some(admin) = cli.admin {
         cfg.server.admin = Some(admin);
+    }
+    if let Some(url) = &cli.store {
+        cfg.store.kind = if url == "memory://" {
+            config::StoreKind::Memory
+        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+            config::StoreKind::Redis { url: url.clone() }
+        } else {
+            eprintln!("a2a-gateway: --store {url:?}: expected memory:// or redis://HOST:PORT/DB");
+            return ExitCode::from(2);
+        };
     }
     if let Some(threads) = cli.threads {
         cfg.server.threads = threads.clamp(1, 256);

@@ -438,6 +438,13 @@ fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
     }
 }
 
+/// A card's `capabilities.extensions` names `uri`.
+fn card_declares(card: &serde_json::Value, uri: &str) -> bool {
+    card["capabilities"]["extensions"]
+        .as_array()
+        .is_some_and(|list| list.iter().any(|e| e["uri"].as_str() == Some(uri)))
+}
+
 /// The request's `A2A-Extensions` (any number of lines, comma-separated)
 /// names the lease extension.
 fn activates_lease(req: &RequestHeader) -> bool {
@@ -953,20 +960,34 @@ impl Gateway {
             worker_base_path: &ctx.worker_root,
             gateway_base: &base,
         };
-        let result = if jsonrpc {
-            let mut v: serde_json::Value = match serde_json::from_slice(&held) {
-                Ok(v) => v,
-                Err(_) => serde_json::Value::Null,
-            };
-            match v.get_mut("result") {
-                Some(card) => rw
-                    .card_value(card)
-                    .map(|n| (serde_json::to_vec(&v).unwrap_or_else(|_| held.clone()), n)),
-                None => Ok((held.clone(), 0)),
-            }
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&held).unwrap_or(serde_json::Value::Null);
+        let card = if jsonrpc {
+            doc.get_mut("result")
         } else {
-            rw.card(&held)
+            Some(&mut doc)
         };
+        let result = match card {
+            Some(card) => {
+                // The card says whether the worker enforces leases itself.
+                let declares = card_declares(card, policies::lease::LEASE_EXTENSION_URI);
+                route
+                    .card_declares_lease
+                    .store(declares, std::sync::atomic::Ordering::Relaxed);
+                rw.card_value(card)
+            }
+            None => Ok(0),
+        }
+        .map(|n| {
+            (
+                if n > 0 {
+                    serde_json::to_vec(&doc).unwrap_or_else(|_| held.clone())
+                } else {
+                    held.clone()
+                },
+                n,
+            )
+        });
         match result {
             Ok((out, n)) => {
                 metrics::CARDS_REWRITTEN
