@@ -50,11 +50,18 @@ impl ServeHttp for Admin {
                                 "contextId": t.context_id,
                                 "state": t.state.map(|s| s.as_wire()),
                                 "watchers": t.watchers,
+                                "lease": t.lease.as_ref().map(|l| json!({
+                                    "ttlMs": l.ttl_ms,
+                                    "deadlineMs": l.deadline_ms,
+                                    "holder": l.holder,
+                                })),
                                 "updatedMs": t.updated_ms,
                             })
                         })
                         .collect();
-                    let body = json!({"store": self.store.kind(), "tasks": tasks});
+                    let leases = self.store.lease_count().await.ok();
+                    let body =
+                        json!({"store": self.store.kind(), "liveLeases": leases, "tasks": tasks});
                     reply(200, "application/json", body.to_string().into_bytes())
                 }
                 Err(e) => reply(
