@@ -190,6 +190,21 @@ pub struct Route {
     /// (such as `CancelTask`) when the caller's request carried none.
     pub worker_credential: Option<String>,
     pub lease: LeasePolicy,
+    pub headers: HeaderPolicy,
+}
+
+/// Headers the gateway adds to or removes from requests it forwards to a
+/// route's worker (plain HTTP and WebSocket upgrades alike).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct HeaderPolicy {
+    /// Extension URIs merged into `A2A-Extensions` (never duplicated). On a
+    /// WebSocket upgrade this is the only way to activate an extension for
+    /// the whole socket.
+    pub inject_extensions: Vec<String>,
+    /// Headers set (replacing any the caller sent); names lower-case.
+    pub inject_headers: Vec<(String, String)>,
+    /// Headers removed before forwarding; names lower-case.
+    pub strip_headers: Vec<String>,
 }
 
 /// Who enforces the lease extension for a route's worker.
@@ -261,6 +276,7 @@ impl fmt::Debug for Route {
             cascade,
             worker_credential,
             lease,
+            headers,
         } = self;
         f.debug_struct("Route")
             .field("name", name)
@@ -274,6 +290,19 @@ impl fmt::Debug for Route {
                 &worker_credential.as_ref().map(|_| "<redacted>"),
             )
             .field("lease", lease)
+            .field(
+                "headers",
+                &format_args!(
+                    "inject_extensions={:?} inject_headers={:?} strip_headers={:?}",
+                    headers.inject_extensions,
+                    headers
+                        .inject_headers
+                        .iter()
+                        .map(|(k, _)| k)
+                        .collect::<Vec<_>>(),
+                    headers.strip_headers
+                ),
+            )
             .finish()
     }
 }
@@ -300,6 +329,7 @@ impl Config {
                 cascade: CascadePolicy::default(),
                 worker_credential: None,
                 lease: LeasePolicy::default(),
+                headers: HeaderPolicy::default(),
             }],
             leases: Leases::default(),
         })

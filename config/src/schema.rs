@@ -13,8 +13,8 @@ use crate::read::{
 };
 use crate::url::{split_url, UrlError};
 use crate::{
-    Cancel, Config, LeasePolicy, Leases, Limits, OnStoreError, Route, Server, Store, StoreKind,
-    Timeouts, WorkerLeases, WorkerUrl,
+    Cancel, Config, HeaderPolicy, LeasePolicy, Leases, Limits, OnStoreError, Route, Server, Store,
+    StoreKind, Timeouts, WorkerLeases, WorkerUrl,
 };
 
 /// Looks up an environment variable (`worker_credential_env`).
@@ -308,6 +308,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let cascade = cascade(r, defaults.cascade);
     let worker_credential = credential(r, env);
     let lease = lease_policy(r, defaults);
+    let headers = header_policy(r);
     r.finish();
     Some(Route {
         name: name?,
@@ -318,7 +319,92 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         cascade,
         worker_credential,
         lease,
+        headers,
     })
+}
+
+/// `inject_extensions`, `inject_headers`, `strip_headers`.
+fn header_policy(r: &mut Reader<'_>) -> HeaderPolicy {
+    let inject_extensions = r.or("inject_extensions", Vec::new(), |item| {
+        let list = item
+            .as_array()
+            .ok_or_else(|| expected("an array of extension URIs", item))?;
+        let mut out: Vec<String> = Vec::new();
+        for v in list {
+            let uri = v
+                .as_str()
+                .ok_or_else(|| format!("expected an extension URI string, found {v}"))?;
+            let ok =
+                !uri.is_empty() && !uri.contains([',', ' ', '\t', '\r', '\n']) && uri.is_ascii();
+            if !ok {
+                return Err(format!(
+                    "{uri:?} is not an extension URI (no commas, spaces or non-ASCII)"
+                ));
+            }
+            if !out.iter().any(|u| u.eq_ignore_ascii_case(uri)) {
+                out.push(uri.to_string());
+            }
+        }
+        Ok(out)
+    });
+    let inject_headers = r.or("inject_headers", Vec::new(), |item| {
+        let table = item
+            .as_table_like()
+            .ok_or_else(|| expected("a table of header names to values", item))?;
+        let mut out = Vec::new();
+        for (k, v) in table.iter() {
+            let name = http::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| format!("{k:?} is not a header name"))?;
+            let value = v
+                .as_str()
+                .ok_or_else(|| format!("{k}: expected a string value"))?;
+            http::HeaderValue::from_str(value)
+                .map_err(|_| format!("{k}: not a valid header value"))?;
+            if is_hop_header(name.as_str()) {
+                return Err(format!("{k}: a hop-by-hop header cannot be injected"));
+            }
+            out.push((name.as_str().to_string(), value.to_string()));
+        }
+        Ok(out)
+    });
+    let strip_headers = r.or("strip_headers", Vec::new(), |item| {
+        let list = item
+            .as_array()
+            .ok_or_else(|| expected("an array of header names", item))?;
+        let mut out = Vec::new();
+        for v in list {
+            let k = v
+                .as_str()
+                .ok_or_else(|| format!("expected a header name string, found {v}"))?;
+            let name = http::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| format!("{k:?} is not a header name"))?;
+            if is_hop_header(name.as_str()) {
+                return Err(format!("{k}: a hop-by-hop header cannot be stripped here"));
+            }
+            out.push(name.as_str().to_string());
+        }
+        Ok(out)
+    });
+    HeaderPolicy {
+        inject_extensions,
+        inject_headers,
+        strip_headers,
+    }
+}
+
+/// Headers the proxy itself manages per connection.
+fn is_hop_header(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "keep-alive"
+    )
 }
 
 /// `worker_credential` or `worker_credential_env` (never both).

@@ -144,7 +144,7 @@ impl Canceller {
         let id = &*job.key.task_id;
         let tenant = job.key.tenant();
         match job.target.binding {
-            Binding::JsonRpc => {
+            Binding::JsonRpc | Binding::WebSocket => {
                 let mut params = json!({ "id": id });
                 if let Some(t) = tenant {
                     params["tenant"] = json!(t);
@@ -180,6 +180,9 @@ impl Canceller {
     }
 
     async fn attempt(&self, job: &CancelJob) -> Attempt {
+        if job.target.binding == Binding::WebSocket {
+            return self.attempt_ws(job).await;
+        }
         let (path, body) = self.request(job);
         let body = Bytes::from(body.to_string());
         let w = &job.worker;
@@ -245,6 +248,66 @@ impl Canceller {
     }
 }
 
+impl Canceller {
+    /// `CancelTask` over a2a-rust's WebSocket binding: a fresh socket to the
+    /// path the caller upgraded on, one JSON-RPC text frame, the answer with
+    /// the same id. (The caller's socket is gone by the time a cancel is owed.)
+    async fn attempt_ws(&self, job: &CancelJob) -> Attempt {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::Message;
+
+        let (path, body) = self.request(job);
+        let w = &job.worker;
+        if w.tls {
+            return Attempt::Refused("CancelTask over wss:// is not supported yet".into());
+        }
+        let url = format!("ws://{}{}", w.authority(), path);
+        let mut req = match url.as_str().into_client_request() {
+            Ok(r) => r,
+            Err(e) => return Attempt::Refused(format!("bad WebSocket URL {url}: {e}")),
+        };
+        req.headers_mut()
+            .insert("a2a-version", http::HeaderValue::from_static("1.0"));
+        if let Some(auth) = &job.authorization {
+            match http::HeaderValue::from_str(auth) {
+                Ok(v) => {
+                    req.headers_mut().insert("authorization", v);
+                }
+                Err(_) => return Attempt::Refused("credential is not a valid header value".into()),
+            }
+        }
+        let connect =
+            tokio::time::timeout(self.connect_timeout, tokio_tungstenite::connect_async(req));
+        let mut ws = match connect.await {
+            Ok(Ok((ws, _))) => ws,
+            Ok(Err(e)) => return Attempt::Retry(format!("WebSocket connect: {e}")),
+            Err(_) => return Attempt::Retry("WebSocket connect timed out".into()),
+        };
+        let id = body["id"].clone();
+        if let Err(e) = ws.send(Message::text(body.to_string())).await {
+            return Attempt::Retry(format!("WebSocket send: {e}"));
+        }
+        let verdict = loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+                    if v["id"] == id {
+                        break judge(Binding::JsonRpc, 200, t.as_bytes());
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None => {
+                    break Attempt::Retry("WebSocket closed before the answer".into())
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break Attempt::Retry(format!("WebSocket read: {e}")),
+            }
+        };
+        let _ = ws.close(None).await;
+        verdict
+    }
+}
+
 /// Reads a worker's answer to `CancelTask`.
 fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
     let v: Option<Value> = serde_json::from_slice(body).ok();
@@ -257,7 +320,7 @@ fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
     };
     let brief = || String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
     match binding {
-        Binding::JsonRpc if status == 200 => {
+        Binding::JsonRpc | Binding::WebSocket if status == 200 => {
             let Some(v) = v else {
                 return Attempt::Retry(format!("HTTP 200 with a non-JSON body: {}", brief()));
             };

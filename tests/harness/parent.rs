@@ -62,6 +62,9 @@ const ENV_TTL: &str = "A2AGW_PARENT_TTL_MS";
 const ENV_TEXT: &str = "A2AGW_PARENT_TEXT";
 const ENV_TENANT: &str = "A2AGW_PARENT_TENANT";
 const ENV_NO_CARD: &str = "A2AGW_PARENT_NO_CARD";
+/// Set: `A2AGW_PARENT_URL` is a `ws://` URL; the client speaks a2a-rust's
+/// WebSocket binding there, without asking for any extension on the upgrade.
+const ENV_WS: &str = "A2AGW_PARENT_WS";
 
 /// The test path of [`parent_process_entry`] inside the integration binary.
 const ENTRY: &str = "harness::parent::parent_process_entry";
@@ -94,7 +97,18 @@ async fn parent_process_entry() {
         let _ = out.flush();
     };
 
-    let builder = if std::env::var_os(ENV_NO_CARD).is_some() {
+    let builder = if std::env::var_os(ENV_WS).is_some() {
+        use a2a_protocol_client::transport::websocket::{
+            WebSocketTransport, WebSocketTransportConfig,
+        };
+        let transport = WebSocketTransport::connect_with_config(
+            url.clone(),
+            WebSocketTransportConfig::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("WebSocket connect to {url}: {e:?}"));
+        ClientBuilder::new(url.clone()).with_custom_transport(transport)
+    } else if std::env::var_os(ENV_NO_CARD).is_some() {
         ClientBuilder::new(url.clone()).with_protocol_binding("JSONRPC")
     } else {
         let card = a2a_protocol_client::resolve_agent_card(&url)
@@ -177,6 +191,22 @@ impl ParentProcess {
         text: &str,
         tenant: Option<&str>,
     ) -> ParentProcess {
+        Self::spawn_inner(url, ttl, text, tenant, false).await
+    }
+
+    /// A parent speaking the WebSocket binding to `ws_url` (no extensions
+    /// requested on the upgrade, as a plain client would).
+    pub async fn spawn_ws(ws_url: &str, ttl: Duration, text: &str) -> ParentProcess {
+        Self::spawn_inner(ws_url, ttl, text, None, true).await
+    }
+
+    async fn spawn_inner(
+        url: &str,
+        ttl: Duration,
+        text: &str,
+        tenant: Option<&str>,
+        ws: bool,
+    ) -> ParentProcess {
         let exe = std::env::current_exe().expect("current test binary");
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -199,6 +229,11 @@ impl ParentProcess {
             Some(t) => cmd.env(ENV_TENANT, t),
             None => cmd.env_remove(ENV_TENANT),
         };
+        if ws {
+            cmd.env(ENV_WS, "1");
+        } else {
+            cmd.env_remove(ENV_WS);
+        }
         let mut child = cmd.spawn().expect("spawn the parent process");
 
         let output = Arc::new(Mutex::new(Output::default()));

@@ -9,6 +9,8 @@ pub enum Binding {
     JsonRpc,
     /// HTTP+JSON (REST): the method in the verb and path.
     Rest,
+    /// a2a-rust's WebSocket binding: JSON-RPC messages in text frames.
+    WebSocket,
 }
 
 impl Binding {
@@ -16,6 +18,7 @@ impl Binding {
         match self {
             Binding::JsonRpc => "jsonrpc",
             Binding::Rest => "rest",
+            Binding::WebSocket => "websocket",
         }
     }
 }

@@ -5,9 +5,11 @@
 
 pub mod card;
 pub mod classify;
+pub mod extensions;
 pub mod observe;
 pub mod request;
 pub mod sse;
+pub mod ws;
 
 pub use classify::{classify, A2aMethod, Binding, Call};
 pub use observe::Observation;

@@ -164,7 +164,7 @@ impl Payload<'_> {
 /// an A2A answer, gives `None`: the caller counts it and tracks nothing.
 pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation> {
     match binding {
-        Binding::JsonRpc => {
+        Binding::JsonRpc | Binding::WebSocket => {
             let rpc: Rpc<'_> = serde_json::from_slice(doc).ok()?;
             if rpc.error.is_some() {
                 return Some(Observation {

@@ -3,6 +3,7 @@
 //! [`Cascade`]. Hooks never await the store on the response path.
 
 pub mod route;
+mod websocket;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,7 @@ use crate::lease::Leases;
 use crate::metrics;
 use crate::store::{now_ms, CancelTarget, Renewal, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 use route::{host_without_port, Routes};
+use websocket::WsSession;
 
 /// The gateway's proxy service.
 #[derive(Debug)]
@@ -115,6 +117,8 @@ pub struct Ctx {
     rpc_id: Option<serde_json::Value>,
     /// Why the request is refused, when it is.
     refusal: Option<Refusal>,
+    /// A WebSocket upgraded by the worker: its frames are read both ways.
+    ws: Option<WsSession>,
 }
 
 impl Ctx {
@@ -142,14 +146,6 @@ impl Gateway {
             store,
             health,
             on_store_error: cfg.store.on_store_error,
-        }
-    }
-
-    fn task_key(&self, ctx: &Ctx, route: &route::Route, task_id: &str) -> TaskKey {
-        TaskKey {
-            route: route.name.clone(),
-            tenant: ctx.tenant.as_deref().unwrap_or("").into(),
-            task_id: task_id.into(),
         }
     }
 
@@ -238,10 +234,19 @@ impl Gateway {
         if !ctx.lease_ext || ctx.method != Some(A2aMethod::GetTask) {
             return;
         }
-        let (Some(route), Some(id)) = (&ctx.route, &ctx.req_task_id) else {
-            return;
+        if let Some(id) = &ctx.req_task_id {
+            self.renew(ctx, ctx.tenant.as_deref(), id).await;
+        }
+    }
+
+    /// Renews the lease on (route, tenant, task), counting the outcome.
+    async fn renew(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str) {
+        let Some(route) = &ctx.route else { return };
+        let key = TaskKey {
+            route: route.name.clone(),
+            tenant: tenant.unwrap_or("").into(),
+            task_id: task_id.into(),
         };
-        let key = self.task_key(ctx, route, id);
         let outcome = match self.store.lease_renew(&key, now_ms()).await {
             Ok(Renewal::Renewed { .. }) => "renewed",
             Ok(Renewal::Lapsed) => "lapsed",
@@ -407,8 +412,8 @@ impl Gateway {
     fn cancel_target(&self, ctx: &Ctx) -> Option<CancelTarget> {
         let path = ctx.upstream_path.split('?').next().unwrap_or("");
         Some(match ctx.binding? {
-            Binding::JsonRpc => CancelTarget {
-                binding: Binding::JsonRpc,
+            b @ (Binding::JsonRpc | Binding::WebSocket) => CancelTarget {
+                binding: b,
                 path: path.to_string(),
             },
             Binding::Rest => CancelTarget {
@@ -436,6 +441,45 @@ fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
     if ctx.awaiting_id.take().is_some() {
         session.set_abort_on_close(true);
     }
+}
+
+/// Applies the route's header policy to a request going to its worker:
+/// strip, set, and merge extension URIs into `A2A-Extensions`. On a
+/// WebSocket upgrade, `Sec-WebSocket-Extensions` is removed too, declining
+/// permessage-deflate so that frames stay readable.
+fn inject_headers(
+    req: &mut RequestHeader,
+    route: &route::Route,
+    call: &Option<Call>,
+) -> Result<()> {
+    let policy = &route.cfg.headers;
+    for name in &policy.strip_headers {
+        req.remove_header(name.as_str());
+    }
+    for (name, value) in &policy.inject_headers {
+        req.insert_header(name.clone(), value.as_str())?;
+    }
+    if !policy.inject_extensions.is_empty() {
+        let existing: Vec<String> = req
+            .headers
+            .get_all("a2a-extensions")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_string))
+            .collect();
+        let list = crate::a2a::extensions::parse(existing.iter().map(String::as_str));
+        let (merged, added) = crate::a2a::extensions::merge(&list, &policy.inject_extensions);
+        if !added.is_empty() {
+            tracing::debug!(route = %route.name, injected = ?added, upgrade = matches!(call, Some(Call::Upgrade)), "A2A-Extensions injected");
+            req.insert_header("a2a-extensions", merged)?;
+        }
+    }
+    if matches!(call, Some(Call::Upgrade)) && req.headers.contains_key("sec-websocket-extensions") {
+        req.remove_header("sec-websocket-extensions");
+        metrics::UNTRACKED
+            .with_label_values(&["ws_extensions_declined"])
+            .inc();
+    }
+    Ok(())
 }
 
 /// A card's `capabilities.extensions` names `uri`.
@@ -592,11 +636,25 @@ impl ProxyHttp for Gateway {
             session.set_abort_on_close(false);
             ctx.awaiting_id = Some(std::time::Instant::now());
         }
-        ctx.lease_ext = activates_lease(session.req_header());
+        ctx.lease_ext = activates_lease(session.req_header())
+            || crate::a2a::extensions::names(
+                &route
+                    .cfg
+                    .headers
+                    .inject_extensions
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+                policies::lease::LEASE_EXTENSION_URI,
+            );
         ctx.call = Some(call);
         ctx.route = Some(route);
-        if let Some(t) = self.timeouts.downstream_idle {
-            session.set_read_timeout(Some(t));
+        // An idle WebSocket is not cut by read timeouts (ping/pong and
+        // long silences pass); other requests get the configured one.
+        if !matches!(ctx.call, Some(Call::Upgrade)) {
+            if let Some(t) = self.timeouts.downstream_idle {
+                session.set_read_timeout(Some(t));
+            }
         }
         // REST GetTask: everything is in the head.
         if ctx.method == Some(A2aMethod::GetTask) {
@@ -634,8 +692,10 @@ impl ProxyHttp for Gateway {
         let w = &route.cfg.worker;
         let mut peer = HttpPeer::new(w.authority(), w.tls, w.host.clone());
         peer.options.connection_timeout = Some(self.timeouts.connect);
-        peer.options.read_timeout = self.timeouts.upstream_idle;
-        peer.options.write_timeout = self.timeouts.upstream_idle;
+        if !matches!(ctx.call, Some(Call::Upgrade)) {
+            peer.options.read_timeout = self.timeouts.upstream_idle;
+            peer.options.write_timeout = self.timeouts.upstream_idle;
+        }
         peer.options.idle_timeout = Some(Duration::from_secs(60));
         Ok(Box::new(peer))
     }
@@ -663,6 +723,9 @@ impl ProxyHttp for Gateway {
         if reads_answer {
             upstream.remove_header("accept-encoding");
         }
+        if let Some(route) = ctx.route.clone() {
+            inject_headers(upstream, &route, &ctx.call)?;
+        }
         Ok(())
     }
 
@@ -677,6 +740,14 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if ctx.ws.is_some() {
+            if let Some(chunk) = body.as_ref() {
+                for (tenant, task) in self.ws_client_bytes(ctx, chunk) {
+                    self.renew(ctx, tenant.as_deref(), &task).await;
+                }
+            }
+            return Ok(());
+        }
         let Some(buf) = ctx.req_body.as_mut() else {
             return Ok(());
         };
@@ -715,7 +786,14 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        let ok = resp.status.is_success();
+        if matches!(ctx.call, Some(Call::Upgrade)) {
+            if resp.status.as_u16() == 101 {
+                ctx.ws = Some(WsSession::new(self.limits.max_inspect_body));
+            }
+            return Ok(());
+        }
+        // HEAD answers have no body to rewrite.
+        let ok = resp.status.is_success() && session.req_header().method != http::Method::HEAD;
         let card = matches!(ctx.call, Some(Call::AgentCard))
             || ctx.method.is_some_and(A2aMethod::returns_card);
         if card && ok && is_json(resp) {
@@ -769,6 +847,12 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
+        if ctx.ws.is_some() {
+            if let Some(chunk) = body.as_ref() {
+                self.ws_worker_bytes(ctx, chunk);
+            }
+            return Ok(None);
+        }
         match std::mem::take(&mut ctx.body) {
             Body::Pass => {}
             Body::Sse(mut parser) => {
@@ -849,6 +933,10 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         if ctx.streaming {
             metrics::OPEN_STREAMS.dec();
+        }
+        if let Some(ws) = ctx.ws.take() {
+            self.ws_ended(ctx, ws, e);
+            return;
         }
         let imposed_lease = ctx.held_lease.is_some();
         if let Some(key) = ctx.held_lease.take() {

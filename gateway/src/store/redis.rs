@@ -657,6 +657,7 @@ fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord
     let binding = match f.get("binding").map(String::as_str) {
         Some("jsonrpc") => Some(Binding::JsonRpc),
         Some("rest") => Some(Binding::Rest),
+        Some("websocket") => Some(Binding::WebSocket),
         _ => None,
     };
     let target = binding

@@ -1,0 +1,357 @@
+//! Task tracking over a2a-rust's WebSocket binding, after the `101`.
+//!
+//! Both directions' bytes are forwarded unchanged by pingora; a frame parser
+//! per direction reads along. Requests (client → worker) tell which JSON-RPC
+//! ids are sends or subscriptions and carry lease grants and renewals
+//! (`GetTask` on a socket whose upgrade activated the lease extension);
+//! answers and stream frames (worker → client) name the tasks, matched to
+//! their request by JSON-RPC id. When the socket ends, every task it
+//! started or watched that has not settled goes to the cascade.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use policies::cascade::Seen;
+use serde::Deserialize;
+
+use super::{Ctx, Gateway};
+use crate::a2a::request::jsonrpc_facts;
+use crate::a2a::ws::{WsItem, WsParser};
+use crate::a2a::{observe, A2aMethod, Binding, Observation};
+use crate::metrics;
+use crate::store::{CancelTarget, TaskKey, TaskUpdate};
+
+/// Requests awaiting answers on one socket, at most (the a2a-rust client
+/// keeps 64 in flight); beyond it new ones are not tracked (counted).
+const MAX_PENDING: usize = 1024;
+/// Tasks tracked per socket, at most.
+const MAX_TASKS: usize = 4096;
+
+/// A request whose answer may name a task.
+#[derive(Debug, Clone)]
+struct Pending {
+    method: A2aMethod,
+    tenant: Option<String>,
+    lease_grant: Option<u64>,
+}
+
+/// A task seen on this socket.
+#[derive(Debug)]
+pub(super) struct SocketTask {
+    pub seen: Seen,
+    pub tenant: Option<String>,
+    /// Counted as a watcher in the store (a stream on this socket).
+    pub watching: bool,
+    /// This socket holds an imposed lease on it.
+    pub held: bool,
+}
+
+/// Per-socket state, created at the `101`.
+#[derive(Debug)]
+pub(super) struct WsSession {
+    client: WsParser,
+    worker: WsParser,
+    pending: HashMap<String, Pending>,
+    pub tasks: HashMap<Arc<str>, SocketTask>,
+}
+
+impl WsSession {
+    pub fn new(max_message: usize) -> Self {
+        WsSession {
+            client: WsParser::new(max_message),
+            worker: WsParser::new(max_message),
+            pending: HashMap::new(),
+            tasks: HashMap::new(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct IdOnly {
+    #[serde(default)]
+    id: Option<serde_json::Value>,
+}
+
+fn count_item(item: &WsItem<'_>) {
+    let reason = match item {
+        WsItem::Binary => "ws_binary",
+        WsItem::Overlong => "ws_message_too_large",
+        WsItem::Compressed => "ws_compressed",
+        WsItem::Invalid(_) => "ws_invalid_framing",
+        _ => return,
+    };
+    metrics::UNTRACKED.with_label_values(&[reason]).inc();
+}
+
+impl Gateway {
+    /// Client → worker bytes. Returns the renewals to apply (tenant, task).
+    pub(super) fn ws_client_bytes(
+        &self,
+        ctx: &mut Ctx,
+        chunk: &[u8],
+    ) -> Vec<(Option<String>, String)> {
+        let lease_ext = ctx.lease_ext;
+        let max_ttl = ctx
+            .route
+            .as_ref()
+            .map_or(0, |r| r.cfg.lease.max_ttl.as_millis() as u64);
+        let Some(ws) = ctx.ws.as_mut() else {
+            return Vec::new();
+        };
+        let mut renewals = Vec::new();
+        let pending = &mut ws.pending;
+        ws.client.feed(chunk, |item| {
+            let WsItem::Text(doc) = item else {
+                count_item(&item);
+                return;
+            };
+            let Some(f) = jsonrpc_facts(doc) else {
+                metrics::UNTRACKED
+                    .with_label_values(&["ws_not_jsonrpc"])
+                    .inc();
+                return;
+            };
+            match f.method {
+                Some(m) if m.is_tracked() => {
+                    let Some(id) = f.rpc_id else { return };
+                    if pending.len() >= MAX_PENDING {
+                        metrics::UNTRACKED
+                            .with_label_values(&["ws_too_many_pending"])
+                            .inc();
+                        return;
+                    }
+                    let lease_grant = match f.lease {
+                        Some(Ok(ttl)) if policies::lease::validate_ttl(ttl, max_ttl).is_ok() => {
+                            Some(ttl)
+                        }
+                        Some(_) => {
+                            // A frame cannot be refused without breaking the
+                            // socket: the grant is not enforced, and counted.
+                            metrics::UNTRACKED
+                                .with_label_values(&["ws_invalid_lease_grant"])
+                                .inc();
+                            None
+                        }
+                        None => None,
+                    };
+                    pending.insert(
+                        id.to_string(),
+                        Pending {
+                            method: m,
+                            tenant: f.tenant,
+                            lease_grant,
+                        },
+                    );
+                }
+                Some(A2aMethod::GetTask) if lease_ext => {
+                    if let Some(task) = f.task_id {
+                        renewals.push((f.tenant, task));
+                    }
+                }
+                _ => {}
+            }
+        });
+        renewals
+    }
+
+    /// Worker → client bytes: answers and stream frames naming tasks.
+    pub(super) fn ws_worker_bytes(&self, ctx: &mut Ctx, chunk: &[u8]) {
+        let Some(ws) = ctx.ws.as_mut() else { return };
+        let mut seen: Vec<(String, Observation)> = Vec::new();
+        let pending = &mut ws.pending;
+        ws.worker.feed(chunk, |item| {
+            let WsItem::Text(doc) = item else {
+                count_item(&item);
+                return;
+            };
+            let Some(id) = serde_json::from_slice::<IdOnly>(doc)
+                .ok()
+                .and_then(|i| i.id)
+            else {
+                return;
+            };
+            let id = id.to_string();
+            if !pending.contains_key(&id) {
+                return;
+            }
+            if memmem(doc, b"stream_complete") {
+                pending.remove(&id);
+                return;
+            }
+            match observe::observe(Binding::WebSocket, doc) {
+                Some(o) => seen.push((id, o)),
+                None => metrics::UNTRACKED
+                    .with_label_values(&["ws_bad_answer"])
+                    .inc(),
+            }
+        });
+        for (id, obs) in seen {
+            self.ws_observation(ctx, &id, obs);
+        }
+    }
+
+    fn ws_observation(&self, ctx: &mut Ctx, id: &str, obs: Observation) {
+        let (Some(route), Some(ws)) = (ctx.route.clone(), ctx.ws.as_mut()) else {
+            return;
+        };
+        let Some(p) = ws.pending.get(id).cloned() else {
+            return;
+        };
+        let unary = p.method == A2aMethod::SendMessage;
+        if obs.error || obs.message_only || unary {
+            ws.pending.remove(id);
+        }
+        let Some(task_id) = obs.task_id else { return };
+        let key = TaskKey {
+            route: route.name.clone(),
+            tenant: p.tenant.as_deref().unwrap_or("").into(),
+            task_id: task_id.as_str().into(),
+        };
+        let tracker = self.cascade.tracker();
+        match ws.tasks.get_mut(task_id.as_str()) {
+            Some(t) => {
+                let was_settled = t.seen.is_settled();
+                if let Some(s) = obs.state {
+                    t.seen.state = Some(s);
+                }
+                if t.seen.is_settled() && !was_settled {
+                    tracker.update(
+                        key,
+                        TaskUpdate {
+                            state: t.seen.state,
+                            ..TaskUpdate::default()
+                        },
+                    );
+                }
+            }
+            None => {
+                if ws.tasks.len() >= MAX_TASKS {
+                    metrics::UNTRACKED
+                        .with_label_values(&["ws_too_many_tasks"])
+                        .inc();
+                    return;
+                }
+                metrics::TASKS_TRACKED
+                    .with_label_values(&[&route.name])
+                    .inc();
+                let watching = !unary;
+                let seen = Seen {
+                    id_known: true,
+                    state: obs.state,
+                    message_only: false,
+                };
+                let path = ctx
+                    .upstream_path
+                    .split('?')
+                    .next()
+                    .unwrap_or("/")
+                    .to_string();
+                tracker.update(
+                    key.clone(),
+                    TaskUpdate {
+                        context_id: obs.context_id,
+                        state: obs.state,
+                        target: Some(CancelTarget {
+                            binding: Binding::WebSocket,
+                            path,
+                        }),
+                        watchers_delta: i32::from(watching),
+                    },
+                );
+                let mut held = false;
+                if !seen.is_settled() {
+                    if let Some(ttl) = p.lease_grant.filter(|_| route.gateway_enforces_leases()) {
+                        metrics::LEASES_STARTED
+                            .with_label_values(&[&route.name, "granted"])
+                            .inc();
+                        tracker.lease_start(key.clone(), ttl, None);
+                    } else if let (Some(ttl), true) = (
+                        route.cfg.lease.impose_ttl,
+                        p.method == A2aMethod::SendStreamingMessage,
+                    ) {
+                        if route.cfg.cascade.mode == policies::CascadeMode::Cancel {
+                            let ttl = ttl.as_millis() as u64;
+                            metrics::LEASES_STARTED
+                                .with_label_values(&[&route.name, "imposed"])
+                                .inc();
+                            tracker.lease_start(
+                                key.clone(),
+                                ttl,
+                                Some(self.leases.replica_id().to_string()),
+                            );
+                            self.leases.hold(key.clone(), ttl);
+                            held = true;
+                        }
+                    }
+                }
+                ws.tasks.insert(
+                    task_id.into(),
+                    SocketTask {
+                        seen,
+                        tenant: p.tenant,
+                        watching,
+                        held,
+                    },
+                );
+            }
+        }
+    }
+}
+
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+impl Gateway {
+    /// The socket ended: every task it started or watched goes to the
+    /// cascade (settled ones only to uncount their watcher).
+    pub(super) fn ws_ended(&self, ctx: &mut Ctx, ws: WsSession, e: Option<&pingora::Error>) {
+        let Some(route) = ctx.route.clone() else {
+            return;
+        };
+        let event = match e {
+            Some(e) if *e.esource() == pingora::ErrorSource::Upstream => {
+                policies::cascade::Event::StreamLost
+            }
+            _ => policies::cascade::Event::CallerGone,
+        };
+        let path = ctx
+            .upstream_path
+            .split('?')
+            .next()
+            .unwrap_or("/")
+            .to_string();
+        for (task_id, t) in ws.tasks {
+            let key = TaskKey {
+                route: route.name.clone(),
+                tenant: t.tenant.as_deref().unwrap_or("").into(),
+                task_id: task_id.clone(),
+            };
+            if t.held {
+                self.leases.release(&key);
+            }
+            if t.seen.is_settled() && !t.watching {
+                continue;
+            }
+            let end = crate::cascade::StreamEnd {
+                route: route.name.clone(),
+                policy: route.cfg.cascade,
+                worker: route.cfg.worker.clone(),
+                target: CancelTarget {
+                    binding: Binding::WebSocket,
+                    path: path.clone(),
+                },
+                tenant: t.tenant,
+                task_id: Some(task_id),
+                seen: t.seen,
+                event,
+                was_watching: t.watching,
+                imposed_lease: t.held,
+                caller_authorization: ctx.authorization.clone(),
+                worker_credential: route.cfg.worker_credential.clone(),
+            };
+            let cascade = self.cascade.clone();
+            tokio::spawn(async move { cascade.stream_ended(end).await });
+        }
+    }
+}

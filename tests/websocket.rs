@@ -1,0 +1,146 @@
+//! Issue 5: the WebSocket binding through the gateway: extension headers
+//! injected on the upgrade, tasks tracked over frames, cancel on close.
+
+use std::time::Duration;
+
+use crate::harness::gateway::Gateway;
+use crate::harness::http::wait_for_state;
+use crate::harness::parent::ParentProcess;
+use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+
+const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
+
+/// An a2a-rust 0.15 worker with its WebSocket binding and no lease store,
+/// and a gateway route to its WebSocket listener.
+async fn setup(route_extra: &str) -> (RustWorker, Gateway, String) {
+    let worker = RustWorker::start(RustWorkerOptions {
+        lease_store: false,
+        websocket: true,
+    })
+    .await;
+    let ws = worker.ws_url().expect("a WebSocket listener");
+    let http_of_ws = ws
+        .replacen("ws://", "http://", 1)
+        .trim_end_matches("/ws")
+        .to_string();
+    let gw = Gateway::in_front_of(&http_of_ws, route_extra).await;
+    let gw_ws = format!("{}/ws", gw.url.replacen("http://", "ws://", 1));
+    (worker, gw, gw_ws)
+}
+
+/// With injection on, the worker sees the lease extension on the upgrade
+/// although the client never asked for it; the parent's renewals over the
+/// socket count, and when the parent is SIGKILLed its child is canceled
+/// within TTL + 1 s (by the lease: the route detaches, so the cascade does
+/// nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_lease_extension_renews_over_the_socket() {
+    let (worker, gw, gw_ws) = setup(&format!(
+        "inject_extensions = [\"{LEASE_URI}\"]\ncascade = \"detach\""
+    ))
+    .await;
+    let mut parent = ParentProcess::spawn_ws(&gw_ws, Duration::from_secs(2), "work:30000").await;
+    let id = parent.task_id.clone();
+    wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_WORKING",
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the child runs");
+    assert!(
+        worker.upgrade_extensions().iter().any(|u| u == LEASE_URI),
+        "the worker saw the injected extension on the upgrade: {:?}",
+        worker.upgrade_extensions()
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_WORKING"),
+        "renewed past one TTL"
+    );
+    assert!(
+        gw.counter("a2agw_lease_renewals_total", &["outcome=\"renewed\""])
+            .await
+            >= 2.0
+    );
+    parent.sigkill().await;
+    let took = wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_CANCELED",
+        Duration::from_millis(2000 + 1000),
+    )
+    .await
+    .unwrap_or_else(|s| {
+        panic!(
+            "not canceled within TTL + 1 s ({s:?}); log:\n{}",
+            gw.log_text()
+        )
+    });
+    eprintln!("WebSocket child canceled {took:?} after its parent was killed");
+    assert_eq!(
+        worker.cancels(),
+        1,
+        "one CancelTask, sent over the WebSocket binding"
+    );
+}
+
+/// Without injection the client's renewals over the socket renew nothing
+/// (the extension was never activated on the upgrade): the gap. The parent
+/// is alive and renewing, yet its child is stopped at TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_injection_renewals_do_not_count() {
+    let (worker, gw, gw_ws) = setup("cascade = \"detach\"").await;
+    let parent = ParentProcess::spawn_ws(&gw_ws, Duration::from_secs(2), "work:30000").await;
+    let id = parent.task_id.clone();
+    wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_CANCELED",
+        Duration::from_millis(2000 + 1500),
+    )
+    .await
+    .unwrap_or_else(|s| panic!("the lease was renewed although it should not count ({s:?})"));
+    assert!(!worker.upgrade_extensions().iter().any(|u| u == LEASE_URI));
+    assert_eq!(
+        gw.counter("a2agw_lease_renewals_total", &["outcome=\"renewed\""])
+            .await,
+        0.0
+    );
+    drop(parent);
+}
+
+/// The client's socket closes mid-task: the worker's task is canceled
+/// within 1 s (cascade over the WebSocket binding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_closed_mid_task_cancels() {
+    let (worker, gw, gw_ws) = setup("").await;
+    let mut parent = ParentProcess::spawn_ws(&gw_ws, Duration::from_secs(60), "work:30000").await;
+    let id = parent.task_id.clone();
+    wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_WORKING",
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the child runs");
+    parent.sigkill().await;
+    wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_CANCELED",
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap_or_else(|s| panic!("not canceled within 1 s ({s:?}); log:\n{}", gw.log_text()));
+    assert_eq!(worker.cancels(), 1);
+    assert!(gw.counter("a2agw_tasks_tracked_total", &[]).await >= 1.0);
+}
