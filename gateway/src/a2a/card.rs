@@ -16,6 +16,10 @@ pub struct CardRewrite<'a> {
     /// The gateway URL clients use for this route (`https://gw/route`), no
     /// trailing slash.
     pub gateway_base: &'a str,
+    /// The worker's `host:port`: a `ws(s)://` interface there (a2a-rust's
+    /// WebSocket binding on the route's own worker) is moved to the gateway
+    /// too; WebSocket URLs elsewhere are left alone.
+    pub worker_authority: &'a str,
 }
 
 /// Why a card was passed through unchanged.
@@ -29,15 +33,40 @@ impl CardRewrite<'_> {
     /// Rewrites one URL, or `None` when it is not an `http(s)` URL (gRPC
     /// targets, `ws://` endpoints and other schemes are left alone).
     pub fn url(&self, url: &str) -> Option<String> {
-        let rest = url
+        let (rest, websocket) = match url
             .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"))?;
+            .or_else(|| url.strip_prefix("https://"))
+        {
+            Some(rest) => (rest, false),
+            None => (
+                url.strip_prefix("ws://")
+                    .or_else(|| url.strip_prefix("wss://"))?,
+                true,
+            ),
+        };
+        let authority = rest.find('/').map_or(rest, |i| &rest[..i]);
+        if websocket && !authority.eq_ignore_ascii_case(self.worker_authority) {
+            return None;
+        }
         let path = rest.find('/').map_or("", |i| &rest[i..]);
         let base = self.worker_base_path;
         let suffix = match path.strip_prefix(base) {
             Some(s) if !base.is_empty() && (s.is_empty() || s.starts_with(['/', '?'])) => s,
             _ => path,
         };
+        if websocket {
+            let base = self
+                .gateway_base
+                .strip_prefix("https://")
+                .map(|b| format!("wss://{b}"))
+                .or_else(|| {
+                    self.gateway_base
+                        .strip_prefix("http://")
+                        .map(|b| format!("ws://{b}"))
+                })
+                .unwrap_or_else(|| self.gateway_base.to_string());
+            return Some(format!("{base}{suffix}"));
+        }
         Some(format!("{}{}", self.gateway_base, suffix))
     }
 
@@ -114,6 +143,7 @@ mod tests {
         let rw = CardRewrite {
             worker_base_path: "/api",
             gateway_base: "https://gw.example/research",
+            worker_authority: "127.0.0.1:9000",
         };
         let table = [
             (
@@ -135,6 +165,14 @@ mod tests {
             ("https://other:1/", Some("https://gw.example/research/")),
             ("http://h", Some("https://gw.example/research")),
             ("ws://127.0.0.1:9001/ws", None),
+            (
+                "ws://127.0.0.1:9000/ws",
+                Some("wss://gw.example/research/ws"),
+            ),
+            (
+                "wss://127.0.0.1:9000/api/ws",
+                Some("wss://gw.example/research/ws"),
+            ),
             ("grpc://x", None),
         ];
         for (from, want) in table {
@@ -147,6 +185,7 @@ mod tests {
         let rw = CardRewrite {
             worker_base_path: "",
             gateway_base: "http://gw:8080/r",
+            worker_authority: "127.0.0.1:9002",
         };
         let card = json!({
             "name": "w",
@@ -162,7 +201,7 @@ mod tests {
         });
         let (out, n) = rw.card(card.to_string().as_bytes()).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(n, 4);
+        assert_eq!(n, 5);
         assert_eq!(out["url"], "http://gw:8080/r");
         assert_eq!(out["supportedInterfaces"][0]["url"], "http://gw:8080/r");
         assert_eq!(
@@ -174,10 +213,7 @@ mod tests {
             out["supportedInterfaces"][2]["url"],
             "http://127.0.0.1:9001"
         );
-        assert_eq!(
-            out["supportedInterfaces"][3]["url"],
-            "ws://127.0.0.1:9002/ws"
-        );
+        assert_eq!(out["supportedInterfaces"][3]["url"], "ws://gw:8080/r/ws");
         assert_eq!(out["additionalInterfaces"][0]["url"], "http://gw:8080/r");
         assert!(out.get("signatures").is_none());
         assert_eq!(out["name"], "w");
@@ -188,6 +224,7 @@ mod tests {
         let rw = CardRewrite {
             worker_base_path: "",
             gateway_base: "http://gw",
+            worker_authority: "w:1",
         };
         assert_eq!(rw.card(b"<html>").unwrap_err(), CardError::NotJson);
         assert_eq!(rw.card(b"[1]").unwrap_err(), CardError::NotAnObject);
