@@ -6,6 +6,7 @@
 //! tables, and lets the gateway's edges (pingora hooks, stores, background
 //! services) stay thin.
 
+pub mod budget;
 pub mod cascade;
 pub mod lease;
 pub mod task_state;
