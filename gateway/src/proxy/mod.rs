@@ -178,7 +178,10 @@ impl Gateway {
             ctx.method,
             Some(A2aMethod::SendMessage | A2aMethod::SendStreamingMessage)
         );
-        if let (true, Some(grant), Some(route)) = (is_send, f.lease, &ctx.route) {
+        // Grants are checked only where the gateway enforces them; a worker
+        // that enforces its own leases judges its own grants.
+        let enforces = ctx.route.as_ref().is_some_and(|r| r.gateway_enforces_leases());
+        if let (true, true, Some(grant), Some(route)) = (is_send, enforces, f.lease, &ctx.route) {
             let checked = grant
                 .map_err(policies::lease::LeaseRefusal::Malformed)
                 .and_then(|ttl| {
