@@ -11,4 +11,6 @@ mod parent_selftest;
 mod python_selftest;
 mod sse_recorded;
 mod store_conformance;
+mod websocket;
 mod worker_selftest;
+mod ws_frames;

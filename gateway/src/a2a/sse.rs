@@ -84,7 +84,13 @@ impl SseParser {
                 continue;
             }
             if self.line.is_empty() {
-                self.line_done(piece, &mut on_item);
+                // A whole line in one chunk obeys the same limit as one that
+                // was buffered across chunks (found by the fuzzer).
+                if piece.len() > self.limit {
+                    self.overlong(&mut on_item);
+                } else {
+                    self.line_done(piece, &mut on_item);
+                }
             } else if self.line.len() + piece.len() > self.limit {
                 self.line.clear();
                 self.overlong(&mut on_item);
@@ -256,6 +262,18 @@ mod tests {
         // The same, byte by byte: the parser never holds more than the limit.
         let bytes: Vec<&[u8]> = long.as_bytes().chunks(1).collect();
         assert_eq!(run(32, &bytes), vec![Got::Overlong, ev("ok")]);
+    }
+
+    #[test]
+    fn overlong_line_whole_or_split_is_the_same() {
+        // The fuzzer's case: an over-long comment line between two data lines.
+        let input = format!("data: a\n:{}\ndata: b\n\n", "x".repeat(300));
+        let whole = run(256, &[input.as_bytes()]);
+        assert_eq!(whole, vec![Got::Overlong]);
+        for i in 0..=input.len() {
+            let (a, b) = input.as_bytes().split_at(i);
+            assert_eq!(run(256, &[a, b]), whole, "split at {i}");
+        }
     }
 
     #[test]
