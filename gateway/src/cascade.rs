@@ -101,16 +101,6 @@ impl Tracker {
         }
     }
 
-    /// Queues an update, waiting for room: for updates that must not be lost
-    /// (a watcher leaving), from async code that may wait.
-    pub async fn update_reliably(&self, key: TaskKey, update: TaskUpdate) {
-        if self.tx.send(Op::Update(key, update)).await.is_err() {
-            metrics::UNTRACKED
-                .with_label_values(&["tracker_closed"])
-                .inc();
-        }
-    }
-
     /// Waits until every update queued before this call is applied.
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -171,18 +161,19 @@ impl Cascade {
         });
         let mut watchers = 0;
         if let Some(key) = &key {
-            if end.was_watching {
-                self.tracker
-                    .update_reliably(
-                        key.clone(),
-                        TaskUpdate {
-                            watchers_delta: -1,
-                            ..TaskUpdate::default()
-                        },
-                    )
-                    .await;
-            }
-            watchers = self.refresh(key, &mut end.seen).await;
+            // Apply what this stream queued, then uncount it and read the
+            // record back in the same store call (one round trip).
+            self.tracker.flush().await;
+            let rec = if end.was_watching {
+                let update = TaskUpdate {
+                    watchers_delta: -1,
+                    ..TaskUpdate::default()
+                };
+                self.store.update(key, update, now_ms()).await.map(Some)
+            } else {
+                self.store.get(key).await
+            };
+            watchers = self.merge(key, rec, &mut end.seen);
         }
         let mut decision = decide(&end.policy, &end.seen, end.event, watchers);
         loop {
@@ -262,7 +253,19 @@ impl Cascade {
     /// have seen it settle, and others may be watching it.
     async fn refresh(&self, key: &TaskKey, seen: &mut Seen) -> u32 {
         self.tracker.flush().await;
-        match self.store.get(key).await {
+        let rec = self.store.get(key).await;
+        self.merge(key, rec, seen)
+    }
+
+    /// Folds a record read from the store into what this stream saw; returns
+    /// the watchers the store counts.
+    fn merge(
+        &self,
+        key: &TaskKey,
+        rec: Result<Option<crate::store::TaskRecord>, crate::store::StoreError>,
+        seen: &mut Seen,
+    ) -> u32 {
+        match rec {
             Ok(Some(rec)) => {
                 if let Some(s) = rec.state {
                     if s.is_settled() || seen.state.is_none() {
