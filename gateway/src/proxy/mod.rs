@@ -180,7 +180,10 @@ impl Gateway {
         );
         // Grants are checked only where the gateway enforces them; a worker
         // that enforces its own leases judges its own grants.
-        let enforces = ctx.route.as_ref().is_some_and(|r| r.gateway_enforces_leases());
+        let enforces = ctx
+            .route
+            .as_ref()
+            .is_some_and(|r| r.gateway_enforces_leases());
         if let (true, true, Some(grant), Some(route)) = (is_send, enforces, f.lease, &ctx.route) {
             let checked = grant
                 .map_err(policies::lease::LeaseRefusal::Malformed)
