@@ -1,12 +1,40 @@
-//! Throughput and latency through the gateway versus straight to the same
-//! real worker, in one run. `cargo bench -p a2a-gateway --bench proxy`
-//! (needs `wrk`: `apt-get install wrk`).
+//! Throughput and latency straight to a real worker and through four
+//! proxies in front of the same worker, in one run, printed as one table.
+//! `cargo bench -p a2a-gateway --bench proxy` (needs `wrk`, `redis-server`,
+//! and for its column Debian's nginx: `apt-get install wrk redis-server
+//! nginx-light`).
+//!
+//! Columns (each a separate process on loopback, all in front of the same
+//! in-process a2a-rust 0.15 worker with its WebSocket listener on):
+//! - direct: the worker itself.
+//! - nginx: `/usr/sbin/nginx`, configured by this bench in a scratch dir (2
+//!   workers, upstream keep-alive, buffering off so SSE streams, a second
+//!   server block that passes WebSocket upgrades).
+//! - bare pingora: a `ProxyHttp` with `upstream_peer` only
+//!   (`benches/bare_pingora.rs`), same pingora and threads as the gateway.
+//!   It is compiled into this bench binary, which runs it as a child process
+//!   by re-executing itself with `--bare-pingora` (see that file for why).
+//! - gateway (memory), gateway (Redis): the real `a2a-gateway` binary, one
+//!   route, task tracking on; the second with `[store] url = "redis://…"`.
 //!
 //! Scenarios:
 //! - `SendMessage` (JSON-RPC, `quick` task, ~1 KB answer), driven by `wrk`
 //!   with 32 keep-alive connections: requests/s, p50, p99.
 //! - SSE: `SendStreamingMessage` of a task that emits N status updates at
 //!   once, 8 streams at a time: events/s, with task tracking on.
+//! - WebSocket: `SendMessage` `quick` request/response loops over 16 sockets
+//!   (one request in flight on each) to the worker's WebSocket listener:
+//!   round trips/s, p50, p99.
+//!
+//! All proxies are started first. Each scenario is then run against every
+//! column in turn (so a row's figures are taken within seconds of each
+//! other), and the whole sequence twice (SSE three times per round); the
+//! table keeps each cell's best run (latencies from the run with the best
+//! throughput), since the two cores are shared with other builds. The first round warms each target up
+//! first. About two minutes in all.
+//!
+//! The worker runs on a runtime of one thread; the in-repo load drivers (SSE,
+//! WebSocket) on another of their own, like `wrk` in its own process.
 //!
 //! Under `cargo test` (no `--bench` argument) it only says it was skipped.
 
@@ -17,16 +45,36 @@
 #[allow(dead_code, unused_imports, clippy::all)]
 mod harness;
 
-use std::process::Command;
+#[path = "bare_pingora.rs"]
+mod bare_pingora;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::gateway::Gateway;
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+use harness::gateway::{free_port, scratch_dir, Gateway};
+use harness::redis::RedisServer;
 use harness::rust_worker::{RustWorker, RustWorkerOptions};
 use harness::worker::{send_stream, Bind};
 
 const SEND_SECONDS: u32 = 5;
+const SEND_WARMUP_SECONDS: u32 = 1;
 const BURST: usize = 2000;
 const STREAMS: usize = 8;
+/// An SSE run takes well under a second; it is repeated in each round.
+const SSE_REPEATS: usize = 3;
+const WS_SOCKETS: usize = 16;
+const WS_SECONDS: u64 = 4;
+const WS_WARMUP: Duration = Duration::from_secs(1);
+/// Each scenario is run this many times against every target; best kept.
+const ROUNDS: usize = 2;
+const NGINX: &str = "/usr/sbin/nginx";
+
+// ── SendMessage over HTTP, driven by wrk ────────────────────────────────────
 
 struct Send {
     rps: f64,
@@ -34,30 +82,30 @@ struct Send {
     p99_ms: f64,
 }
 
-fn wrk_send(url: &str) -> Option<Send> {
-    let dir = harness::gateway::scratch_dir("bench");
-    let script = dir.join("send.lua");
-    let body = serde_json::json!({
-        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+/// The `SendMessage` body both bindings send: `quick`, ~1 KB with metadata.
+fn send_body(id: u64) -> String {
+    serde_json::json!({
+        "jsonrpc": "2.0", "id": id, "method": "SendMessage",
         "params": {"message": {"messageId": "bench", "role": "ROLE_USER",
             "parts": [{"text": "quick"}], "metadata": {"pad": "x".repeat(600)}}}
     })
-    .to_string();
+    .to_string()
+}
+
+fn wrk_send(url: &str, seconds: u32) -> Option<Send> {
+    let dir = scratch_dir("bench");
+    let script = dir.join("send.lua");
+    let body = send_body(1);
     let lua = format!(
         "wrk.method = \"POST\"\nwrk.body = [[{body}]]\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.headers[\"A2A-Version\"] = \"1.0\"\n"
     );
     std::fs::write(&script, lua).ok()?;
     let out = Command::new("wrk")
-        .args([
-            "-t2",
-            "-c32",
-            &format!("-d{SEND_SECONDS}s"),
-            "--latency",
-            "-s",
-        ])
+        .args(["-t2", "-c32", &format!("-d{seconds}s"), "--latency", "-s"])
         .arg(&script)
         .arg(format!("{url}/"))
         .output()
+        .map_err(|e| eprintln!("wrk: {e} (apt-get install wrk)"))
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let num = |prefix: &str| -> Option<f64> {
@@ -67,8 +115,8 @@ fn wrk_send(url: &str) -> Option<Send> {
             .next()?;
         parse_ms(v).or_else(|| v.parse().ok())
     };
-    if text.contains("Non-2xx") {
-        eprintln!("wrk saw errors:\n{text}");
+    if text.contains("Non-2xx") || text.contains("Socket errors") {
+        eprintln!("wrk saw errors against {url}:\n{text}");
     }
     Some(Send {
         rps: num("Requests/sec:")?,
@@ -91,6 +139,8 @@ fn parse_ms(v: &str) -> Option<f64> {
     None
 }
 
+// ── SSE ─────────────────────────────────────────────────────────────────────
+
 async fn sse_events_per_sec(url: &str) -> f64 {
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -109,45 +159,593 @@ async fn sse_events_per_sec(url: &str) -> f64 {
     events as f64 / start.elapsed().as_secs_f64()
 }
 
+// ── WebSocket request/response loops ────────────────────────────────────────
+
+struct Ws {
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// What one socket did: round-trip times (µs) and JSON-RPC errors.
+type SocketRun = Result<(Vec<u32>, usize), String>;
+
+/// One socket: `SendMessage` `quick`, wait for the answer with its id,
+/// again, until `until`.
+async fn ws_socket(url: String, until: Instant) -> SocketRun {
+    let mut req = url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| format!("{url}: {e}"))?;
+    req.headers_mut()
+        .insert("a2a-version", http::HeaderValue::from_static("1.0"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .map_err(|e| format!("WebSocket connect {url}: {e}"))?;
+    let mut rtts = Vec::new();
+    let mut errors = 0;
+    let mut id = 0u64;
+    while Instant::now() < until {
+        id += 1;
+        let sent = Instant::now();
+        ws.send(Message::text(send_body(id)))
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap_or_default();
+                    if v["id"].as_u64() == Some(id) {
+                        if v.get("error").is_some() {
+                            errors += 1;
+                        }
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(format!("read: {e}")),
+                None => return Err("the socket closed".into()),
+            }
+        }
+        rtts.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+    }
+    let _ = ws.close(None).await;
+    Ok((rtts, errors))
+}
+
+async fn ws_round_trips(url: &str, run: Duration) -> Result<Ws, String> {
+    let start = Instant::now();
+    let until = start + run;
+    let sockets: Vec<_> = (0..WS_SOCKETS)
+        .map(|_| tokio::spawn(ws_socket(url.to_string(), until)))
+        .collect();
+    let mut rtts = Vec::new();
+    let mut errors = 0;
+    for s in sockets {
+        let (r, e) = s.await.map_err(|e| e.to_string())??;
+        rtts.extend(r);
+        errors += e;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if errors > 0 {
+        eprintln!("WebSocket: {errors} JSON-RPC errors against {url}");
+    }
+    if rtts.is_empty() {
+        return Err("no round trips".into());
+    }
+    rtts.sort_unstable();
+    let pct = |p: f64| f64::from(rtts[((rtts.len() - 1) as f64 * p) as usize]) / 1000.0;
+    Ok(Ws {
+        per_sec: rtts.len() as f64 / secs,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+    })
+}
+
+// ── Child processes: nginx, bare pingora ────────────────────────────────────
+
+/// A proxy process this bench started; stopped on drop.
+struct Proc {
+    child: Child,
+    /// Send SIGQUIT and wait (nginx: its workers outlive a SIGKILLed master).
+    graceful: bool,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Until every address accepts a connection, or the process exits.
+    async fn wait_ready(&mut self, addrs: &[String]) -> Result<(), String> {
+        for _ in 0..200 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("exited ({status}):\n{}", self.log_text()));
+            }
+            let mut up = true;
+            for a in addrs {
+                up &= tokio::net::TcpStream::connect(a.as_str()).await.is_ok();
+            }
+            if up {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(format!("did not listen within 5 s:\n{}", self.log_text()))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.graceful {
+            let _ = Command::new("kill")
+                .args(["-QUIT", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn authority(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest).to_string()
+}
+
+/// The bare pass-through on a free port in front of `upstream` (`HOST:PORT`).
+async fn start_bare(upstream: &str) -> Result<(Proc, String), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = scratch_dir("bare").join("bare.log");
+    let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let child = Command::new(exe)
+        .arg(bare_pingora::FLAG)
+        .args(["--listen", &listen, "--upstream", upstream])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("spawn bare pingora: {e}"))?;
+    let mut p = Proc {
+        child,
+        graceful: false,
+        log,
+    };
+    p.wait_ready(std::slice::from_ref(&listen))
+        .await
+        .map_err(|e| format!("bare pingora {e}"))?;
+    Ok((p, listen))
+}
+
+/// nginx with two server blocks: HTTP (buffering off) to `http_up`, and
+/// WebSocket upgrades to `ws_up`. Returns the process and both addresses.
+async fn start_nginx(http_up: &str, ws_up: &str) -> Result<(Proc, String, String), String> {
+    if !Path::new(NGINX).exists() {
+        return Err("nginx not installed (apt-get install nginx-light)".into());
+    }
+    let dir = scratch_dir("nginx");
+    let http_listen = format!("127.0.0.1:{}", free_port());
+    let ws_listen = format!("127.0.0.1:{}", free_port());
+    let d = dir.display();
+    // As root nginx would hand its workers to `nobody`; keep the current user.
+    let is_root = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    };
+    let user = if is_root { "user root;\n" } else { "" };
+    let conf = format!(
+        r#"{user}worker_processes 2;
+daemon off;
+error_log {d}/error.log warn;
+pid {d}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    # wrk's connections live for the whole run, as pingora's do.
+    keepalive_requests 1000000;
+    upstream worker {{ server {http_up}; keepalive 64; keepalive_requests 1000000; }}
+    upstream worker_ws {{ server {ws_up}; }}
+    server {{
+        listen {http_listen};
+        location / {{
+            proxy_pass http://worker;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+        }}
+    }}
+    server {{
+        listen {ws_listen};
+        location / {{
+            proxy_pass http://worker_ws;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"#
+    );
+    let conf_path = dir.join("nginx.conf");
+    std::fs::write(&conf_path, conf).map_err(|e| e.to_string())?;
+    let log = dir.join("error.log");
+    let stderr = std::fs::File::create(dir.join("stderr.log")).map_err(|e| e.to_string())?;
+    let child = Command::new(NGINX)
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-e")
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("spawn nginx: {e}"))?;
+    let mut p = Proc {
+        child,
+        graceful: true,
+        log,
+    };
+    p.wait_ready(&[http_listen.clone(), ws_listen.clone()])
+        .await
+        .map_err(|e| format!("nginx {e}"))?;
+    Ok((p, http_listen, ws_listen))
+}
+
+// ── Targets and rounds ──────────────────────────────────────────────────────
+
+/// Where one column's load goes: `http`, the base URL for the HTTP
+/// bindings; `ws`, the WebSocket URL that reaches the worker's `/ws`.
+struct Target {
+    http: String,
+    ws: String,
+}
+
+/// One column's best figures over the rounds (a round whose run was slowed
+/// by someone else's build on the shared cores loses to the other).
+#[derive(Default)]
+struct Column {
+    send: Option<Send>,
+    sse: Option<f64>,
+    ws: Option<Ws>,
+}
+
+fn ws_of(base: &str) -> String {
+    format!("{}/ws", base.replacen("http://", "ws://", 1))
+}
+
+/// The two gateways a column needs (HTTP route, WebSocket route); `store` is
+/// a `[store]` table, or nothing for memory.
+async fn gateways(store: &str, http_up: &str, ws_up: &str) -> (Gateway, Gateway, Target) {
+    let route =
+        |worker: &str| format!("{store}\n[[routes]]\nname = \"w\"\nworker = \"{worker}\"\n");
+    let gw = Gateway::start(&route(http_up)).await;
+    let gw_ws = Gateway::start(&route(ws_up)).await;
+    let target = Target {
+        http: gw.url.clone(),
+        ws: ws_of(&gw_ws.url),
+    };
+    (gw, gw_ws, target)
+}
+
+async fn wrk_blocking(url: &str, seconds: u32) -> Option<Send> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || wrk_send(&url, seconds))
+        .await
+        .expect("wrk")
+}
+
+/// Every scenario against every target, scenario by scenario (so the
+/// columns of a row are measured within seconds of each other), `ROUNDS`
+/// times; the first round starts with a warm-up of each.
+async fn run_rounds(targets: &[Option<&Target>]) -> Vec<Column> {
+    let mut cols: Vec<Column> = targets.iter().map(|_| Column::default()).collect();
+    for round in 0..ROUNDS {
+        let warm = round == 0;
+        eprintln!("round {}/{ROUNDS}: SendMessage", round + 1);
+        for (t, col) in targets.iter().zip(&mut cols) {
+            let Some(t) = t else { continue };
+            if warm {
+                let _ = wrk_blocking(&t.http, SEND_WARMUP_SECONDS).await;
+            }
+            if let Some(s) = wrk_blocking(&t.http, SEND_SECONDS).await {
+                if col.send.as_ref().is_none_or(|b| s.rps > b.rps) {
+                    col.send = Some(s);
+                }
+            }
+        }
+        eprintln!("round {}/{ROUNDS}: SSE", round + 1);
+        for (t, col) in targets.iter().zip(&mut cols) {
+            let Some(t) = t else { continue };
+            if warm {
+                let _ = sse_events_per_sec(&t.http).await;
+            }
+            for _ in 0..SSE_REPEATS {
+                let e = sse_events_per_sec(&t.http).await;
+                col.sse = Some(col.sse.map_or(e, |b| b.max(e)));
+            }
+        }
+        eprintln!("round {}/{ROUNDS}: WebSocket", round + 1);
+        for (t, col) in targets.iter().zip(&mut cols) {
+            let Some(t) = t else { continue };
+            if warm {
+                let _ = ws_round_trips(&t.ws, WS_WARMUP).await;
+            }
+            match ws_round_trips(&t.ws, Duration::from_secs(WS_SECONDS)).await {
+                Ok(w) => {
+                    if col.ws.as_ref().is_none_or(|b| w.per_sec > b.per_sec) {
+                        col.ws = Some(w);
+                    }
+                }
+                Err(e) => eprintln!("WebSocket against {}: {e}", t.ws),
+            }
+        }
+    }
+    cols
+}
+
+// ── The table ───────────────────────────────────────────────────────────────
+
+type Cell = Result<Column, String>;
+
+fn print_table(cols: &[(&str, &Cell)]) {
+    let [direct, nginx, bare, mem, redis] = cols else {
+        unreachable!("five columns")
+    };
+    let mut header = String::from("| scenario |");
+    for (name, _) in cols {
+        header.push_str(&format!(" {name} |"));
+    }
+    header.push_str(" gw mem / bare | gw Redis / bare | gw mem / direct | nginx / direct |");
+    println!("{header}");
+    println!("|{}", "---|".repeat(cols.len() + 5));
+
+    type Get = fn(&Column) -> Option<f64>;
+    let rows: Vec<(String, Get, usize)> = vec![
+        (
+            format!("SendMessage req/s (JSON-RPC ~1 KB, wrk -t2 -c32, {SEND_SECONDS}s)"),
+            |c| c.send.as_ref().map(|s| s.rps),
+            0,
+        ),
+        (
+            "SendMessage p50 (ms)".into(),
+            |c| c.send.as_ref().map(|s| s.p50_ms),
+            2,
+        ),
+        (
+            "SendMessage p99 (ms)".into(),
+            |c| c.send.as_ref().map(|s| s.p99_ms),
+            2,
+        ),
+        (
+            format!("SSE events/s ({STREAMS} streams x {BURST} events, tracked)"),
+            |c| c.sse,
+            0,
+        ),
+        (
+            format!("WebSocket SendMessage round trips/s ({WS_SOCKETS} sockets, 1 in flight, {WS_SECONDS}s)"),
+            |c| c.ws.as_ref().map(|w| w.per_sec),
+            0,
+        ),
+        (
+            "WebSocket round trip p50 (ms)".into(),
+            |c| c.ws.as_ref().map(|w| w.p50_ms),
+            2,
+        ),
+        (
+            "WebSocket round trip p99 (ms)".into(),
+            |c| c.ws.as_ref().map(|w| w.p99_ms),
+            2,
+        ),
+    ];
+    for (label, get, digits) in &rows {
+        let val = |cell: &Cell| cell.as_ref().ok().and_then(get);
+        let mut line = format!("| {label} |");
+        for (_, cell) in cols {
+            match (cell, val(cell)) {
+                (_, Some(v)) => line.push_str(&format!(" {v:.digits$} |")),
+                (Err(e), None) => line.push_str(&format!(" {e} |")),
+                (Ok(_), None) => line.push_str(" n/a |"),
+            }
+        }
+        let ratio = |a: &Cell, b: &Cell| match (val(a), val(b)) {
+            (Some(a), Some(b)) if b > 0.0 => format!(" {:.2} |", a / b),
+            _ => " - |".to_string(),
+        };
+        line.push_str(&ratio(mem.1, bare.1));
+        line.push_str(&ratio(redis.1, bare.1));
+        line.push_str(&ratio(mem.1, direct.1));
+        line.push_str(&ratio(nginx.1, direct.1));
+        println!("{line}");
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| {
+            let mut s = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            if s.is_empty() {
+                s = String::from_utf8_lossy(&o.stderr).trim().to_string();
+            }
+            s
+        })
+        .unwrap_or_default()
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
+        bare_pingora::run(&args[i + 1..]);
+    }
+    if !args.iter().any(|a| a == "--bench") {
         println!("proxy bench: skipped (run `cargo bench -p a2a-gateway --bench proxy`)");
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    // The worker on a runtime (one thread) of its own ...
+    let worker_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let worker = RustWorker::start(RustWorkerOptions::default()).await;
-        let gw = Gateway::in_front_of(&worker.url(), "").await;
-        let direct_url = worker.url();
-        let gw_url = gw.url.clone();
+        .expect("worker runtime");
+    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions {
+        websocket: true,
+        ..RustWorkerOptions::default()
+    }));
+    // ... and the load drivers and process handles on this thread.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("driver runtime");
+    let load_before = loadavg();
+    let started = Instant::now();
+    let (cells, tracked) = rt.block_on(async {
+        let http_url = worker.url();
+        let ws_url = worker.ws_url().expect("the worker's WebSocket listener");
+        let http_up = authority(&http_url);
+        let ws_up = authority(&ws_url);
+        let ws_base = format!("http://{ws_up}");
 
-        let (d, g) = tokio::task::spawn_blocking(move || (wrk_send(&direct_url), wrk_send(&gw_url)))
-            .await
-            .expect("wrk");
-        // Warm, then measure SSE.
-        let _ = sse_events_per_sec(&worker.url()).await;
-        let sse_direct = sse_events_per_sec(&worker.url()).await;
-        let _ = sse_events_per_sec(&gw.url).await;
-        let sse_gw = sse_events_per_sec(&gw.url).await;
+        // Every proxy up front, each a process of its own; all idle but the
+        // one being measured.
+        let direct = Target {
+            http: http_url.clone(),
+            ws: ws_url.clone(),
+        };
+        let nginx = start_nginx(&http_up, &ws_up).await.map(|(p, h, w)| {
+            let t = Target {
+                http: format!("http://{h}"),
+                ws: format!("ws://{w}/ws"),
+            };
+            (p, t)
+        });
+        let bare = match (start_bare(&http_up).await, start_bare(&ws_up).await) {
+            (Ok((p1, h)), Ok((p2, w))) => Ok((
+                [p1, p2],
+                Target {
+                    http: format!("http://{h}"),
+                    ws: format!("ws://{w}/ws"),
+                },
+            )),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        let (mem_gw, mem_gw_ws, mem) = gateways("", &http_url, &ws_base).await;
+        let mut redis = RedisServer::start().await;
+        let store = format!("[store]\nurl = \"{}\"\n", redis.url());
+        let (red_gw, red_gw_ws, red) = gateways(&store, &http_url, &ws_base).await;
 
-        println!();
-        println!("| scenario | direct | gateway | gateway / direct |");
-        println!("|---|---|---|---|");
-        match (d, g) {
-            (Some(d), Some(g)) => {
-                println!("| SendMessage requests/s (wrk -c32, {SEND_SECONDS}s) | {:.0} | {:.0} | {:.2} |", d.rps, g.rps, g.rps / d.rps);
-                println!("| SendMessage p50 latency (ms) | {:.2} | {:.2} | {:.2} |", d.p50_ms, g.p50_ms, g.p50_ms / d.p50_ms);
-                println!("| SendMessage p99 latency (ms) | {:.2} | {:.2} | {:.2} |", d.p99_ms, g.p99_ms, g.p99_ms / d.p99_ms);
-            }
-            _ => println!("| SendMessage | (wrk not installed: apt-get install wrk) | | |"),
+        for e in [nginx.as_ref().err(), bare.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            eprintln!("{e}");
         }
-        println!("| SSE events/s ({STREAMS} streams x {BURST} events, tracked) | {sse_direct:.0} | {sse_gw:.0} | {:.2} |", sse_gw / sse_direct);
-        let tracked = gw.counter("a2agw_tasks_tracked_total", &[]).await;
-        println!();
-        println!("tasks tracked by the gateway during the run: {tracked}");
+        // The worker's task store fills to its capacity (10,000) before any
+        // column is measured, so none runs against an emptier store.
+        let _ = wrk_blocking(&http_url, 3).await;
+
+        let targets = [
+            Some(&direct),
+            nginx.as_ref().ok().map(|(_, t)| t),
+            bare.as_ref().ok().map(|(_, t)| t),
+            Some(&mem),
+            Some(&red),
+        ];
+        let cols = run_rounds(&targets).await;
+        let Ok([d, n, b, m, r]) = <[Column; 5]>::try_from(cols) else {
+            unreachable!("a column per target")
+        };
+        let cells: [Cell; 5] = [
+            Ok(d),
+            match &nginx {
+                Ok(_) => Ok(n),
+                Err(e) => Err(e.lines().next().unwrap_or("nginx failed").to_string()),
+            },
+            match &bare {
+                Ok(_) => Ok(b),
+                Err(_) => Err("bare pingora failed (see stderr)".to_string()),
+            },
+            Ok(m),
+            Ok(r),
+        ];
+        let tracked = (
+            mem_gw.counter("a2agw_tasks_tracked_total", &[]).await
+                + mem_gw_ws.counter("a2agw_tasks_tracked_total", &[]).await,
+            red_gw.counter("a2agw_tasks_tracked_total", &[]).await
+                + red_gw_ws.counter("a2agw_tasks_tracked_total", &[]).await,
+        );
+        drop((nginx, bare));
+        // Killed and waited for, so no zombie outlives the bench.
+        for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws] {
+            gw.kill().await;
+        }
+        redis.kill().await;
+        (cells, tracked)
     });
+    let load_after = loadavg();
+    {
+        let _in_runtime = worker_rt.enter();
+        drop(worker);
+    }
+
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    println!();
+    println!(
+        "proxy bench, {} — nproc {nproc} ({cpu}); load average {load_before} before, {load_after} after; {:.0} s",
+        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        started.elapsed().as_secs_f64()
+    );
+    let nginx_version = Some(sh(NGINX, &["-v"]))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "not installed".into());
+    println!(
+        "{nginx_version}; pingora 0.9 (bare and gateway: 2 threads); worker: a2a-rust 0.15 on 1 thread; best of {ROUNDS} rounds"
+    );
+    println!();
+    let names = [
+        "direct",
+        "nginx",
+        "bare pingora",
+        "gateway (memory)",
+        "gateway (Redis)",
+    ];
+    let cols: Vec<(&str, &Cell)> = names.iter().copied().zip(cells.iter()).collect();
+    print_table(&cols);
+    println!();
+    println!(
+        "tasks tracked during the run: gateway (memory) {}, gateway (Redis) {}",
+        tracked.0, tracked.1
+    );
 }

@@ -1,0 +1,79 @@
+//! The bare pingora pass-through the proxy bench compares the gateway with:
+//! a `ProxyHttp` with `upstream_peer` and nothing else (no filters, no
+//! routing, no logging), on the same pingora (0.9, the workspace's features)
+//! and with the same server settings as the gateway (2 threads, no grace
+//! period). WebSocket upgrades pass through pingora's own upgrade handling.
+//!
+//! It is compiled into the bench binary and run as a separate process: the
+//! bench re-executes itself (`std::env::current_exe()`) with
+//! `--bare-pingora --listen ADDR --upstream HOST:PORT`. That keeps the
+//! product's `cargo build`/`cargo test` and its Cargo.toml unchanged, needs no
+//! second `cargo build` inside the bench, and the pass-through is always
+//! built by the same profile, from the same pingora, as the gateway binary
+//! the bench runs. By hand:
+//! `target/release/deps/proxy-<hash> --bare-pingora --listen 127.0.0.1:8081 --upstream 127.0.0.1:9000`.
+
+use async_trait::async_trait;
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::Result;
+
+/// The argument that turns the bench binary into the pass-through.
+pub const FLAG: &str = "--bare-pingora";
+
+/// Same as the gateway's default `server.threads` in the bench.
+const THREADS: usize = 2;
+
+struct Bare {
+    upstream: String,
+}
+
+#[async_trait]
+impl ProxyHttp for Bare {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        Ok(Box::new(HttpPeer::new(
+            self.upstream.as_str(),
+            false,
+            String::new(),
+        )))
+    }
+}
+
+/// Runs the pass-through until killed. `args`: what follows [`FLAG`].
+pub fn run(args: &[String]) -> ! {
+    let value = |name: &str| -> String {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+            .unwrap_or_else(|| {
+                eprintln!("usage: {FLAG} --listen ADDR --upstream HOST:PORT");
+                std::process::exit(2)
+            })
+    };
+    let listen = value("--listen");
+    let upstream = value("--upstream");
+
+    let conf = ServerConf {
+        threads: THREADS,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(5),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Bare { upstream },
+        "bare-pingora",
+    );
+    proxy.add_tcp(&listen);
+    server.add_service(proxy);
+    server.run_forever()
+}
