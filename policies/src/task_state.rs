@@ -21,7 +21,8 @@ pub enum TaskState {
 }
 
 impl TaskState {
-    /// Every state, in the proto's order.
+    /// Every state, in the proto's order (stores derive their lists of
+    /// terminal and settled states from it).
     pub const ALL: [TaskState; 9] = [
         TaskState::Unspecified,
         TaskState::Submitted,
@@ -33,6 +34,21 @@ impl TaskState {
         TaskState::Rejected,
         TaskState::AuthRequired,
     ];
+
+    /// Does not compile once a state is added, so `ALL` gets it too.
+    const fn _all_listed(self) {
+        match self {
+            TaskState::Unspecified
+            | TaskState::Submitted
+            | TaskState::Working
+            | TaskState::Completed
+            | TaskState::Failed
+            | TaskState::Canceled
+            | TaskState::InputRequired
+            | TaskState::Rejected
+            | TaskState::AuthRequired => {}
+        }
+    }
 
     /// Reads a state from the wire. Accepts the v1.0 `TASK_STATE_*` names and
     /// the lower-case input aliases (`input-required`, …) that peers accept;

@@ -67,6 +67,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::{CancelTarget, LeaseRecord, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate};
+use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
 
 /// How long a task's hash lives after its last write while it is unsettled
@@ -86,35 +87,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Lua numbers are doubles: integers above this are not exact. Times and
 /// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
 const MAX_EXACT: u64 = (1 << 53) - 1;
-
-/// Every state, so the scripts know which are terminal and settled by the
-/// one definition in `policies`.
-const ALL_STATES: [TaskState; 9] = [
-    TaskState::Unspecified,
-    TaskState::Submitted,
-    TaskState::Working,
-    TaskState::Completed,
-    TaskState::Failed,
-    TaskState::Canceled,
-    TaskState::InputRequired,
-    TaskState::Rejected,
-    TaskState::AuthRequired,
-];
-
-/// Does not compile once a state is added, so `ALL_STATES` gets it too.
-const fn _all_states_listed(s: TaskState) {
-    match s {
-        TaskState::Unspecified
-        | TaskState::Submitted
-        | TaskState::Working
-        | TaskState::Completed
-        | TaskState::Failed
-        | TaskState::Canceled
-        | TaskState::InputRequired
-        | TaskState::Rejected
-        | TaskState::AuthRequired => {}
-    }
-}
 
 /// Helpers every script starts with. `{TERMINAL}`, `{SETTLED}`, `{LIVE_MS}`
 /// and `{SETTLED_MS}` are filled in from Rust.
@@ -264,7 +236,7 @@ struct Scripts {
 fn prelude() -> String {
     let lua_set = |pred: fn(TaskState) -> bool| {
         let mut s = String::from("{");
-        for st in ALL_STATES.into_iter().filter(|s| pred(*s)) {
+        for st in TaskState::ALL.into_iter().filter(|s| pred(*s)) {
             let _ = write!(s, "['{}']=true,", st.as_wire());
         }
         s.push('}');
@@ -564,15 +536,7 @@ impl TaskStore for RedisStore {
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.
 fn pct(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    percent_encode_segment(s).into_owned()
 }
 
 /// Escapes `SCAN MATCH` glob characters.
