@@ -154,11 +154,10 @@ impl Cascade {
 
     /// Decides and acts on a stream's end; returns once nothing more is owed.
     pub async fn stream_ended(&self, mut end: StreamEnd) {
-        let key = end.task_id.as_ref().map(|id| TaskKey {
-            route: end.route.clone(),
-            tenant: end.tenant.as_deref().unwrap_or("").into(),
-            task_id: id.clone(),
-        });
+        let key = end
+            .task_id
+            .as_ref()
+            .map(|id| TaskKey::new(&end.route, end.tenant.as_deref(), id.clone()));
         let mut watchers = 0;
         if let Some(key) = &key {
             // Apply what this stream queued, then uncount it and read the

@@ -248,11 +248,7 @@ impl Gateway {
     /// Renews the lease on (route, tenant, task), counting the outcome.
     async fn renew(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str) {
         let Some(route) = &ctx.route else { return };
-        let key = TaskKey {
-            route: route.name.clone(),
-            tenant: tenant.unwrap_or("").into(),
-            task_id: task_id.into(),
-        };
+        let key = TaskKey::new(&route.name, tenant, task_id);
         let outcome = match self.store.lease_renew(&key, now_ms()).await {
             Ok(Renewal::Renewed { .. }) => "renewed",
             Ok(Renewal::Lapsed) => "lapsed",
@@ -338,11 +334,7 @@ impl Gateway {
         if let Some(s) = obs.state {
             ctx.seen.state = Some(s);
         }
-        let key = |task_id: Arc<str>| TaskKey {
-            route: route.name.clone(),
-            tenant: ctx.tenant.as_deref().unwrap_or("").into(),
-            task_id,
-        };
+        let key = |task_id: Arc<str>| TaskKey::new(&route.name, ctx.tenant.as_deref(), task_id);
         if ctx.task_id.is_none() {
             let id: Arc<str> = id.into();
             ctx.task_id = Some(id.clone());

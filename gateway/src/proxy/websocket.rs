@@ -202,11 +202,7 @@ impl Gateway {
             ws.pending.remove(id);
         }
         let Some(task_id) = obs.task_id else { return };
-        let key = TaskKey {
-            route: route.name.clone(),
-            tenant: p.tenant.as_deref().unwrap_or("").into(),
-            task_id: task_id.as_str().into(),
-        };
+        let key = TaskKey::new(&route.name, p.tenant.as_deref(), task_id.as_str());
         let tracker = self.cascade.tracker();
         match ws.tasks.get_mut(task_id.as_str()) {
             Some(t) => {
@@ -322,11 +318,7 @@ impl Gateway {
             .unwrap_or("/")
             .to_string();
         for (task_id, t) in ws.tasks {
-            let key = TaskKey {
-                route: route.name.clone(),
-                tenant: t.tenant.as_deref().unwrap_or("").into(),
-                task_id: task_id.clone(),
-            };
+            let key = TaskKey::new(&route.name, t.tenant.as_deref(), task_id.clone());
             if t.held {
                 self.leases.release(&key);
             }

@@ -27,6 +27,15 @@ pub struct TaskKey {
 }
 
 impl TaskKey {
+    /// The key of `task_id` sent through `route` in `tenant` (none is `""`).
+    pub fn new(route: &Arc<str>, tenant: Option<&str>, task_id: impl Into<Arc<str>>) -> Self {
+        TaskKey {
+            route: route.clone(),
+            tenant: tenant.unwrap_or("").into(),
+            task_id: task_id.into(),
+        }
+    }
+
     pub fn tenant(&self) -> Option<&str> {
         (!self.tenant.is_empty()).then_some(&*self.tenant)
     }
