@@ -3,6 +3,7 @@
 //!
 //! One test binary; `harness` holds the helpers that start each peer.
 
+mod budgets;
 mod cascade;
 mod gateway_basics;
 mod harness;

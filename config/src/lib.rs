@@ -12,11 +12,13 @@
 //! Nothing here does I/O but [`load`] (which reads the file), and [`parse`]
 //! reading the environment variables that `worker_credential_env` names.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use policies::budget::{Caps, OverCap};
 use policies::cascade::CascadePolicy;
 
 mod read;
@@ -191,6 +193,115 @@ pub struct Route {
     pub worker_credential: Option<String>,
     pub lease: LeasePolicy,
     pub headers: HeaderPolicy,
+    /// `[routes.budget]`: caps on the budget grants of the child tasks this
+    /// route starts, and accounts they are reserved from. Inactive (the
+    /// default) when the route names none.
+    pub budget: BudgetPolicy,
+}
+
+/// How a route holds the children it starts to budgets (the a2a-rust budget
+/// extension, `a2a-rust.com/budget`): each grant is checked, lowered to (or
+/// refused above) the caps of the route, the caller's tenant and the caller,
+/// and reserved from the accounts. Inactive (the default) when it has no
+/// caps and no accounts.
+///
+/// `Debug` hides the caller keys (they are often API keys).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct BudgetPolicy {
+    /// Route-wide caps on one task's grant.
+    pub caps: Caps,
+    /// What a grant above a cap gets: lowered to it (`Clamp`, the default)
+    /// or refused (`Refuse`).
+    pub over_cap: OverCap,
+    /// Lower-cased name of the request header whose value names the caller
+    /// (an API key, say), for `callers` and `per = "caller"` accounts.
+    /// `None`: callers are not told apart.
+    pub caller_header: Option<String>,
+    /// Caps on top of the route's for the tasks of each tenant (the A2A
+    /// `tenant` of the request), by tenant name; none is empty.
+    pub tenants: BTreeMap<String, Caps>,
+    /// Caps on top of the route's for each caller, by the exact value of
+    /// `caller_header`; none is empty. Non-empty only with `caller_header`.
+    pub callers: BTreeMap<String, Caps>,
+    /// Windowed allowances grants are reserved from, in file order. No two
+    /// with the same `per` limit the same meter.
+    pub accounts: Vec<AccountPolicy>,
+}
+
+impl BudgetPolicy {
+    /// Whether the route holds budgets to anything: any caps (the route's,
+    /// a tenant's or a caller's) or any account.
+    pub fn is_active(&self) -> bool {
+        !self.caps.is_empty()
+            || self.tenants.values().any(|c| !c.is_empty())
+            || self.callers.values().any(|c| !c.is_empty())
+            || !self.accounts.is_empty()
+    }
+}
+
+impl fmt::Debug for BudgetPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured so that a new field cannot be forgotten here.
+        let BudgetPolicy {
+            caps,
+            over_cap,
+            caller_header,
+            tenants,
+            callers,
+            accounts,
+        } = self;
+        f.debug_struct("BudgetPolicy")
+            .field("caps", caps)
+            .field("over_cap", over_cap)
+            .field("caller_header", caller_header)
+            .field("tenants", tenants)
+            .field(
+                "callers",
+                &callers
+                    .values()
+                    .map(|c| ("<redacted>", c))
+                    .collect::<Vec<_>>(),
+            )
+            .field("accounts", accounts)
+            .finish()
+    }
+}
+
+/// Whose usage one budget account adds up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccountScope {
+    /// One account for the whole route.
+    Route,
+    /// One account per tenant (the A2A `tenant` of the request).
+    Tenant,
+    /// One account per caller (the value of the route's `caller_header`).
+    Caller,
+}
+
+impl AccountScope {
+    /// The spelling used in config files (`per = "tenant"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountScope::Route => "route",
+            AccountScope::Tenant => "tenant",
+            AccountScope::Caller => "caller",
+        }
+    }
+}
+
+/// `[[routes.budget.accounts]]`: an allowance of meters per route, tenant
+/// or caller that the grants of its children are reserved from, so that a
+/// network of tasks cannot spend more than it in one window however it fans
+/// out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountPolicy {
+    pub per: AccountScope,
+    /// The account resets at each multiple of this since the Unix epoch
+    /// (windows are aligned, so replicas agree on them). 1s to 366 days.
+    pub window: Duration,
+    /// The allowance of each meter per window; at least one, each at
+    /// least 1, at most [`policies::budget::MAX_METERS`].
+    pub meters: BTreeMap<String, u64>,
 }
 
 /// Headers the gateway adds to or removes from requests it forwards to a
@@ -277,6 +388,7 @@ impl fmt::Debug for Route {
             worker_credential,
             lease,
             headers,
+            budget,
         } = self;
         f.debug_struct("Route")
             .field("name", name)
@@ -303,6 +415,7 @@ impl fmt::Debug for Route {
                     headers.strip_headers
                 ),
             )
+            .field("budget", budget)
             .finish()
     }
 }
@@ -330,6 +443,7 @@ impl Config {
                 worker_credential: None,
                 lease: LeasePolicy::default(),
                 headers: HeaderPolicy::default(),
+                budget: BudgetPolicy::default(),
             }],
             leases: Leases::default(),
         })

@@ -266,6 +266,47 @@ impl<'a> Reader<'a> {
         Some((field, readers))
     }
 
+    /// Readers of every entry of this table, for a table whose keys are
+    /// names the user chooses (tenants, callers) rather than known keys.
+    /// `segment` gives the path of entry `i` named `name` below this table
+    /// (`".acme"`, or `"[1]"` to keep a secret name out of messages). An
+    /// entry that is not a table is reported. Consumes the reader, as there
+    /// is no unknown key to report.
+    pub fn entries(self, segment: impl Fn(usize, &str) -> String) -> Vec<Entry<'a>> {
+        let Some(table) = self.table else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, (name, item)) in table.iter().enumerate() {
+            let at = start(item)
+                .or_else(|| {
+                    let (k, _) = table.get_key_value(name)?;
+                    k.span().map(|s| s.start)
+                })
+                .unwrap_or(self.at);
+            let path = format!("{}{}", self.path, segment(i, name));
+            match as_table(item) {
+                Some(t) => out.push(Entry {
+                    name,
+                    reader: Reader {
+                        sink: self.sink,
+                        table: Some(t),
+                        at,
+                        path,
+                        known: Vec::new(),
+                    },
+                }),
+                None => self.sink.push(at, &path, expected("a table", item)),
+            }
+        }
+        out
+    }
+
+    /// Whether the table has no key at all (or is missing).
+    pub fn is_empty(&self) -> bool {
+        self.table.is_none_or(|t| t.is_empty())
+    }
+
     /// Whether the table has `key` (without marking it known).
     pub fn has(&self, key: &str) -> bool {
         self.table.is_some_and(|t| t.contains_key(key))
@@ -295,6 +336,26 @@ impl<'a> Reader<'a> {
             message.push_str(&format!("; expected one of: {}", self.known.join(", ")));
             self.sink.push(at, &self.child_path(name), message);
         }
+    }
+}
+
+/// One entry of a table of user-chosen names ([`Reader::entries`]).
+pub(crate) struct Entry<'a> {
+    pub name: &'a str,
+    pub reader: Reader<'a>,
+}
+
+/// How a user-chosen key reads in a path: bare when TOML would take it
+/// bare, else quoted (`tenants.acme`, `meters."gpu.seconds"`).
+pub(crate) fn key_segment(name: &str) -> String {
+    let bare = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
+    if bare {
+        format!(".{name}")
+    } else {
+        format!(".{name:?}")
     }
 }
 

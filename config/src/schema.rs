@@ -1,20 +1,21 @@
 //! The file's keys: which exist, their defaults, and the rules across them.
 
-use std::collections::HashMap;
+use std::collections::{hash_map, BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use policies::budget::{is_meter_name, Caps, OverCap, MAX_METERS, MAX_METER_NAME_LEN};
 use policies::cascade::{CascadeMode, CascadePolicy};
 use toml_edit::Item;
 
 use crate::read::{
-    boolean, duration, expected, found, int_in, nonzero_duration, one_of, size_in, string, Bad,
-    Problem, Reader, Sink,
+    boolean, duration, expected, found, int_in, key_segment, nonzero_duration, one_of, size_in,
+    string, Bad, Entry, Problem, Reader, Sink,
 };
 use crate::url::{split_url, UrlError};
 use crate::{
-    Cancel, Config, HeaderPolicy, LeasePolicy, Leases, Limits, OnStoreError, Route, Server, Store,
-    StoreKind, Timeouts, WorkerLeases, WorkerUrl,
+    AccountPolicy, AccountScope, BudgetPolicy, Cancel, Config, HeaderPolicy, LeasePolicy, Leases,
+    Limits, OnStoreError, Route, Server, Store, StoreKind, Timeouts, WorkerLeases, WorkerUrl,
 };
 
 /// Looks up an environment variable (`worker_credential_env`).
@@ -309,6 +310,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let worker_credential = credential(r, env);
     let lease = lease_policy(r, defaults);
     let headers = header_policy(r);
+    let budget = budget_policy(r);
     r.finish();
     Some(Route {
         name: name?,
@@ -320,7 +322,283 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         worker_credential,
         lease,
         headers,
+        budget,
     })
+}
+
+/// The shortest and longest `max_deadline`.
+const MIN_DEADLINE: Duration = Duration::from_millis(10);
+const MAX_DEADLINE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The shortest and longest account `window`.
+const MIN_WINDOW: Duration = Duration::from_secs(1);
+const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Why a `caller_header` is needed, for errors about its absence.
+const NEEDS_CALLER_HEADER: &str = "needs caller_header, the header whose value names the caller";
+
+/// `[routes.budget]`: caps, tenants' and callers' caps, and accounts.
+fn budget_policy(r: &mut Reader<'_>) -> BudgetPolicy {
+    let mut b = r.section("budget");
+    let caps = caps(&mut b);
+    let over_cap = b.or("over_cap", OverCap::Clamp, over_cap);
+    let caller_header = b.opt("caller_header", caller_header);
+    // A bad caller_header is reported as such; only a missing one makes
+    // `callers` and `per = "caller"` errors too.
+    let has_caller_header = b.has("caller_header");
+    let tenants = named_caps(b.section("tenants"), tenant_name, |_, name| {
+        key_segment(name)
+    });
+    if b.has("callers") && !has_caller_header {
+        let at = b.pos("callers");
+        b.report_at(at, "callers", format!("callers {NEEDS_CALLER_HEADER}"));
+    }
+    // Caller keys are often API keys: paths name them by position only.
+    let callers = named_caps(b.section("callers"), caller_key, |i, _| format!("[{i}]"));
+    let accounts = accounts(&mut b, has_caller_header);
+    b.finish();
+    BudgetPolicy {
+        caps,
+        over_cap,
+        caller_header,
+        tenants,
+        callers,
+        accounts,
+    }
+}
+
+/// `max_deadline` and `meters`: the caps of a route, a tenant or a caller.
+fn caps(r: &mut Reader<'_>) -> Caps {
+    let max_deadline_ms = r.opt("max_deadline", max_deadline);
+    let meters = r.opt("meters", meters(0)).map(meter_map);
+    Caps {
+        max_deadline_ms,
+        meters: meters.unwrap_or_default(),
+    }
+}
+
+/// `tenants` or `callers`: a table of caps tables by name. `check_name`
+/// says what is wrong with a name (without echoing it); `segment` names an
+/// entry in paths.
+fn named_caps(
+    r: Reader<'_>,
+    check_name: fn(&str) -> Result<(), String>,
+    segment: impl Fn(usize, &str) -> String,
+) -> BTreeMap<String, Caps> {
+    let mut out = BTreeMap::new();
+    for Entry { name, mut reader } in r.entries(segment) {
+        if let Err(message) = check_name(name) {
+            reader.table_error(message);
+        }
+        // A table with only unknown keys gets those reported instead.
+        if reader.is_empty() {
+            reader.table_error("names no cap; give max_deadline, meters or both");
+        }
+        let caps = caps(&mut reader);
+        reader.finish();
+        out.insert(name.to_owned(), caps);
+    }
+    out
+}
+
+fn tenant_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a tenant name cannot be empty".into());
+    }
+    Ok(())
+}
+
+/// A caller key is compared with the value of `caller_header`, so it must
+/// be one that can arrive. Errors never echo it.
+fn caller_key(key: &str) -> Result<(), String> {
+    let ok = !key.is_empty() && key.trim() == key && http::HeaderValue::from_str(key).is_ok();
+    if !ok {
+        return Err(
+            "a caller key is a value of caller_header: not empty, visible ASCII, \
+             no leading or trailing spaces"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `[[routes.budget.accounts]]`. `has_caller_header`: whether the budget
+/// table names a `caller_header` (good or bad).
+fn accounts(b: &mut Reader<'_>, has_caller_header: bool) -> Vec<AccountPolicy> {
+    let Some((_, readers)) = b.tables("accounts") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    // (per, meter) -> index of the first account that limits it
+    let mut limited: HashMap<(AccountScope, String), usize> = HashMap::new();
+    for (i, mut a) in readers.into_iter().enumerate() {
+        let per = a.required(
+            "per",
+            one_of(&[
+                ("route", AccountScope::Route),
+                ("tenant", AccountScope::Tenant),
+                ("caller", AccountScope::Caller),
+            ]),
+        );
+        if per == Some(AccountScope::Caller) && !has_caller_header {
+            let at = a.pos("per");
+            a.report_at(at, "per", format!("per = \"caller\" {NEEDS_CALLER_HEADER}"));
+        }
+        let window = a.required("window", window);
+        let meters = a.required("meters", meters(1));
+        a.finish();
+        let (Some(per), Some(window), Some(meters)) = (per, window, meters) else {
+            continue;
+        };
+        for m in &meters {
+            match limited.entry((per, m.name.clone())) {
+                hash_map::Entry::Occupied(first) => {
+                    let at = m.at.unwrap_or_else(|| a.pos("meters"));
+                    a.report_at(
+                        at,
+                        &format!("meters{}", key_segment(&m.name)),
+                        format!(
+                            "an account per {} already limits {:?} (accounts[{}])",
+                            per.as_str(),
+                            m.name,
+                            first.get()
+                        ),
+                    );
+                }
+                hash_map::Entry::Vacant(slot) => {
+                    slot.insert(i);
+                }
+            }
+        }
+        out.push(AccountPolicy {
+            per,
+            window,
+            meters: meter_map(meters),
+        });
+    }
+    out
+}
+
+/// A duration from 10ms to 30 days, in milliseconds.
+fn max_deadline(item: &Item) -> Result<u64, String> {
+    let d = duration(item)?;
+    if !(MIN_DEADLINE..=MAX_DEADLINE).contains(&d) {
+        return Err(format!(
+            "must be between 10ms and 720h (30 days), found {}",
+            found(item)
+        ));
+    }
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A duration from 1s to 366 days.
+fn window(item: &Item) -> Result<Duration, String> {
+    let d = duration(item)?;
+    if !(MIN_WINDOW..=MAX_WINDOW).contains(&d) {
+        return Err(format!(
+            "must be between 1s and 8784h (366 days), found {}",
+            found(item)
+        ));
+    }
+    Ok(d)
+}
+
+/// The spellings are the policies crate's own.
+fn over_cap(item: &Item) -> Result<OverCap, String> {
+    let modes = [OverCap::Clamp, OverCap::Refuse];
+    item.as_str().and_then(OverCap::parse).ok_or_else(|| {
+        let names: Vec<String> = modes.iter().map(|m| format!("{:?}", m.as_str())).collect();
+        expected(&format!("one of {}", names.join(", ")), item)
+    })
+}
+
+/// A header name, lower-cased; not one the proxy manages per connection.
+fn caller_header(item: &Item) -> Result<String, String> {
+    let s = string(item)?;
+    let name = http::HeaderName::from_bytes(s.as_bytes())
+        .map_err(|_| format!("{s:?} is not a header name"))?;
+    if is_hop_header(name.as_str()) {
+        return Err(format!("{s}: a hop-by-hop header cannot name the caller"));
+    }
+    Ok(name.as_str().to_owned())
+}
+
+/// One `name = amount` of a `meters` table, with where its value is.
+struct Meter {
+    name: String,
+    amount: u64,
+    at: Option<usize>,
+}
+
+fn meter_map(meters: Vec<Meter>) -> BTreeMap<String, u64> {
+    meters.into_iter().map(|m| (m.name, m.amount)).collect()
+}
+
+/// `meters = { tokens = 50000 }`: 1 to [`MAX_METERS`] meters, each a valid
+/// meter name with an integer amount of at least `min`. Each problem is
+/// reported at its own key or value.
+fn meters(min: i64) -> impl Fn(&Item) -> Result<Vec<Meter>, Bad> {
+    move |item| {
+        let table = item.as_table_like().ok_or_else(|| {
+            expected(
+                "a table of meter names to amounts, like { tokens = 1000 }",
+                item,
+            )
+        })?;
+        if table.is_empty() {
+            return Err(Bad::from(
+                "names no meter; expected at least one, like { tokens = 1000 }".to_owned(),
+            ));
+        }
+        if table.len() > MAX_METERS {
+            return Err(Bad::from(format!(
+                "at most {MAX_METERS} meters, found {}",
+                table.len()
+            )));
+        }
+        let mut out = Vec::new();
+        let mut problems = Vec::new();
+        for (name, value) in table.iter() {
+            let key_at = table
+                .get_key_value(name)
+                .and_then(|(k, _)| k.span())
+                .map(|s| s.start);
+            let at = value.span().map(|s| s.start).or(key_at);
+            if !is_meter_name(name) {
+                problems.push(Problem {
+                    at: key_at,
+                    sub: String::new(),
+                    message: format!(
+                        "{name:?} is not a meter name (1 to {MAX_METER_NAME_LEN} of a-z, 0-9, '.', '_' and '-')"
+                    ),
+                });
+                continue;
+            }
+            let amount = if value.is_table_like() {
+                Err(format!(
+                    "{}; quote a meter name with dots: \"gpu.seconds\" = 10",
+                    expected("an integer", value)
+                ))
+            } else {
+                int_in(min..=i64::MAX)(value)
+            };
+            match amount {
+                Ok(amount) => out.push(Meter {
+                    name: name.to_owned(),
+                    amount,
+                    at,
+                }),
+                Err(message) => problems.push(Problem {
+                    at,
+                    sub: key_segment(name),
+                    message,
+                }),
+            }
+        }
+        if problems.is_empty() {
+            Ok(out)
+        } else {
+            Err(Bad(problems))
+        }
+    }
 }
 
 /// `inject_extensions`, `inject_headers`, `strip_headers`.

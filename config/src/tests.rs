@@ -1,5 +1,7 @@
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use policies::budget::{Caps, OverCap};
 use policies::cascade::{CascadeMode, CascadePolicy};
 
 use super::*;
@@ -86,9 +88,25 @@ fn examples_parse() {
                 inject_headers: vec![("x-tenant-id".into(), "research".into())],
                 strip_headers: vec!["x-debug".into()],
             },
+            budget: BudgetPolicy {
+                caps: caps(Some(600_000), &[("tokens", 50_000)]),
+                over_cap: OverCap::Clamp,
+                caller_header: Some("x-api-key".into()),
+                tenants: BTreeMap::from([(
+                    "acme".into(),
+                    caps(Some(300_000), &[("tokens", 20_000)])
+                )]),
+                callers: BTreeMap::from([("key-1".into(), caps(None, &[("tokens", 1000)]))]),
+                accounts: vec![AccountPolicy {
+                    per: AccountScope::Tenant,
+                    window: 24 * 3600 * S,
+                    meters: meters(&[("tokens", 1_000_000)]),
+                }],
+            },
         }
     );
     assert_eq!(default.lease, LeasePolicy::default());
+    assert_eq!(default.budget, BudgetPolicy::default());
     assert_eq!(full.leases.replica_id.as_deref(), Some("gw-1"));
     assert_eq!(default.worker.origin(), "https://worker.internal:8443");
     assert_eq!(default.cascade, CascadePolicy::default());
@@ -122,6 +140,251 @@ fn defaults() {
     assert!(r.strip_prefix);
     assert_eq!(r.cascade, CascadePolicy::default());
     assert_eq!(r.worker_credential, None);
+    assert_eq!(r.budget, BudgetPolicy::default());
+    assert!(!r.budget.is_active());
+}
+
+fn meters(list: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    list.iter().map(|&(k, v)| (k.to_owned(), v)).collect()
+}
+
+fn caps(max_deadline_ms: Option<u64>, list: &[(&str, u64)]) -> Caps {
+    Caps {
+        max_deadline_ms,
+        meters: meters(list),
+    }
+}
+
+/// `[routes.budget]` with `body`, on the one route of the file.
+fn budget_src(body: &str) -> String {
+    format!("{ROUTE}[routes.budget]\n{body}")
+}
+
+fn budget(body: &str) -> BudgetPolicy {
+    ok(&budget_src(body)).routes.remove(0).budget
+}
+
+#[test]
+fn budget_policy() {
+    // Every key, in inline forms this time.
+    let b = budget(
+        r#"max_deadline = "1h"
+meters = { tokens = 50000, "gpu.seconds" = 0 }
+over_cap = "refuse"
+caller_header = "X-Api-Key"
+tenants = { acme = { max_deadline = "5m" }, "big co" = { meters = { tokens = 20000 } } }
+callers = { "key-1" = { meters = { tokens = 1000 } }, "key 2" = { max_deadline = "10ms" } }
+accounts = [
+  { per = "route", window = "1h", meters = { tokens = 10000000 } },
+  { per = "tenant", window = "24h", meters = { tokens = 1000000, "gpu.seconds" = 3600 } },
+  { per = "caller", window = "1s", meters = { tokens = 1 } },
+  { per = "caller", window = "8784h", meters = { requests = 1 } },
+]
+"#,
+    );
+    let want = BudgetPolicy {
+        caps: caps(Some(3_600_000), &[("tokens", 50_000), ("gpu.seconds", 0)]),
+        over_cap: OverCap::Refuse,
+        caller_header: Some("x-api-key".into()),
+        tenants: BTreeMap::from([
+            ("acme".into(), caps(Some(300_000), &[])),
+            ("big co".into(), caps(None, &[("tokens", 20_000)])),
+        ]),
+        callers: BTreeMap::from([
+            ("key-1".into(), caps(None, &[("tokens", 1000)])),
+            ("key 2".into(), caps(Some(10), &[])),
+        ]),
+        accounts: vec![
+            AccountPolicy {
+                per: AccountScope::Route,
+                window: 3600 * S,
+                meters: meters(&[("tokens", 10_000_000)]),
+            },
+            AccountPolicy {
+                per: AccountScope::Tenant,
+                window: 24 * 3600 * S,
+                meters: meters(&[("tokens", 1_000_000), ("gpu.seconds", 3600)]),
+            },
+            AccountPolicy {
+                per: AccountScope::Caller,
+                window: S,
+                meters: meters(&[("tokens", 1)]),
+            },
+            AccountPolicy {
+                per: AccountScope::Caller,
+                window: 366 * 24 * 3600 * S,
+                meters: meters(&[("requests", 1)]),
+            },
+        ],
+    };
+    assert_eq!(b, want);
+    assert!(b.is_active());
+    let scopes: Vec<&str> = b.accounts.iter().map(|a| a.per.as_str()).collect();
+    assert_eq!(scopes, ["route", "tenant", "caller", "caller"]);
+
+    // The same in standard tables, at the bounds.
+    let b = budget(
+        "max_deadline = \"720h\"\n\
+         [routes.budget.tenants.acme]\nmax_deadline = \"10ms\"\n\
+         [[routes.budget.accounts]]\nper = \"tenant\"\nwindow = \"1s\"\n\
+         [routes.budget.accounts.meters]\ntokens = 9223372036854775807\n",
+    );
+    assert_eq!(b.caps, caps(Some(30 * 24 * 3_600_000), &[]));
+    assert_eq!(b.tenants["acme"], caps(Some(10), &[]));
+    assert_eq!(b.accounts[0].meters, meters(&[("tokens", i64::MAX as u64)]));
+
+    // Sixteen meters are allowed.
+    let sixteen: Vec<String> = (0..16).map(|i| format!("m{i} = 1")).collect();
+    let b = budget(&format!("meters = {{ {} }}", sixteen.join(", ")));
+    assert_eq!(b.caps.meters.len(), 16);
+}
+
+/// What makes a budget policy active, and what does not.
+#[test]
+fn budget_activity() {
+    let active = [
+        "max_deadline = \"1m\"",
+        "meters = { tokens = 0 }",
+        "[routes.budget.tenants.t]\nmeters = { tokens = 1 }",
+        "caller_header = \"x-k\"\n[routes.budget.callers.k]\nmax_deadline = \"1s\"",
+        "[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"\nmeters = { tokens = 1 }",
+    ];
+    for body in active {
+        assert!(budget(body).is_active(), "{body}");
+    }
+    let inactive = [
+        "",
+        "over_cap = \"refuse\"",
+        "caller_header = \"x-k\"",
+        "caller_header = \"x-k\"\ntenants = {}\ncallers = {}\naccounts = []",
+    ];
+    for body in inactive {
+        let b = budget(body);
+        assert!(!b.is_active(), "{body}");
+    }
+    assert_eq!(budget(""), BudgetPolicy::default());
+    assert!(!BudgetPolicy::default().is_active());
+    assert_eq!(BudgetPolicy::default().over_cap, OverCap::Clamp);
+}
+
+/// Each budget error, alone: the body of `[routes.budget]` (on line 4, so
+/// the body starts on line 5) and its one error, as displayed.
+#[test]
+fn budget_errors() {
+    let seventeen: Vec<String> = (0..17).map(|i| format!("m{i} = 1")).collect();
+    let seventeen = format!("meters = {{ {} }}", seventeen.join(", "));
+    let account =
+        "[[routes.budget.accounts]]\nper = \"tenant\"\nwindow = \"1h\"\nmeters = { tokens = 1 }\n";
+    let table: Vec<(&str, &str)> = vec![
+        // caps
+        ("max_deadline = \"5ms\"", "5:16: routes[0].budget.max_deadline: must be between 10ms and 720h (30 days), found \"5ms\""),
+        ("max_deadline = \"721h\"", "5:16: routes[0].budget.max_deadline: must be between 10ms and 720h (30 days), found \"721h\""),
+        ("max_deadline = 600", "5:16: routes[0].budget.max_deadline: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 600"),
+        ("meters = { Tokens = 1 }", "5:12: routes[0].budget.meters: \"Tokens\" is not a meter name (1 to 64 of a-z, 0-9, '.', '_' and '-')"),
+        ("meters = { tokens = -1 }", "5:21: routes[0].budget.meters.tokens: must be at least 0, found -1"),
+        ("meters = { tokens = \"50k\" }", "5:21: routes[0].budget.meters.tokens: expected an integer, found \"50k\""),
+        ("meters = { \"gpu.s\" = 1.5 }", "5:22: routes[0].budget.meters.\"gpu.s\": expected an integer, found float 1.5"),
+        ("meters = { gpu.seconds = 1 }", "5:12: routes[0].budget.meters.gpu: expected an integer, found a table; quote a meter name with dots: \"gpu.seconds\" = 10"),
+        ("meters = {}", "5:10: routes[0].budget.meters: names no meter; expected at least one, like { tokens = 1000 }"),
+        (&seventeen, "5:10: routes[0].budget.meters: at most 16 meters, found 17"),
+        ("meters = 5", "5:10: routes[0].budget.meters: expected a table of meter names to amounts, like { tokens = 1000 }, found integer 5"),
+        // route-wide keys
+        ("over_cap = \"deny\"", "5:12: routes[0].budget.over_cap: expected one of \"clamp\", \"refuse\", found \"deny\""),
+        ("caller_header = \"x api\"", "5:17: routes[0].budget.caller_header: \"x api\" is not a header name"),
+        ("caller_header = \"\"", "5:17: routes[0].budget.caller_header: \"\" is not a header name"),
+        ("caller_header = \"Connection\"", "5:17: routes[0].budget.caller_header: Connection: a hop-by-hop header cannot name the caller"),
+        ("max_deadlines = \"1m\"", "5:1: routes[0].budget.max_deadlines: unknown key \"max_deadlines\" (did you mean \"max_deadline\"?); expected one of: max_deadline, meters, over_cap, caller_header, tenants, callers, accounts"),
+        // tenants
+        ("[routes.budget.tenants.acme]\n", "5:1: routes[0].budget.tenants.acme: names no cap; give max_deadline, meters or both"),
+        ("tenants = { acme = {} }", "5:20: routes[0].budget.tenants.acme: names no cap; give max_deadline, meters or both"),
+        ("tenants = { \"\" = { max_deadline = \"1m\" } }", "5:18: routes[0].budget.tenants.\"\": a tenant name cannot be empty"),
+        ("tenants.acme = { max_deadlin = \"1m\" }", "5:18: routes[0].budget.tenants.acme.max_deadlin: unknown key \"max_deadlin\" (did you mean \"max_deadline\"?); expected one of: max_deadline, meters"),
+        ("tenants.acme = { over_cap = \"refuse\" }", "5:18: routes[0].budget.tenants.acme.over_cap: unknown key \"over_cap\"; expected one of: max_deadline, meters"),
+        ("[routes.budget.tenants.\"a b\"]\nmeters = { tokens = -5 }", "6:21: routes[0].budget.tenants.\"a b\".meters.tokens: must be at least 0, found -5"),
+        ("tenants = { acme = 1 }", "5:20: routes[0].budget.tenants.acme: expected a table, found integer 1"),
+        ("tenants = 1", "5:11: routes[0].budget.tenants: expected a table, found integer 1"),
+        // callers
+        ("[routes.budget.callers.k]\nmeters = { tokens = 1 }", "5:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller"),
+        ("callers = { k = { meters = { tokens = 1 } } }", "5:11: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller"),
+        ("caller_header = \"x-k\"\ncallers = { \" k\" = { meters = { tokens = 1 } } }", "6:20: routes[0].budget.callers[0]: a caller key is a value of caller_header: not empty, visible ASCII, no leading or trailing spaces"),
+        ("caller_header = \"x-k\"\ncallers = { a = { max_deadline = \"1m\" }, b = {} }", "6:46: routes[0].budget.callers[1]: names no cap; give max_deadline, meters or both"),
+        // accounts
+        ("[[routes.budget.accounts]]\nper = \"caller\"\nwindow = \"1h\"\nmeters = { tokens = 1 }", "6:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller"),
+        ("[[routes.budget.accounts]]\nper = \"user\"\nwindow = \"1h\"\nmeters = { tokens = 1 }", "6:7: routes[0].budget.accounts[0].per: expected one of \"route\", \"tenant\", \"caller\", found \"user\""),
+        ("[[routes.budget.accounts]]\nwindow = \"1h\"\nmeters = { tokens = 1 }", "5:1: routes[0].budget.accounts[0].per: missing required key"),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nmeters = { tokens = 1 }", "5:1: routes[0].budget.accounts[0].window: missing required key"),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"", "5:1: routes[0].budget.accounts[0].meters: missing required key"),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"999ms\"\nmeters = { tokens = 1 }", "7:10: routes[0].budget.accounts[0].window: must be between 1s and 8784h (366 days), found \"999ms\""),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"8785h\"\nmeters = { tokens = 1 }", "7:10: routes[0].budget.accounts[0].window: must be between 1s and 8784h (366 days), found \"8785h\""),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"\nmeters = { tokens = 0 }", "8:21: routes[0].budget.accounts[0].meters.tokens: must be at least 1, found 0"),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"\nmeters = {}", "8:10: routes[0].budget.accounts[0].meters: names no meter; expected at least one, like { tokens = 1000 }"),
+        ("[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"\nmeters = { tokens = 1 }\nreset = \"daily\"", "9:1: routes[0].budget.accounts[0].reset: unknown key \"reset\"; expected one of: per, window, meters"),
+        ("accounts = 1", "5:12: routes[0].budget.accounts: expected an array of tables, found integer 1"),
+        ("accounts = [1]", "5:13: routes[0].budget.accounts[0]: expected a table, found integer 1"),
+    ];
+    let duplicate = format!("{account}{account}");
+    let mut table = table;
+    table.push((&duplicate, "12:21: routes[0].budget.accounts[1].meters.tokens: an account per tenant already limits \"tokens\" (accounts[0])"));
+    let mut wrong = Vec::new();
+    for (body, want) in &table {
+        let src = budget_src(body);
+        let got = errors(&src);
+        if got != [*want] {
+            wrong.push(format!("{src}\n  want: {want}\n  got:  {got:?}"));
+        }
+    }
+    // `budget` itself must be a table.
+    let got = errors(&format!("{ROUTE}budget = 1\n"));
+    if got != ["4:10: routes[0].budget: expected a table, found integer 1"] {
+        wrong.push(format!("budget = 1\n  got:  {got:?}"));
+    }
+    assert!(wrong.is_empty(), "\n{}", wrong.join("\n\n"));
+}
+
+#[test]
+fn budget_errors_at_once() {
+    let src = r#"[[routes]]
+name = "a"
+worker = "http://w"
+
+[routes.budget]
+max_deadline = "1ms"
+meters = { Tokens = 1, tokens = -1 }
+over_cap = "never"
+
+[routes.budget.tenants.acme]
+
+[routes.budget.callers.secret-key-1]
+meters = { tokens = 1 }
+
+[[routes.budget.accounts]]
+per = "caller"
+window = "0s"
+meters = { tokens = 5, requests = 0 }
+
+[[routes.budget.accounts]]
+per = "route"
+window = "1h"
+meters = { tokens = 5 }
+
+[[routes.budget.accounts]]
+per = "route"
+window = "24h"
+meters = { tokens = 100 }
+"#;
+    let want = [
+        "6:16: routes[0].budget.max_deadline: must be between 10ms and 720h (30 days), found \"1ms\"",
+        "7:12: routes[0].budget.meters: \"Tokens\" is not a meter name (1 to 64 of a-z, 0-9, '.', '_' and '-')",
+        "7:33: routes[0].budget.meters.tokens: must be at least 0, found -1",
+        "8:12: routes[0].budget.over_cap: expected one of \"clamp\", \"refuse\", found \"never\"",
+        "10:1: routes[0].budget.tenants.acme: names no cap; give max_deadline, meters or both",
+        "12:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller",
+        "16:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller",
+        "17:10: routes[0].budget.accounts[0].window: must be between 1s and 8784h (366 days), found \"0s\"",
+        "18:35: routes[0].budget.accounts[0].meters.requests: must be at least 1, found 0",
+        "28:21: routes[0].budget.accounts[2].meters.tokens: an account per route already limits \"tokens\" (accounts[1])",
+    ];
+    assert_eq!(errors(src), want);
 }
 
 /// Valid files: a snippet (followed by a catch-all route unless it has
@@ -268,7 +531,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -428,7 +691,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, budget",
         ]
     );
 }
@@ -459,6 +722,25 @@ fn secrets_stay_out_of_messages() {
     let debug = format!("{c:?}");
     assert!(!debug.contains("s3cret"), "{debug}");
     assert!(debug.contains("<redacted>"), "{debug}");
+
+    // Caller keys are often API keys: neither errors nor Debug show them.
+    let src = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n\
+               [routes.budget.callers.\"sk-live-1\"]\nmeters = { tokens = -1 }\nbogus = 1\n";
+    let shown = errors(src).join("\n");
+    assert!(!shown.contains("sk-live"), "{shown}");
+    assert!(
+        shown.contains("routes[0].budget.callers[0].meters.tokens"),
+        "{shown}"
+    );
+    let c = ok(
+        "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n[routes.budget]\ncaller_header = \"x-api-key\"\n\
+         [routes.budget.callers.\"sk-live-1\"]\nmeters = { tokens = 1 }\n",
+    );
+    for debug in [format!("{c:?}"), format!("{:?}", c.routes[0].budget)] {
+        assert!(!debug.contains("sk-live"), "{debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
+        assert!(debug.contains("x-api-key"), "{debug}");
+    }
 }
 
 #[test]

@@ -21,7 +21,7 @@ fn parse(chunks: &[&[u8]]) -> Vec<Got> {
     for c in chunks {
         p.feed(c, |item| {
             out.push(match item {
-                SseItem::Event { event, data } => {
+                SseItem::Event { event, data, .. } => {
                     assert!(data.len() <= LIMIT, "an event over the limit");
                     Got::Event(event.map(<[u8]>::to_vec), data.to_vec())
                 }

@@ -1,5 +1,6 @@
-//! The admin endpoint: `/healthz`, `/metrics` (Prometheus text) and
-//! `/tasks` (what the store holds, as JSON, for debugging).
+//! The admin endpoint: `/healthz`, `/metrics` (Prometheus text), `/tasks`
+//! (what the store holds, as JSON, for debugging) and `/budgets` (accounts:
+//! limit, spent, reserved, left; and this replica's in-flight child budgets).
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use crate::store::TaskStore;
 #[derive(Debug)]
 pub struct Admin {
     pub store: Arc<dyn TaskStore>,
+    pub budgets: Arc<crate::budget::Budgets>,
 }
 
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -37,6 +39,11 @@ impl ServeHttp for Admin {
                 200,
                 "text/plain; version=0.0.4",
                 metrics::render().into_bytes(),
+            ),
+            "/budgets" => reply(
+                200,
+                "application/json",
+                self.budgets.admin_view().await.to_string().into_bytes(),
             ),
             "/tasks" => match self.store.list(1000).await {
                 Ok(tasks) => {
@@ -73,7 +80,7 @@ impl ServeHttp for Admin {
             _ => reply(
                 404,
                 "text/plain",
-                b"not found: try /healthz, /metrics or /tasks\n".to_vec(),
+                b"not found: try /healthz, /metrics, /tasks or /budgets\n".to_vec(),
             ),
         }
     }

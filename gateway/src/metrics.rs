@@ -25,6 +25,36 @@ counter!(
     &["route", "call"]
 );
 counter!(
+    BUDGET_CLAMPS,
+    "a2agw_budget_clamps_total",
+    "Grants lowered to a cap, by field (remainingMs or a capped meter).",
+    &["route", "field"]
+);
+counter!(
+    BUDGET_INJECTED,
+    "a2agw_budget_injected_total",
+    "Sends without a grant that got one from the route's caps.",
+    &["route"]
+);
+counter!(
+    BUDGET_EXHAUSTED,
+    "a2agw_budget_exhausted_total",
+    "Children the gateway cancelled for their budget, by what ran out (time or meter).",
+    &["route", "by"]
+);
+counter!(
+    BUDGET_RESERVED,
+    "a2agw_budget_reserved_total",
+    "Amounts reserved from accounts for starting children, by meter.",
+    &["route", "meter"]
+);
+counter!(
+    BUDGET_CHARGED,
+    "a2agw_budget_charged_total",
+    "Amounts charged to accounts when children settled, by meter.",
+    &["route", "meter"]
+);
+counter!(
     TASKS_TRACKED,
     "a2agw_tasks_tracked_total",
     "Tasks whose id the gateway learned from a worker's answer.",

@@ -87,6 +87,12 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         .clone()
         .unwrap_or_else(default_replica_id);
     let health = Arc::new(crate::store::StoreHealth::default());
+    let budgets = Arc::new(crate::budget::Budgets::new(
+        store.clone(),
+        health.clone(),
+        cfg.store.on_store_error,
+        canceller.clone(),
+    ));
     let leases = Arc::new(Leases::new(
         store.clone(),
         canceller,
@@ -107,7 +113,15 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(&cfg, routes, cascade, leases.clone(), store.clone(), health),
+        Gateway::new(
+            &cfg,
+            routes,
+            cascade,
+            leases.clone(),
+            store.clone(),
+            health,
+            budgets.clone(),
+        ),
         "a2a-gateway",
     );
     for addr in &cfg.server.listen {
@@ -125,7 +139,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     if let Some(addr) = cfg.server.admin {
         let mut admin = pingora::services::listening::Service::new(
             "admin".to_string(),
-            pingora::apps::http_app::HttpServer::new_app(Admin { store }),
+            pingora::apps::http_app::HttpServer::new_app(Admin { store, budgets }),
         );
         admin.add_tcp(&addr.to_string());
         server.add_service(admin);

@@ -282,6 +282,27 @@ impl Caps {
     pub fn is_empty(&self) -> bool {
         self.max_deadline_ms.is_none() && self.meters.is_empty()
     }
+
+    /// The caps that hold under both `self` and `other` (a route's, then a
+    /// tenant's, then a caller's): the smaller of each cap both name, and
+    /// every cap only one names.
+    pub fn tighten(&self, other: &Caps) -> Caps {
+        let max_deadline_ms = match (self.max_deadline_ms, other.max_deadline_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut meters = self.meters.clone();
+        for (name, &cap) in &other.meters {
+            meters
+                .entry(name.clone())
+                .and_modify(|c| *c = (*c).min(cap))
+                .or_insert(cap);
+        }
+        Caps {
+            max_deadline_ms,
+            meters,
+        }
+    }
 }
 
 /// What a route does with a grant that asks for more than a cap.
@@ -621,6 +642,35 @@ mod tests {
 
     fn asks(pairs: &[(&str, Amount)]) -> Vec<(String, Amount)> {
         pairs.iter().map(|(n, a)| ((*n).to_owned(), *a)).collect()
+    }
+
+    #[test]
+    fn tighten_table() {
+        let caps = |ms: Option<u64>, pairs: &[(&str, u64)]| Caps {
+            max_deadline_ms: ms,
+            meters: meters(pairs),
+        };
+        let table = [
+            (caps(None, &[]), caps(None, &[]), caps(None, &[])),
+            (caps(Some(10), &[]), caps(None, &[]), caps(Some(10), &[])),
+            (caps(None, &[]), caps(Some(7), &[]), caps(Some(7), &[])),
+            (caps(Some(10), &[]), caps(Some(7), &[]), caps(Some(7), &[])),
+            (caps(Some(5), &[]), caps(Some(7), &[]), caps(Some(5), &[])),
+            (
+                caps(None, &[("tokens", 100), ("calls", 3)]),
+                caps(None, &[("tokens", 50), ("usd", 9)]),
+                caps(None, &[("calls", 3), ("tokens", 50), ("usd", 9)]),
+            ),
+            (
+                caps(None, &[("tokens", 10)]),
+                caps(None, &[("tokens", 50)]),
+                caps(None, &[("tokens", 10)]),
+            ),
+        ];
+        for (a, b, want) in table {
+            assert_eq!(a.tighten(&b), want, "{a:?} + {b:?}");
+            assert_eq!(b.tighten(&a), want, "symmetric: {b:?} + {a:?}");
+        }
     }
 
     #[test]

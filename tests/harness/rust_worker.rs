@@ -14,6 +14,10 @@
 //!   nothing more: the server writes `CANCELED` (CancelTask, lease lapse).
 //! * `burst:<n>`: `WORKING`, n more `WORKING` updates at once, `COMPLETED`.
 //! * `quick`, and anything else: `WORKING` then `COMPLETED`.
+//! * `spend:<ms>:<meter>=<n>`: as `work:<ms>`, charging `n` of the meter to
+//!   the turn's budget (`RequestContext::budget`) before each status update,
+//!   so the server reports the spend on every update; it never stops itself
+//!   for its budget (`charged` counts what it charged).
 //! * `ask`: `WORKING` then `INPUT_REQUIRED` (with an agent message). A
 //!   continuation (same `taskId`) is run by the text rules again, so a
 //!   continuation saying `quick` completes the task.
@@ -118,6 +122,8 @@ struct Observed {
     executions: AtomicUsize,
     cancels: AtomicUsize,
     lease_stops: AtomicUsize,
+    /// Meter units charged by `spend:` turns, all meters together.
+    charged: AtomicUsize,
     /// Distinct extension URIs, in first-seen order.
     extensions: Mutex<Vec<String>>,
     /// (method, raw `a2a-extensions` value) for every call that carried one.
@@ -223,6 +229,11 @@ impl RustWorker {
     }
 
     /// `CancelTask` calls that reached the executor's cancel hook.
+    /// Meter units `spend:` turns charged to their budgets so far.
+    pub fn charged(&self) -> u64 {
+        self.observed.charged.load(Ordering::SeqCst) as u64
+    }
+
     pub fn cancels(&self) -> usize {
         self.observed.cancels.load(Ordering::SeqCst)
     }
@@ -273,6 +284,11 @@ enum Behaviour {
     Burst(usize),
     Quick,
     Ask,
+    /// `spend:<ms>:<meter>=<n>`: like `work:<ms>`, charging `n` of the meter
+    /// to the turn's budget before every status update (the server reports
+    /// the spend on each). It keeps going past its grant: stopping it is
+    /// left to whoever enforces the budget.
+    Spend(Duration, String, u64),
 }
 
 fn behaviour(text: &str) -> Behaviour {
@@ -285,6 +301,15 @@ fn behaviour(text: &str) -> Behaviour {
     if let Some(n) = text.strip_prefix("burst:") {
         if let Ok(n) = n.trim().parse::<usize>() {
             return Behaviour::Burst(n);
+        }
+    }
+    if let Some(rest) = text.strip_prefix("spend:") {
+        let parsed = rest.split_once(':').and_then(|(ms, charge)| {
+            let (meter, n) = charge.split_once('=')?;
+            Some((ms.parse().ok()?, meter.to_owned(), n.parse().ok()?))
+        });
+        if let Some((ms, meter, n)) = parsed {
+            return Behaviour::Spend(Duration::from_millis(ms), meter, n);
         }
     }
     if text == "ask" {
@@ -302,15 +327,28 @@ fn next_message_id() -> String {
     format!("worker-{nanos}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
-async fn run(ctx: &RequestContext, queue: &dyn EventQueueWriter) -> A2aResult<()> {
+async fn run(
+    ctx: &RequestContext,
+    queue: &dyn EventQueueWriter,
+    observed: &Observed,
+) -> A2aResult<()> {
     let emit = EventEmitter::new(ctx, queue);
     let token = &ctx.cancellation_token;
     let text = ctx.message.text().unwrap_or("").to_owned();
+    let behaviour = behaviour(&text);
+    let charge = || {
+        if let (Behaviour::Spend(_, meter, n), Some(budget)) = (&behaviour, ctx.budget()) {
+            // Over the grant `charge` says so and records the spend anyway.
+            let _ = budget.charge(meter, *n);
+            observed.charged.fetch_add(*n as usize, Ordering::SeqCst);
+        }
+    };
+    charge();
     emit.status(TaskState::Working).await?;
-    match behaviour(&text) {
+    match &behaviour {
         Behaviour::Quick => emit.status(TaskState::Completed).await,
         Behaviour::Burst(n) => {
-            for _ in 0..n {
+            for _ in 0..*n {
                 if token.is_cancelled() {
                     return Ok(());
                 }
@@ -333,7 +371,8 @@ async fn run(ctx: &RequestContext, queue: &dyn EventQueueWriter) -> A2aResult<()
                 }))
                 .await
         }
-        Behaviour::Work(total) => {
+        Behaviour::Work(total) | Behaviour::Spend(total, ..) => {
+            let total = *total;
             let deadline = tokio::time::Instant::now() + total;
             loop {
                 let now = tokio::time::Instant::now();
@@ -346,6 +385,7 @@ async fn run(ctx: &RequestContext, queue: &dyn EventQueueWriter) -> A2aResult<()
                     () = tokio::time::sleep(step) => {}
                 }
                 if tokio::time::Instant::now() < deadline {
+                    charge();
                     emit.status(TaskState::Working).await?;
                 }
             }
@@ -376,7 +416,7 @@ impl AgentExecutor for WorkerExecutor {
             if !continuation {
                 self.observed.tasks_started.fetch_add(1, Ordering::SeqCst);
             }
-            let result = run(ctx, queue).await;
+            let result = run(ctx, queue, &self.observed).await;
             // Once cancelled (CancelTask, lease lapse, halt) the server owns
             // the terminal state: write nothing more, report no failure.
             if ctx.cancellation_token.is_cancelled() {

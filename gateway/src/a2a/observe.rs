@@ -6,6 +6,7 @@
 //! field is skipped without building a tree.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use policies::TaskState;
 use serde::Deserialize;
@@ -23,6 +24,9 @@ pub struct Observation {
     pub message_only: bool,
     /// The document is an error (JSON-RPC `error`, REST `{"error":…}`).
     pub error: bool,
+    /// A status update's reported spend so far
+    /// (`metadata["a2a-rust.com/budget"].spent`, cumulative per meter).
+    pub spent: Option<BTreeMap<String, u64>>,
 }
 
 impl Observation {
@@ -90,6 +94,39 @@ struct UpdateObj<'a> {
     context_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     status: Option<StatusObj<'a>>,
+    #[serde(default)]
+    metadata: Option<UpdateMeta>,
+}
+
+#[derive(Deserialize)]
+struct UpdateMeta {
+    #[serde(default, rename = "a2a-rust.com/budget")]
+    budget: Option<BudgetStatus>,
+}
+
+/// `{"remainingMs","meters","spent"}`: only `spent` is read.
+#[derive(Deserialize)]
+struct BudgetStatus {
+    #[serde(default)]
+    spent: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// Reported spend, meter by meter; amounts that are not whole numbers
+/// (a Python peer's `12.0` counts) are skipped.
+fn spent_of(meta: Option<UpdateMeta>) -> Option<BTreeMap<String, u64>> {
+    let spent = meta?.budget?.spent?;
+    Some(
+        spent
+            .into_iter()
+            .filter_map(|(name, v)| {
+                let n = v.as_u64().or_else(|| {
+                    v.as_f64()
+                        .and_then(|f| policies::budget::Amount::Float(f).whole())
+                })?;
+                Some((name, n))
+            })
+            .collect(),
+    )
 }
 
 #[derive(Deserialize)]
@@ -129,6 +166,7 @@ impl Payload<'_> {
                 state: state_of(&u.status),
                 task_id: owned(u.task_id),
                 context_id: owned(u.context_id),
+                spent: spent_of(u.metadata),
                 ..Observation::default()
             };
         }
@@ -209,6 +247,13 @@ mod tests {
             (
                 r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_INPUT_REQUIRED","message":{"parts":[{"text":"?"}]}}}}"#,
                 Some(obs(Some("t1"), Some(InputRequired))),
+            ),
+            (
+                r#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING"},"metadata":{"a2a-rust.com/budget":{"remainingMs":5,"meters":{"tokens":9},"spent":{"tokens":12.0,"calls":3,"odd":1.5}}}}}"#,
+                Some(Observation {
+                    spent: Some([("calls".to_owned(), 3), ("tokens".to_owned(), 12)].into()),
+                    ..obs(Some("t1"), Some(Working))
+                }),
             ),
             (
                 r#"{"artifactUpdate":{"taskId":"t1","contextId":"c1","artifact":{"parts":[]}}}"#,

@@ -4,6 +4,8 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
+use policies::budget::{Amount, BudgetRefusal, Grant};
+
 use super::A2aMethod;
 
 /// What a request body says, as far as the gateway cares.
@@ -24,6 +26,9 @@ pub struct RequestFacts {
     /// The sent message's lease grant (`metadata["a2a-rust.com/lease"]`):
     /// its TTL in ms, or why it is malformed.
     pub lease: Option<Result<u64, String>>,
+    /// The sent message's budget grant (`metadata["a2a-rust.com/budget"]`),
+    /// checked as the SDK's server checks it.
+    pub budget: Option<Result<SentGrant, BudgetRefusal>>,
     /// JSON-RPC only: the request id, echoed in an error the gateway answers.
     pub rpc_id: Option<serde_json::Value>,
 }
@@ -64,6 +69,67 @@ struct Message<'a> {
 struct Metadata {
     #[serde(default, rename = "a2a-rust.com/lease")]
     lease: Option<serde_json::Value>,
+    #[serde(default, rename = "a2a-rust.com/budget")]
+    budget: Option<serde_json::Value>,
+}
+
+/// A valid budget grant as the caller sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentGrant {
+    pub grant: Grant,
+    /// Some number arrived as an integral float (`30000.0`, as Python peers
+    /// send): an a2a-rust worker refuses that, so the gateway re-writes the
+    /// grant with integers.
+    pub had_floats: bool,
+}
+
+fn amount(n: &serde_json::Number) -> Amount {
+    n.as_u64().map_or_else(
+        || Amount::from(n.as_f64().unwrap_or(f64::NAN)),
+        Amount::Whole,
+    )
+}
+
+/// Reads a budget grant `{"remainingMs"?: N, "meters"?: {name: N}}`; `null`
+/// parts count as absent, other fields are ignored (as serde does).
+fn budget_grant(v: &serde_json::Value) -> Result<SentGrant, BudgetRefusal> {
+    use serde_json::Value;
+    let malformed = |why: String| BudgetRefusal::Malformed(why);
+    let obj = v.as_object().ok_or_else(|| {
+        malformed(format!(
+            "invalid type: {v}, expected an object {{\"remainingMs\"?: N, \"meters\"?: {{name: N}}}}"
+        ))
+    })?;
+    let mut had_floats = false;
+    let mut num = |field: &str, v: &Value| match v {
+        Value::Number(n) => {
+            had_floats |= n.as_u64().is_none();
+            Ok(amount(n))
+        }
+        other => Err(malformed(format!(
+            "invalid type: {other} for `{field}`, expected a number"
+        ))),
+    };
+    let remaining = match obj.get("remainingMs") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(num("remainingMs", v)?),
+    };
+    let mut meters = Vec::new();
+    match obj.get("meters") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (name, v) in m {
+                meters.push((name.clone(), num(name, v)?));
+            }
+        }
+        Some(other) => {
+            return Err(malformed(format!(
+                "invalid type: {other} for `meters`, expected a map of meter names to numbers"
+            )))
+        }
+    }
+    let grant = policies::budget::validate(remaining, &meters)?;
+    Ok(SentGrant { grant, had_floats })
 }
 
 /// Reads a lease grant `{"ttlMs": N}`. Python peers send numbers as floats
@@ -90,17 +156,24 @@ fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
 
 impl Params<'_> {
     fn into_facts(self, method: Option<A2aMethod>, is_jsonrpc: bool) -> RequestFacts {
-        let (m_task, context_id, message_id, lease) = match self.message {
+        let (m_task, context_id, message_id, lease, budget) = match self.message {
             Some(m) => {
-                let lease = m.metadata.and_then(|md| md.lease).map(|v| lease_grant(&v));
+                let (lease, budget) = match m.metadata {
+                    Some(md) => (
+                        md.lease.map(|v| lease_grant(&v)),
+                        md.budget.map(|v| budget_grant(&v)),
+                    ),
+                    None => (None, None),
+                };
                 (
                     owned(m.task_id),
                     owned(m.context_id),
                     owned(m.message_id),
                     lease,
+                    budget,
                 )
             }
-            None => (None, None, None, None),
+            None => (None, None, None, None, None),
         };
         RequestFacts {
             method,
@@ -110,6 +183,7 @@ impl Params<'_> {
             context_id,
             message_id,
             lease,
+            budget,
             rpc_id: None,
         }
     }
@@ -233,6 +307,82 @@ mod tests {
             assert_eq!(f.lease.map(|r| r.map_err(|_| ())), want, "{md}");
             assert_eq!(f.rpc_id, Some(serde_json::json!(9)));
         }
+    }
+
+    #[test]
+    fn budget_grants() {
+        let send = |md: &str| {
+            format!(
+                r#"{{"method":"SendMessage","params":{{"message":{{"messageId":"m","metadata":{md}}}}}}}"#
+            )
+        };
+        let g = |ms: Option<u64>, m: &[(&str, u64)], had_floats: bool| {
+            Some(Ok(SentGrant {
+                grant: Grant {
+                    remaining_ms: ms,
+                    meters: m.iter().map(|&(k, v)| (k.to_owned(), v)).collect(),
+                },
+                had_floats,
+            }))
+        };
+        let bad = |msg: &str| Some(Err(msg.to_owned()));
+        let table: Vec<(&str, Option<Result<SentGrant, String>>)> = vec![
+            (r#"{}"#, None),
+            (
+                r#"{"a2a-rust.com/budget":{"remainingMs":30000,"meters":{"tokens":50000}}}"#,
+                g(Some(30000), &[("tokens", 50000)], false),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"remainingMs":30000.0,"meters":null}}"#,
+                g(Some(30000), &[], true),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"meters":{"tokens":5},"spent":{"x":1}}}"#,
+                g(None, &[("tokens", 5)], false),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{}}"#,
+                bad("malformed budget: it names neither remainingMs nor a meter"),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"remainingMs":0}}"#,
+                bad("the budget's deadline has already passed (remainingMs is 0)"),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"meters":{"Tokens":5}}}"#,
+                bad(r#"malformed budget: meter name "Tokens" is not 1 to 64 of [a-z0-9._-]"#),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":"lots"}"#,
+                bad(r#"malformed budget: invalid type: "lots", expected an object {"remainingMs"?: N, "meters"?: {name: N}}"#),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"remainingMs":"5"}}"#,
+                bad(r#"malformed budget: invalid type: "5" for `remainingMs`, expected a number"#),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"meters":[1]}}"#,
+                bad("malformed budget: invalid type: [1] for `meters`, expected a map of meter names to numbers"),
+            ),
+            (
+                r#"{"a2a-rust.com/budget":{"remainingMs":-1}}"#,
+                bad("malformed budget: remainingMs is -1, not a whole number from 0 to 18446744073709551615"),
+            ),
+        ];
+        for (md, want) in table {
+            let f = jsonrpc_facts(send(md).as_bytes()).expect("a request");
+            assert_eq!(f.budget.map(|r| r.map_err(|e| e.to_string())), want, "{md}");
+        }
+        let many: Vec<String> = (0..17).map(|i| format!(r#""m{i}":1"#)).collect();
+        let md = format!(
+            r#"{{"a2a-rust.com/budget":{{"meters":{{{}}}}}}}"#,
+            many.join(",")
+        );
+        let f = jsonrpc_facts(send(&md).as_bytes()).expect("a request");
+        assert_eq!(
+            f.budget.map(|r| r.map_err(|e| e.to_string())),
+            bad("malformed budget: 17 meters, more than 16")
+        );
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub enum SseItem<'a> {
     Event {
         event: Option<&'a [u8]>,
         data: &'a [u8],
+        /// Offset in the chunk being fed just past the blank line that
+        /// ended the event: where a filter that edits events may cut.
+        end: usize,
     },
     /// A line or event over the limit was skipped.
     Overlong,
@@ -54,11 +57,19 @@ impl SseParser {
     }
 
     /// Feeds one chunk; `on_item` is called for each complete event (and each
-    /// skipped over-long one), in order.
-    pub fn feed(&mut self, mut chunk: &[u8], mut on_item: impl FnMut(SseItem<'_>)) {
+    /// skipped over-long one), in order. Returns the offset just past the
+    /// chunk's last blank line (an event boundary, keep-alives included), if
+    /// it has one.
+    pub fn feed(
+        &mut self,
+        mut chunk: &[u8],
+        mut on_item: impl FnMut(SseItem<'_>),
+    ) -> Option<usize> {
         if chunk.is_empty() {
-            return;
+            return None;
         }
+        let total = chunk.len();
+        let mut boundary = None;
         if self.after_cr && chunk.first() == Some(&b'\n') {
             chunk = &chunk[1..];
         }
@@ -66,7 +77,7 @@ impl SseParser {
         while !chunk.is_empty() {
             let Some(end) = memchr2(b'\n', b'\r', chunk) else {
                 self.push_partial(chunk, &mut on_item);
-                return;
+                return boundary;
             };
             let (piece, rest) = chunk.split_at(end);
             let mut skip = 1;
@@ -78,6 +89,10 @@ impl SseParser {
                 }
             }
             chunk = &rest[skip..];
+            let at = total - chunk.len();
+            if piece.is_empty() && self.line.is_empty() && !self.skipping_line {
+                boundary = Some(at);
+            }
             if self.skipping_line {
                 self.skipping_line = false;
                 self.line.clear();
@@ -89,7 +104,7 @@ impl SseParser {
                 if piece.len() > self.limit {
                     self.overlong(&mut on_item);
                 } else {
-                    self.line_done(piece, &mut on_item);
+                    self.line_done(piece, at, &mut on_item);
                 }
             } else if self.line.len() + piece.len() > self.limit {
                 self.line.clear();
@@ -97,11 +112,12 @@ impl SseParser {
             } else {
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(piece);
-                self.line_done(&line, &mut on_item);
+                self.line_done(&line, at, &mut on_item);
                 line.clear();
                 self.line = line;
             }
         }
+        boundary
     }
 
     fn push_partial(&mut self, piece: &[u8], on_item: &mut impl FnMut(SseItem<'_>)) {
@@ -126,7 +142,7 @@ impl SseParser {
         self.has_data = false;
     }
 
-    fn line_done(&mut self, line: &[u8], on_item: &mut impl FnMut(SseItem<'_>)) {
+    fn line_done(&mut self, line: &[u8], end: usize, on_item: &mut impl FnMut(SseItem<'_>)) {
         if line.is_empty() {
             // Dispatch.
             if self.skipping_event {
@@ -136,6 +152,7 @@ impl SseParser {
                 on_item(SseItem::Event {
                     event,
                     data: &self.data,
+                    end,
                 });
             }
             self.data.clear();
@@ -183,6 +200,29 @@ fn memchr2(a: u8, b: u8, hay: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn boundaries_and_ends() {
+        let mut p = SseParser::new(1024);
+        let mut ends = Vec::new();
+        let chunk = b"data: a\n\n: ping\n\ndata: b\r\n\r\ndata: c";
+        let last = p.feed(chunk, |item| {
+            if let SseItem::Event { end, .. } = item {
+                ends.push(end);
+            }
+        });
+        assert_eq!(ends, vec![9, 28]);
+        assert_eq!(&chunk[..9], b"data: a\n\n");
+        assert_eq!(last, Some(28));
+        ends.clear();
+        assert_eq!(p.feed(b"\n", |_| {}), None);
+        let last = p.feed(b"\ndata: d\n", |item| {
+            if let SseItem::Event { end, .. } = item {
+                ends.push(end);
+            }
+        });
+        assert_eq!((ends, last), (vec![1], Some(1)));
+    }
+
     #[derive(Debug, PartialEq)]
     enum Got {
         Ev(Option<String>, String),
@@ -195,7 +235,7 @@ mod tests {
         for c in chunks {
             p.feed(c, |item| {
                 out.push(match item {
-                    SseItem::Event { event, data } => Got::Ev(
+                    SseItem::Event { event, data, .. } => Got::Ev(
                         event.map(|e| String::from_utf8_lossy(e).into_owned()),
                         String::from_utf8_lossy(data).into_owned(),
                     ),

@@ -17,9 +17,12 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use policies::cascade::{Event, Seen};
 
 use crate::a2a::card::CardRewrite;
+use crate::a2a::request::SentGrant;
 use crate::a2a::request::{jsonrpc_facts, rest_facts, RequestFacts};
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{classify, observe, A2aMethod, Binding, Call, Observation};
+use crate::budget::{BudgetError, Budgets, ChildBudget, Verdict};
+use crate::cancel::CancelJob;
 use crate::cascade::{Cascade, StreamEnd};
 use crate::lease::Leases;
 use crate::metrics;
@@ -39,6 +42,7 @@ pub struct Gateway {
     store: Arc<dyn TaskStore>,
     health: Arc<StoreHealth>,
     on_store_error: config::OnStoreError,
+    budgets: Arc<Budgets>,
 }
 
 /// Bodies up to this size are read before the worker is contacted, so that a
@@ -57,6 +61,23 @@ struct Refusal {
     message: String,
     /// Metric label.
     reason: &'static str,
+    /// JSON-RPC `error.data` / REST `error.details`.
+    data: Option<serde_json::Value>,
+    /// Seconds for `Retry-After` (an exhausted account: until it resets).
+    retry_after: Option<u64>,
+}
+
+impl Refusal {
+    fn invalid_params(message: String, reason: &'static str) -> Self {
+        Refusal {
+            code: -32602,
+            http: (400, "INVALID_ARGUMENT"),
+            message,
+            reason,
+            data: None,
+            retry_after: None,
+        }
+    }
 }
 
 /// What the gateway does with the worker's response body.
@@ -119,6 +140,28 @@ pub struct Ctx {
     refusal: Option<Refusal>,
     /// A WebSocket upgraded by the worker: its frames are read both ways.
     ws: Option<WsSession>,
+    /// When the request arrived (Unix ms): a grant's deadline counts from it.
+    received_ms: u64,
+    /// The caller, as the route's `budget.caller_header` names it.
+    caller: Option<String>,
+    /// The grant the sent message carries, checked, until admission.
+    sent_budget: Option<std::result::Result<SentGrant, policies::budget::BudgetRefusal>>,
+    /// The child's budget, from admission until the request ends.
+    budget: Option<ChildBudget>,
+    /// The request body re-written with the admitted grant, sent instead.
+    new_body: Option<Bytes>,
+    /// A large body on a budgeted route, held whole until admitted (sent
+    /// chunked, since its length may change).
+    hold_request: bool,
+    /// SSE bytes after the last event boundary, held while the child's
+    /// budget may need its last event replaced.
+    sse_pending: Vec<u8>,
+    /// The budget-exhausted failure has been sent in place of the worker's
+    /// last event; nothing after it is forwarded.
+    failure_sent: bool,
+    context_id: Option<String>,
+    /// The worker refused the send (an error answer before any task).
+    worker_refused: bool,
 }
 
 impl Ctx {
@@ -135,6 +178,7 @@ impl Gateway {
         leases: Arc<Leases>,
         store: Arc<dyn TaskStore>,
         health: Arc<StoreHealth>,
+        budgets: Arc<Budgets>,
     ) -> Self {
         Gateway {
             routes,
@@ -146,6 +190,7 @@ impl Gateway {
             store,
             health,
             on_store_error: cfg.store.on_store_error,
+            budgets,
         }
     }
 
@@ -178,6 +223,9 @@ impl Gateway {
             ctx.method,
             Some(A2aMethod::SendMessage | A2aMethod::SendStreamingMessage)
         );
+        if is_send {
+            ctx.sent_budget = f.budget;
+        }
         // Grants are checked only where the gateway enforces them; a worker
         // that enforces its own leases judges its own grants.
         let enforces = ctx
@@ -198,12 +246,7 @@ impl Gateway {
                         policies::lease::LeaseRefusal::OutOfBounds { .. } => "lease_out_of_bounds",
                         policies::lease::LeaseRefusal::Malformed(_) => "lease_malformed",
                     };
-                    ctx.refusal = Some(Refusal {
-                        code: -32602,
-                        http: (400, "INVALID_ARGUMENT"),
-                        message: refusal.to_string(),
-                        reason,
-                    });
+                    ctx.refusal = Some(Refusal::invalid_params(refusal.to_string(), reason));
                 }
             }
         }
@@ -223,6 +266,8 @@ impl Gateway {
                             "the lease could not be stored: the gateway's store is unavailable"
                                 .into(),
                         reason: "store_unavailable",
+                        data: None,
+                        retry_after: None,
                     });
                 }
                 config::OnStoreError::FailOpen => {
@@ -277,6 +322,54 @@ impl Gateway {
         }
     }
 
+    /// Decides and reserves the budget of a send (see [`crate::budget`]);
+    /// sets the body to send instead when the grant changed, or a refusal.
+    async fn admit_budget(&self, ctx: &mut Ctx, body: &[u8]) {
+        let Some(route) = ctx.route.clone() else {
+            return;
+        };
+        let is_send = matches!(
+            ctx.method,
+            Some(A2aMethod::SendMessage | A2aMethod::SendStreamingMessage)
+        );
+        if !is_send || ctx.refusal.is_some() {
+            return;
+        }
+        let sent = ctx.sent_budget.take();
+        let admitted = self
+            .budgets
+            .admit(
+                &route.name,
+                &route.cfg.budget,
+                ctx.tenant.as_deref(),
+                ctx.caller.as_deref(),
+                sent,
+                ctx.received_ms,
+            )
+            .await;
+        match admitted {
+            Ok(None) => {}
+            Ok(Some(child)) => {
+                if child.rewrite {
+                    let jsonrpc = ctx.binding == Some(Binding::JsonRpc);
+                    match crate::budget::rewrite_message(body, jsonrpc, child.grant()) {
+                        Some(b) => ctx.new_body = Some(Bytes::from(b)),
+                        None => {
+                            child.settle(&self.budgets, true);
+                            ctx.refusal = Some(Refusal::invalid_params(
+                                "the message could not be read to attach its budget".into(),
+                                "budget_unreadable",
+                            ));
+                            return;
+                        }
+                    }
+                }
+                ctx.budget = Some(child);
+            }
+            Err(e) => ctx.refusal = Some(budget_refusal(&e)),
+        }
+    }
+
     /// Answers a refused request itself; nothing reaches the worker.
     async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, r: &Refusal) -> Result<bool> {
         if let Some(route) = &ctx.route {
@@ -287,21 +380,32 @@ impl Gateway {
         }
         stop_awaiting_id(session, ctx);
         let (status, body) = Self::refusal_response(ctx, r);
-        self.respond_json(session, status, body).await
+        self.respond_json_with(session, status, body, r.retry_after)
+            .await
     }
 
     /// The error body and HTTP status for a refusal, in the caller's binding.
     fn refusal_response(ctx: &Ctx, r: &Refusal) -> (u16, serde_json::Value) {
         match ctx.binding {
-            Some(Binding::Rest) => (
-                r.http.0,
-                serde_json::json!({"error": {"code": r.http.0, "status": r.http.1, "message": r.message}}),
-            ),
-            _ => (
-                200,
-                serde_json::json!({"jsonrpc": "2.0", "id": ctx.rpc_id.clone().unwrap_or(serde_json::Value::Null),
-                    "error": {"code": r.code, "message": r.message}}),
-            ),
+            Some(Binding::Rest) => {
+                let mut error =
+                    serde_json::json!({"code": r.http.0, "status": r.http.1, "message": r.message});
+                if let Some(d) = &r.data {
+                    error["details"] = serde_json::json!([d]);
+                }
+                (r.http.0, serde_json::json!({ "error": error }))
+            }
+            _ => {
+                let mut error = serde_json::json!({"code": r.code, "message": r.message});
+                if let Some(d) = &r.data {
+                    error["data"] = d.clone();
+                }
+                (
+                    200,
+                    serde_json::json!({"jsonrpc": "2.0", "id": ctx.rpc_id.clone().unwrap_or(serde_json::Value::Null),
+                        "error": error}),
+                )
+            }
         }
     }
 
@@ -311,10 +415,23 @@ impl Gateway {
         status: u16,
         body: serde_json::Value,
     ) -> Result<bool> {
+        self.respond_json_with(session, status, body, None).await
+    }
+
+    async fn respond_json_with(
+        &self,
+        session: &mut Session,
+        status: u16,
+        body: serde_json::Value,
+        retry_after: Option<u64>,
+    ) -> Result<bool> {
         let body = Bytes::from(body.to_string());
-        let mut resp = ResponseHeader::build(status, Some(3))?;
+        let mut resp = ResponseHeader::build(status, Some(4))?;
         resp.insert_header("content-type", "application/json")?;
         resp.insert_header("content-length", body.len().to_string())?;
+        if let Some(s) = retry_after {
+            resp.insert_header("retry-after", s.to_string())?;
+        }
         session.write_response_header(Box::new(resp), false).await?;
         session.write_response_body(Some(body), true).await?;
         Ok(true)
@@ -322,13 +439,21 @@ impl Gateway {
 
     /// Applies one observation to the request's view of its task, and queues
     /// the store updates that matter (first id, settling) — never one per event.
-    fn on_observation(&self, ctx: &mut Ctx, obs: Observation) {
+    fn on_observation(&self, ctx: &mut Ctx, mut obs: Observation) {
         let Some(route) = ctx.route.clone() else {
             return;
         };
         if obs.message_only && !ctx.seen.id_known {
             ctx.seen.message_only = true;
         }
+        if obs.error && ctx.task_id.is_none() {
+            ctx.worker_refused = true;
+        }
+        if ctx.context_id.is_none() {
+            ctx.context_id.clone_from(&obs.context_id);
+        }
+        let spent = obs.spent.take();
+        let settles = obs.state.is_some_and(policies::TaskState::is_settled);
         let Some(id) = obs.task_id else { return };
         let prev_settled = ctx.seen.is_settled();
         if let Some(s) = obs.state {
@@ -354,7 +479,21 @@ impl Gateway {
                     watchers_delta: i32::from(watching),
                 },
             );
-            self.start_lease(ctx, &route, key(id));
+            let budget_key = key(id.clone());
+            self.start_lease(ctx, &route, key(id.clone()));
+            if let (Some(b), Some(target)) = (&ctx.budget, self.cancel_target(ctx)) {
+                let job = CancelJob {
+                    key: budget_key,
+                    worker: route.cfg.worker.clone(),
+                    target,
+                    authorization: ctx
+                        .authorization
+                        .clone()
+                        .or_else(|| route.cfg.worker_credential.clone()),
+                    cause: "budget_exhausted",
+                };
+                b.task_known(&self.budgets, &id, job);
+            }
         } else if ctx.seen.is_settled() && !prev_settled {
             if let Some(id) = ctx.task_id.clone() {
                 self.cascade.tracker().update(
@@ -364,6 +503,11 @@ impl Gateway {
                         ..TaskUpdate::default()
                     },
                 );
+            }
+        }
+        if let (Some(spent), Some(b)) = (spent, ctx.budget.as_mut()) {
+            if let Verdict::Exhausted(by) = b.on_spent(&self.budgets, spent, settles) {
+                tracing::debug!(route = %route.name, task = ?ctx.task_id, by = by.as_str(), "reported spend passed the grant");
             }
         }
     }
@@ -480,6 +624,69 @@ fn inject_headers(
     Ok(())
 }
 
+/// The answer to a send whose budget is not admitted.
+fn budget_refusal(e: &BudgetError) -> Refusal {
+    let message = e.to_string();
+    match e {
+        BudgetError::Refused(r) => {
+            let reason = match r {
+                policies::budget::BudgetRefusal::AboveCap { .. }
+                | policies::budget::BudgetRefusal::TooManyWithCaps(_) => "budget_above_cap",
+                _ => "budget_malformed",
+            };
+            Refusal::invalid_params(message, reason)
+        }
+        BudgetError::Exhausted {
+            account,
+            meter,
+            asked,
+            left,
+            limit,
+            resets_at_ms,
+        } => Refusal {
+            code: -32603,
+            http: (429, "RESOURCE_EXHAUSTED"),
+            message,
+            reason: "budget_account_exhausted",
+            data: Some(serde_json::json!({
+                policies::budget::FAILURE_METADATA_KEY: policies::budget::BUDGET_EXHAUSTED_CLASS,
+                "account": {"route": &*account.route, "per": &*account.scope, "holder": &*account.holder},
+                "meter": meter,
+                "asked": asked,
+                "left": left,
+                "limit": limit,
+                "resetsAtMs": resets_at_ms,
+            })),
+            retry_after: Some(resets_at_ms.saturating_sub(now_ms()).div_ceil(1000)),
+        },
+        BudgetError::StoreUnavailable(_) => Refusal {
+            code: -32603,
+            http: (503, "UNAVAILABLE"),
+            message,
+            reason: "store_unavailable",
+            data: None,
+            retry_after: None,
+        },
+    }
+}
+
+/// Adds `uri` to the request's `A2A-Extensions` unless it is there.
+fn add_extension(req: &mut RequestHeader, uri: &str) -> Result<()> {
+    let existing: Vec<String> = req
+        .headers
+        .get_all("a2a-extensions")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    let list = crate::a2a::extensions::parse(existing.iter().map(String::as_str));
+    let inject = [uri.to_string()];
+    let (merged, added) = crate::a2a::extensions::merge(&list, &inject);
+    if !added.is_empty() {
+        req.insert_header("a2a-extensions", merged)?;
+    }
+    Ok(())
+}
+
 /// A card's `capabilities.extensions` names `uri`.
 fn card_declares(card: &serde_json::Value, uri: &str) -> bool {
     card["capabilities"]["extensions"]
@@ -563,6 +770,14 @@ impl ProxyHttp for Gateway {
         };
         let route = m.route.clone();
         let call = classify(&req.method, m.rel, session.is_upgrade_req());
+        ctx.received_ms = now_ms();
+        if let Some(h) = &route.cfg.budget.caller_header {
+            ctx.caller = req
+                .headers
+                .get(h.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+        }
         ctx.worker_root = route.worker_root(m.prefix);
         let rel = if m.rel == "/" && !ctx.worker_root.is_empty() && !full_path.ends_with('/') {
             ""
@@ -645,8 +860,23 @@ impl ProxyHttp for Gateway {
                     .collect::<Vec<_>>(),
                 policies::lease::LEASE_EXTENSION_URI,
             );
+        let budgeted = route.cfg.budget.is_active();
         ctx.call = Some(call);
         ctx.route = Some(route);
+        if budgeted && matches!(ctx.call, Some(Call::Upgrade)) {
+            // Frames could carry sends whose grants the gateway cannot
+            // rewrite; a budgeted route is served over HTTP bindings only.
+            let r = Refusal {
+                code: -32004,
+                http: (403, "PERMISSION_DENIED"),
+                message: "this route enforces budgets, which the gateway applies on the JSON-RPC and HTTP+JSON bindings only; use one of those".into(),
+                reason: "budget_websocket",
+                data: None,
+                retry_after: None,
+            };
+            ctx.binding = Some(Binding::Rest);
+            return self.refuse(session, ctx, &r).await;
+        }
         // An idle WebSocket is not cut by read timeouts (ping/pong and
         // long silences pass); other requests get the configured one.
         if !matches!(ctx.call, Some(Call::Upgrade)) {
@@ -675,10 +905,17 @@ impl ProxyHttp for Gateway {
                 buf.extend_from_slice(&chunk);
             }
             self.inspect_body(ctx, &buf);
+            self.admit_budget(ctx, &buf).await;
             if let Some(r) = ctx.refusal.clone() {
                 return self.refuse(session, ctx, &r).await;
             }
             self.after_inspection(session, ctx).await;
+        } else if ctx.req_body.is_some()
+            && ctx.route.as_ref().is_some_and(|r| r.cfg.budget.is_active())
+        {
+            // Too large to read before connecting: held whole (bounded) and
+            // admitted at its end, so its grant can still be re-written.
+            ctx.hold_request = true;
         }
         Ok(false)
     }
@@ -724,6 +961,18 @@ impl ProxyHttp for Gateway {
         if let Some(route) = ctx.route.clone() {
             inject_headers(upstream, &route, &ctx.call)?;
         }
+        if let Some(b) = &ctx.new_body {
+            upstream.insert_header("content-length", b.len().to_string())?;
+        } else if ctx.hold_request {
+            upstream.remove_header("content-length");
+            upstream.insert_header("transfer-encoding", "chunked")?;
+        }
+        // A send with a grant activates the extension, as the SDK's client
+        // does (a held body's grant is decided later: every budgeted send
+        // gets one).
+        if ctx.budget.is_some() || ctx.hold_request {
+            add_extension(upstream, policies::budget::BUDGET_EXTENSION_URI)?;
+        }
         Ok(())
     }
 
@@ -745,6 +994,14 @@ impl ProxyHttp for Gateway {
                 }
             }
             return Ok(());
+        }
+        if let Some(new) = ctx.new_body.take() {
+            // The pre-read body, replayed: send the re-written one instead.
+            *body = Some(new);
+            return Ok(());
+        }
+        if ctx.hold_request {
+            return self.held_body(session, body, end_of_stream, ctx).await;
         }
         let Some(buf) = ctx.req_body.as_mut() else {
             return Ok(());
@@ -789,6 +1046,9 @@ impl ProxyHttp for Gateway {
                 ctx.ws = Some(WsSession::new(self.limits.max_inspect_body));
             }
             return Ok(());
+        }
+        if !resp.status.is_success() {
+            ctx.worker_refused = true;
         }
         // HEAD answers have no body to rewrite.
         let ok = resp.status.is_success() && session.req_header().method != http::Method::HEAD;
@@ -853,6 +1113,11 @@ impl ProxyHttp for Gateway {
         }
         match std::mem::take(&mut ctx.body) {
             Body::Pass => {}
+            Body::Sse(mut parser) if ctx.budget.is_some() => {
+                self.budgeted_sse(ctx, &mut parser, body, end_of_stream);
+                ctx.body = Body::Sse(parser);
+                self.check_id_wait(session, ctx);
+            }
             Body::Sse(mut parser) => {
                 if let (Some(chunk), Some(binding)) = (body.as_ref(), ctx.binding) {
                     let mut observations = Vec::new();
@@ -873,12 +1138,7 @@ impl ProxyHttp for Gateway {
                     }
                 }
                 ctx.body = Body::Sse(parser);
-                if let (Some(since), Some(route)) = (ctx.awaiting_id, &ctx.route) {
-                    let waited_enough = since.elapsed() >= route.cfg.cascade.id_wait;
-                    if ctx.seen.id_known || ctx.seen.is_settled() || waited_enough {
-                        stop_awaiting_id(session, ctx);
-                    }
-                }
+                self.check_id_wait(session, ctx);
             }
             Body::Json(mut buf) => {
                 if let Some(chunk) = body.as_ref() {
@@ -931,6 +1191,15 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         if ctx.streaming {
             metrics::OPEN_STREAMS.dec();
+        }
+        if let Some(b) = ctx.budget.take() {
+            // No task and the worker said no (or could not be reached): no
+            // child started, so its reservation goes back.
+            let upstream_failed = e.is_some_and(|e| *e.esource() == ErrorSource::Upstream);
+            let refused = ctx.task_id.is_none()
+                && !ctx.seen.message_only
+                && (ctx.worker_refused || ctx.refusal.is_some() || upstream_failed);
+            b.settle(&self.budgets, refused);
         }
         if let Some(ws) = ctx.ws.take() {
             self.ws_ended(ctx, ws, e);
@@ -1005,7 +1274,9 @@ impl ProxyHttp for Gateway {
                     .inc();
             }
             let (status, body) = Self::refusal_response(ctx, &r);
-            let _ = self.respond_json(session, status, body).await;
+            let _ = self
+                .respond_json_with(session, status, body, r.retry_after)
+                .await;
             return pingora::proxy::FailToProxy {
                 error_code: status,
                 can_reuse_downstream: false,
@@ -1039,6 +1310,170 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// Ends the id wait once an event named the task, the task settled, or
+    /// `id_wait` passed.
+    fn check_id_wait(&self, session: &mut Session, ctx: &mut Ctx) {
+        if let (Some(since), Some(route)) = (ctx.awaiting_id, &ctx.route) {
+            let waited_enough = since.elapsed() >= route.cfg.cascade.id_wait;
+            if ctx.seen.id_known || ctx.seen.is_settled() || waited_enough {
+                stop_awaiting_id(session, ctx);
+            }
+        }
+    }
+
+    /// A large body on a budgeted route: held (bounded) until its end, then
+    /// admitted and sent whole, re-written if its grant changed.
+    async fn held_body(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let buf = ctx.req_body.get_or_insert_with(Vec::new);
+        if let Some(chunk) = body.take() {
+            if buf.len() + chunk.len() > self.limits.max_inspect_body {
+                ctx.req_body = None;
+                ctx.refusal = Some(Refusal {
+                    code: -32600,
+                    http: (413, "INVALID_ARGUMENT"),
+                    message: format!(
+                        "the request body is over {} bytes (limits.max_inspect_body): a budgeted route must read a message whole to check its grant",
+                        self.limits.max_inspect_body
+                    ),
+                    reason: "budget_body_too_large",
+                    data: None,
+                    retry_after: None,
+                });
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(413),
+                    "request refused by policy",
+                ));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        if !end_of_stream {
+            // Nothing goes out yet (pingora skips empty chunks).
+            *body = Some(Bytes::new());
+            return Ok(());
+        }
+        let buf = ctx.req_body.take().unwrap_or_default();
+        self.inspect_body(ctx, &buf);
+        self.admit_budget(ctx, &buf).await;
+        if ctx.refusal.is_some() {
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(400),
+                "request refused by policy",
+            ));
+        }
+        self.after_inspection(session, ctx).await;
+        *body = Some(ctx.new_body.take().unwrap_or_else(|| Bytes::from(buf)));
+        Ok(())
+    }
+
+    /// The SSE stream of a child with a budget: events are forwarded whole
+    /// (bytes after the last event boundary wait for the next chunk), so
+    /// that once the budget is exhausted the worker's settling event can be
+    /// replaced by the budget-exhausted failure, and nothing follows it.
+    fn budgeted_sse(
+        &self,
+        ctx: &mut Ctx,
+        parser: &mut SseParser,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+    ) {
+        if ctx.failure_sent {
+            *body = None;
+            return;
+        }
+        let Some(binding) = ctx.binding else { return };
+        let chunk = body.take().unwrap_or_default();
+        let mut events = Vec::new();
+        let last = parser.feed(&chunk, |item| match item {
+            SseItem::Event { data, end, .. } => events.push((end, observe::observe(binding, data))),
+            SseItem::Overlong => metrics::UNTRACKED
+                .with_label_values(&["sse_event_too_large"])
+                .inc(),
+        });
+        let base = ctx.sse_pending.len();
+        let mut replace: Option<(usize, Vec<u8>)> = None;
+        let mut prev_end = 0;
+        for (end, obs) in events {
+            match obs {
+                Some(o) if !o.is_empty() => {
+                    let settles = o.state.is_some_and(policies::TaskState::is_settled);
+                    self.on_observation(ctx, o);
+                    let exhausted = ctx.budget.as_ref().and_then(ChildBudget::exhausted);
+                    if let (true, Some(by), Some(id), Some(b)) =
+                        (settles, exhausted, &ctx.task_id, &ctx.budget)
+                    {
+                        let ev = b.failure_event(
+                            binding,
+                            ctx.rpc_id.as_ref(),
+                            id,
+                            ctx.context_id.as_deref(),
+                            &by,
+                        );
+                        replace = Some((prev_end, ev));
+                        break;
+                    }
+                }
+                Some(_) => {}
+                None => metrics::UNTRACKED
+                    .with_label_values(&["bad_sse_event"])
+                    .inc(),
+            }
+            prev_end = base + end;
+        }
+        if replace.is_none() && base == 0 && last == Some(chunk.len()) && !end_of_stream {
+            *body = Some(chunk); // whole events only: pass as is
+            return;
+        }
+        let mut all = std::mem::take(&mut ctx.sse_pending);
+        all.extend_from_slice(&chunk);
+        let mut out = match replace {
+            Some((start, ev)) => {
+                ctx.failure_sent = true;
+                all.truncate(start);
+                all.extend_from_slice(&ev);
+                all
+            }
+            None => {
+                let cut = match last {
+                    Some(l) => base + l,
+                    None => 0,
+                };
+                let held = all.len() - cut;
+                if held > self.limits.max_sse_event || end_of_stream {
+                    // Over the bound (the parser skips such an event too) or
+                    // the end: release everything.
+                    all
+                } else {
+                    ctx.sse_pending = all.split_off(cut);
+                    all
+                }
+            }
+        };
+        if end_of_stream && !ctx.failure_sent {
+            // The worker ended the stream without a settling event after the
+            // cancel: the caller still gets the failure.
+            let exhausted = ctx.budget.as_ref().and_then(ChildBudget::exhausted);
+            if let (Some(by), Some(id), Some(b)) = (exhausted, &ctx.task_id, &ctx.budget) {
+                if !ctx.seen.is_settled() {
+                    out.extend_from_slice(&b.failure_event(
+                        binding,
+                        ctx.rpc_id.as_ref(),
+                        id,
+                        ctx.context_id.as_deref(),
+                        &by,
+                    ));
+                    ctx.failure_sent = true;
+                }
+            }
+        }
+        *body = (!out.is_empty()).then(|| Bytes::from(out));
+    }
+
     fn rewrite_card(&self, session: &Session, ctx: &Ctx, held: Vec<u8>, jsonrpc: bool) -> Vec<u8> {
         let Some(route) = &ctx.route else { return held };
         let base = self.gateway_base(session, ctx);

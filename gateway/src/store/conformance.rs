@@ -18,6 +18,149 @@ fn key(id: &str) -> TaskKey {
 pub async fn run(store: &dyn TaskStore) {
     records(store).await;
     leases(store).await;
+    accounts(store).await;
+}
+
+fn ask(holder: &str, meter: &str, amount: u64, limit: u64) -> Reservation {
+    Reservation {
+        account: AccountKey {
+            route: "r".into(),
+            scope: "tenant".into(),
+            holder: holder.into(),
+            window_start_ms: 0,
+        },
+        meter: meter.into(),
+        amount,
+        limit,
+        expires_ms: now_ms() + 60_000,
+    }
+}
+
+async fn balance(store: &dyn TaskStore, holder: &str, meter: &str) -> policies::budget::Account {
+    store
+        .account_list(1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|v| &*v.account.holder == holder && v.meter == meter)
+        .map(|v| v.balance)
+        .expect("the account is listed")
+}
+
+async fn accounts(store: &dyn TaskStore) {
+    use policies::budget::Account;
+    let a = ask("acme", "tokens", 60, 100);
+    assert_eq!(
+        store
+            .account_reserve(std::slice::from_ref(&a))
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        balance(store, "acme", "tokens").await,
+        Account {
+            limit: 100,
+            spent: 0,
+            reserved: 60
+        }
+    );
+    // 40 left: 50 does not fit, and nothing of the batch is reserved.
+    let both = [ask("acme", "calls", 1, 10), ask("acme", "tokens", 50, 100)];
+    assert_eq!(
+        store.account_reserve(&both).await.unwrap(),
+        Err(Shortfall { index: 1, left: 40 })
+    );
+    assert!(store
+        .account_list(1000)
+        .await
+        .unwrap()
+        .iter()
+        .all(|v| v.meter != "calls" || v.balance.reserved == 0));
+    // Two asks on one meter add up.
+    assert_eq!(
+        store
+            .account_reserve(&[
+                ask("acme", "tokens", 30, 100),
+                ask("acme", "tokens", 30, 100)
+            ])
+            .await
+            .unwrap(),
+        Err(Shortfall { index: 1, left: 10 })
+    );
+    // Settled with less than reserved: the rest comes back.
+    store.account_settle(&[(a.clone(), 25)]).await.unwrap();
+    assert_eq!(
+        balance(store, "acme", "tokens").await,
+        Account {
+            limit: 100,
+            spent: 25,
+            reserved: 0
+        }
+    );
+    // Released (charged 0), and overdraft charged in full.
+    let b = ask("acme", "tokens", 75, 100);
+    assert_eq!(
+        store
+            .account_reserve(std::slice::from_ref(&b))
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    store.account_settle(&[(b.clone(), 0)]).await.unwrap();
+    assert_eq!(balance(store, "acme", "tokens").await.left(), 75);
+    assert_eq!(
+        store
+            .account_reserve(std::slice::from_ref(&b))
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    store.account_settle(&[(b, 90)]).await.unwrap();
+    assert_eq!(
+        balance(store, "acme", "tokens").await,
+        Account {
+            limit: 100,
+            spent: 115,
+            reserved: 0
+        }
+    );
+    // Overdrawn: nothing left, but a 0 ask still goes.
+    assert_eq!(
+        store
+            .account_reserve(&[ask("acme", "tokens", 1, 100)])
+            .await
+            .unwrap(),
+        Err(Shortfall { index: 0, left: 0 })
+    );
+    assert_eq!(
+        store
+            .account_reserve(&[ask("acme", "tokens", 0, 100)])
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    // Another holder's account is its own.
+    assert_eq!(
+        store
+            .account_reserve(&[ask("beta", "tokens", 100, 100)])
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    // Concurrent children: exactly limit / amount of them get a reservation.
+    let tries = (0..20).map(|_| async move {
+        store
+            .account_reserve(&[ask("race", "tokens", 10, 95)])
+            .await
+    });
+    let won = futures_util::future::join_all(tries)
+        .await
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Ok(()))))
+        .count();
+    assert_eq!(won, 9);
+    assert_eq!(balance(store, "race", "tokens").await.reserved, 90);
 }
 
 async fn records(store: &dyn TaskStore) {

@@ -1,14 +1,18 @@
 //! The embedded store: one gateway process, no dependencies.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use moka::sync::Cache;
+use policies::budget::Account;
 use policies::lease::{self, Renewal};
 
-use super::{LeaseRecord, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate};
+use super::{
+    AccountKey, AccountView, LeaseRecord, Reservation, Shortfall, StoreError, TaskKey, TaskRecord,
+    TaskStore, TaskUpdate,
+};
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
 /// than the retention are dropped; past capacity the least useful go first
@@ -22,6 +26,9 @@ pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,
     /// (deadline, task) for every live lease.
     deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
+    /// Budget accounts by (account, meter): the balance and when it may be
+    /// forgotten. Small: one entry per tenant or caller and meter.
+    accounts: Mutex<BTreeMap<(AccountKey, String), (Account, u64)>>,
 }
 
 impl MemoryStore {
@@ -32,6 +39,7 @@ impl MemoryStore {
                 .time_to_idle(retention)
                 .build(),
             deadlines: Mutex::new(BTreeSet::new()),
+            accounts: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -39,6 +47,13 @@ impl MemoryStore {
         // A panic while holding the lock leaves the set consistent (every
         // operation on it is a single insert/remove), so poisoning is ignored.
         self.deadlines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn accounts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<(AccountKey, String), (Account, u64)>> {
+        // Every change under the lock is applied whole or not at all.
+        self.accounts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Read-modify-write of one record, atomic per key; `f` returns a value
@@ -62,6 +77,71 @@ impl MemoryStore {
 
 #[async_trait]
 impl TaskStore for MemoryStore {
+    async fn account_reserve(
+        &self,
+        asks: &[Reservation],
+    ) -> Result<Result<(), Shortfall>, StoreError> {
+        let now = super::now_ms();
+        let mut accounts = self.accounts();
+        accounts.retain(|_, (_, expires)| *expires > now);
+        // Check everything first (asks for one account and meter add up),
+        // then apply: all or nothing.
+        let mut trial: BTreeMap<(AccountKey, String), Account> = BTreeMap::new();
+        for (index, ask) in asks.iter().enumerate() {
+            let id = (ask.account.clone(), ask.meter.clone());
+            let acct = trial.entry(id.clone()).or_insert_with(|| {
+                let mut a = accounts.get(&id).map_or(Account::new(ask.limit), |e| e.0);
+                a.limit = ask.limit;
+                a
+            });
+            if let Err(e) = acct.reserve(ask.amount) {
+                return Ok(Err(Shortfall {
+                    index,
+                    left: e.left,
+                }));
+            }
+        }
+        for (index, ask) in asks.iter().enumerate() {
+            let id = (ask.account.clone(), ask.meter.clone());
+            if let Some(acct) = trial.remove(&id) {
+                let expires = asks[index..]
+                    .iter()
+                    .filter(|a| a.account == id.0 && a.meter == id.1)
+                    .map(|a| a.expires_ms)
+                    .max()
+                    .unwrap_or(ask.expires_ms);
+                accounts.insert(id, (acct, expires));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError> {
+        let mut accounts = self.accounts();
+        for (r, charged) in settled {
+            let e = accounts
+                .entry((r.account.clone(), r.meter.clone()))
+                .or_insert((Account::new(r.limit), r.expires_ms));
+            e.0.settle(r.amount, Some(*charged));
+        }
+        Ok(())
+    }
+
+    async fn account_list(&self, limit: usize) -> Result<Vec<AccountView>, StoreError> {
+        let now = super::now_ms();
+        Ok(self
+            .accounts()
+            .iter()
+            .filter(|(_, (_, expires))| *expires > now)
+            .take(limit)
+            .map(|((account, meter), (balance, _))| AccountView {
+                account: account.clone(),
+                meter: meter.clone(),
+                balance: *balance,
+            })
+            .collect())
+    }
+
     async fn update(
         &self,
         key: &TaskKey,

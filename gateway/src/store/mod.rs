@@ -92,6 +92,59 @@ pub struct TaskUpdate {
     pub watchers_delta: i32,
 }
 
+/// One account in one window: a tenant's, a caller's or a route's meter
+/// totals, reset when the window ends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AccountKey {
+    pub route: Arc<str>,
+    /// Whose account: `route`, `tenant` or `caller`.
+    pub scope: Arc<str>,
+    /// The tenant or caller it belongs to (`""` for the route's own).
+    pub holder: Arc<str>,
+    /// Unix ms at which its window started.
+    pub window_start_ms: u64,
+}
+
+impl fmt::Display for AccountKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.route, self.scope)?;
+        if !self.holder.is_empty() {
+            write!(f, "/{}", self.holder)?;
+        }
+        Ok(())
+    }
+}
+
+/// An amount of one meter held for a child from one account, from its
+/// start until it settles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub account: AccountKey,
+    pub meter: String,
+    pub amount: u64,
+    /// The account's limit for the meter, as configured when reserving.
+    pub limit: u64,
+    /// Unix ms after which the store may forget the account (its window's
+    /// end plus slack for late settlements).
+    pub expires_ms: u64,
+}
+
+/// A reservation that did not fit: which one (index into the asks) and
+/// what its account had left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shortfall {
+    pub index: usize,
+    pub left: u64,
+}
+
+/// One meter of one account, for the admin endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountView {
+    pub account: AccountKey,
+    pub meter: String,
+    pub balance: policies::budget::Account,
+}
+
 /// A store that could not answer.
 #[derive(Debug)]
 pub struct StoreError(pub String);
@@ -155,6 +208,24 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 
     /// Live leases in the deadline index (for metrics and the admin endpoint).
     async fn lease_count(&self) -> Result<u64, StoreError>;
+
+    /// Reserves every ask from its account, all or nothing, atomically with
+    /// respect to every replica: either each account had room for its ask
+    /// and all are now reserved, or none is and the first that had not is
+    /// returned. One round trip.
+    async fn account_reserve(
+        &self,
+        asks: &[Reservation],
+    ) -> Result<Result<(), Shortfall>, StoreError>;
+
+    /// Ends reservations: each is taken off its account's reserved total and
+    /// `charged` is added to its spent total (the spend the child reported,
+    /// the whole reservation when it reported none, 0 when the send was
+    /// refused). One round trip.
+    async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError>;
+
+    /// Up to `limit` account meters in live windows, for the admin endpoint.
+    async fn account_list(&self, limit: usize) -> Result<Vec<AccountView>, StoreError>;
 
     /// `memory` or `redis`, for logs and metrics.
     fn kind(&self) -> &'static str;

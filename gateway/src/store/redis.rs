@@ -66,7 +66,10 @@ use policies::TaskState;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
-use super::{CancelTarget, LeaseRecord, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate};
+use super::{
+    AccountKey, AccountView, CancelTarget, LeaseRecord, Reservation, Shortfall, StoreError,
+    TaskKey, TaskRecord, TaskStore, TaskUpdate,
+};
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
 
@@ -221,8 +224,54 @@ until cursor == '0' or #out >= limit
 return out
 "#;
 
+/// KEYS: one account hash per ask. ARGV: n, then per ask meter, amount,
+/// limit, expires_at, route, scope, holder, window. All or nothing: returns
+/// `{-1, "0"}` when every ask was reserved, else `{index, left}` of the
+/// first that did not fit (asks on one account and meter add up).
+const ACCOUNT_RESERVE: &str = r#"
+local n = num(ARGV[1])
+local pending = {}
+for i = 1, n do
+  local b = 1 + (i - 1) * 8
+  local k, meter, amount, limit = KEYS[i], ARGV[b + 1], num(ARGV[b + 2]), num(ARGV[b + 3])
+  local id = k .. '\n' .. meter
+  local held = num(redis.call('HGET', k, 'spent:' .. meter))
+    + num(redis.call('HGET', k, 'reserved:' .. meter)) + (pending[id] or 0)
+  local left = math.max(limit - held, 0)
+  if amount > left then return {i - 1, fmt(left)} end
+  pending[id] = (pending[id] or 0) + amount
+end
+for i = 1, n do
+  local b = 1 + (i - 1) * 8
+  local k, meter = KEYS[i], ARGV[b + 1]
+  local r = num(redis.call('HGET', k, 'reserved:' .. meter)) + num(ARGV[b + 2])
+  redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'limit:' .. meter, ARGV[b + 3],
+    'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
+  redis.call('PEXPIREAT', k, ARGV[b + 4])
+end
+return {-1, '0'}
+"#;
+
+/// KEYS: one account hash per settlement. ARGV per settlement: meter,
+/// reserved, charged, limit, expires_at, route, scope, holder, window.
+const ACCOUNT_SETTLE: &str = r#"
+for i = 1, #KEYS do
+  local b = (i - 1) * 9
+  local k, meter = KEYS[i], ARGV[b + 1]
+  local r = math.max(num(redis.call('HGET', k, 'reserved:' .. meter)) - num(ARGV[b + 2]), 0)
+  local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + num(ARGV[b + 3]), MAX)
+  redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
+    'limit:' .. meter, ARGV[b + 4],
+    'route', ARGV[b + 6], 'scope', ARGV[b + 7], 'holder', ARGV[b + 8], 'window', ARGV[b + 9])
+  redis.call('PEXPIREAT', k, ARGV[b + 5])
+end
+return 1
+"#;
+
 #[derive(Debug)]
 struct Scripts {
+    account_reserve: Script,
+    account_settle: Script,
     update: Script,
     lease_start: Script,
     lease_renew: Script,
@@ -254,6 +303,8 @@ impl Scripts {
         let prelude = prelude();
         let script = |body: &str| Script::new(&format!("{prelude}{body}"));
         Scripts {
+            account_reserve: script(ACCOUNT_RESERVE),
+            account_settle: script(ACCOUNT_SETTLE),
             update: script(UPDATE),
             lease_start: script(LEASE_START),
             lease_renew: script(LEASE_RENEW),
@@ -322,6 +373,19 @@ impl RedisStore {
             pct(&key.route),
             pct(&key.tenant),
             pct(&key.task_id)
+        )
+    }
+
+    /// The Redis key of an account's hash (one field set per meter:
+    /// `limit:{m}`, `spent:{m}`, `reserved:{m}`).
+    pub fn account_key(&self, a: &AccountKey) -> String {
+        format!(
+            "{}:acct:{}:{}:{}:{}",
+            self.namespace,
+            pct(&a.route),
+            pct(&a.scope),
+            pct(&a.holder),
+            a.window_start_ms
         )
     }
 
@@ -512,6 +576,116 @@ impl TaskStore for RedisStore {
             })
             .await?;
         records_of(&v).map_err(|e| StoreError(format!("redis lease_claim_lapsed: {e}")))
+    }
+
+    async fn account_reserve(
+        &self,
+        asks: &[Reservation],
+    ) -> Result<Result<(), Shortfall>, StoreError> {
+        if asks.is_empty() {
+            return Ok(Ok(()));
+        }
+        let mut inv = self.scripts.account_reserve.prepare_invoke();
+        inv.arg(asks.len());
+        for a in asks {
+            inv.key(self.account_key(&a.account))
+                .arg(&a.meter)
+                .arg(a.amount.min(MAX_EXACT))
+                .arg(a.limit.min(MAX_EXACT))
+                .arg(a.expires_ms.min(MAX_EXACT))
+                .arg(&*a.account.route)
+                .arg(&*a.account.scope)
+                .arg(&*a.account.holder)
+                .arg(a.account.window_start_ms);
+        }
+        let v: Value = self
+            .call("account_reserve", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let pair = match &v {
+            Value::Array(items) if items.len() == 2 => (int_of(&items[0]), int_of(&items[1])),
+            _ => (None, None),
+        };
+        match pair {
+            (Some(-1), _) => Ok(Ok(())),
+            (Some(i), Some(left)) if i >= 0 => Ok(Err(Shortfall {
+                index: i as usize,
+                left: left.max(0) as u64,
+            })),
+            _ => Err(StoreError(format!(
+                "redis account_reserve: unexpected answer {v:?}"
+            ))),
+        }
+    }
+
+    async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError> {
+        if settled.is_empty() {
+            return Ok(());
+        }
+        let mut inv = self.scripts.account_settle.prepare_invoke();
+        for (a, charged) in settled {
+            inv.key(self.account_key(&a.account))
+                .arg(&a.meter)
+                .arg(a.amount.min(MAX_EXACT))
+                .arg((*charged).min(MAX_EXACT))
+                .arg(a.limit.min(MAX_EXACT))
+                .arg(a.expires_ms.min(MAX_EXACT))
+                .arg(&*a.account.route)
+                .arg(&*a.account.scope)
+                .arg(&*a.account.holder)
+                .arg(a.account.window_start_ms);
+        }
+        let _: Value = self
+            .call("account_settle", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn account_list(&self, limit: usize) -> Result<Vec<AccountView>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let pattern = format!("{}:acct:*", glob_escape(&self.namespace));
+        let mut inv = self.scripts.list.prepare_invoke();
+        inv.arg(pattern).arg(limit.min(MAX_EXACT as usize));
+        let v: Value = self
+            .call("account_list", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(hashes) = &v else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for h in hashes {
+            let f = fields_of(h).map_err(|e| StoreError(format!("redis account_list: {e}")))?;
+            let account = AccountKey {
+                route: f.get("route").map_or("", String::as_str).into(),
+                scope: f.get("scope").map_or("", String::as_str).into(),
+                holder: f.get("holder").map_or("", String::as_str).into(),
+                window_start_ms: u64_of(f.get("window")).unwrap_or(0),
+            };
+            for (field, limit) in &f {
+                let Some(meter) = field.strip_prefix("limit:") else {
+                    continue;
+                };
+                let get = |p: &str| u64_of(f.get(&format!("{p}:{meter}"))).unwrap_or(0);
+                out.push(AccountView {
+                    account: account.clone(),
+                    meter: meter.to_string(),
+                    balance: policies::budget::Account {
+                        limit: u64_of(Some(limit)).unwrap_or(0),
+                        spent: get("spent"),
+                        reserved: get("reserved"),
+                    },
+                });
+            }
+        }
+        out.truncate(limit);
+        Ok(out)
     }
 
     async fn lease_count(&self) -> Result<u64, StoreError> {

@@ -1,0 +1,819 @@
+//! Budgets at the network: the grant a child gets, the accounts it draws
+//! from, and stopping it when it overruns.
+//!
+//! The decisions are `policies::budget`'s; this module does the edges:
+//!
+//! * **Admission** ([`Budgets::admit`]), before the worker sees the send:
+//!   the caller's grant is checked as the SDK's server checks it, held to
+//!   the route's, tenant's and caller's caps (clamped or refused), injected
+//!   when there is none, and reserved from every account it draws on in
+//!   one atomic store call, so concurrent children on any replica cannot
+//!   each take the whole.
+//! * **Enforcement** ([`ChildBudget`]): a timer per child fires at its
+//!   deadline; a status update reporting spend past a meter's grant
+//!   exhausts it at once. Either way the gateway sends `CancelTask` and the
+//!   proxy ends the caller's stream with the SDK's budget-exhausted
+//!   `TASK_STATE_FAILED` update in place of the worker's last event.
+//! * **Settlement** ([`ChildBudget::settle`]): when the request ends, each
+//!   reservation is replaced by the spend the child reported on its
+//!   settling update, kept whole when it ended any other way, and returned
+//!   when the worker refused the send.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use policies::budget::{
+    apply_caps, exhausted_text, over_cap, window_end, window_start, Admitted, BudgetRefusal, Caps,
+    Exhaustion, Grant, BUDGET_EXHAUSTED_CLASS, BUDGET_EXTENSION_URI, BUDGET_METADATA_KEY,
+    FAILURE_EXTENSION_URI, FAILURE_METADATA_KEY,
+};
+use serde_json::{json, Map, Value};
+
+use crate::a2a::request::SentGrant;
+use crate::a2a::Binding;
+use crate::cancel::{CancelJob, Canceller};
+use crate::metrics;
+use crate::store::{now_ms, AccountKey, Reservation, Shortfall, StoreHealth, TaskStore};
+
+/// How long past its window's end an account is kept, so that children
+/// that started in it still settle into it.
+const ACCOUNT_SLACK_MS: u64 = 3_600_000;
+
+/// Why a send is not let through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BudgetError {
+    /// The grant is malformed, or over a cap under `over_cap = "refuse"`:
+    /// `-32602` / 400.
+    Refused(BudgetRefusal),
+    /// An account cannot cover the grant: 429 / `-32603` with the account.
+    Exhausted {
+        account: AccountKey,
+        meter: String,
+        asked: u64,
+        left: u64,
+        limit: u64,
+        /// When the account's window ends and it is full again.
+        resets_at_ms: u64,
+    },
+    /// The store could not reserve (and `on_store_error = "fail-closed"`).
+    StoreUnavailable(String),
+}
+
+impl std::fmt::Display for BudgetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BudgetError::Refused(r) => r.fmt(f),
+            BudgetError::Exhausted {
+                account,
+                meter,
+                asked,
+                left,
+                limit,
+                resets_at_ms,
+            } => write!(
+                f,
+                "budget account {account} is exhausted for meter {meter:?}: {left} of {limit} left, \
+                 the child's grant needs {asked}; the account resets in {}s",
+                resets_at_ms.saturating_sub(now_ms()).div_ceil(1000)
+            ),
+            BudgetError::StoreUnavailable(e) => write!(
+                f,
+                "the budget could not be reserved: the gateway's store is unavailable ({e})"
+            ),
+        }
+    }
+}
+
+/// The runtime side of budgets, one per gateway process.
+#[derive(Debug)]
+pub struct Budgets {
+    store: Arc<dyn TaskStore>,
+    health: Arc<StoreHealth>,
+    fail_closed: bool,
+    canceller: Canceller,
+    /// Children with a budget in flight on this replica, for the admin view.
+    live: Mutex<HashMap<u64, Arc<Shared>>>,
+    seq: AtomicU64,
+}
+
+/// What one child's budget looks like right now, shared between its
+/// request, its deadline timer and the admin endpoint.
+#[derive(Debug)]
+pub struct Shared {
+    route: Arc<str>,
+    tenant: Option<String>,
+    caller: Option<String>,
+    grant: Grant,
+    deadline_ms: Option<u64>,
+    reservations: Vec<Reservation>,
+    state: Mutex<SharedState>,
+    /// The request ended: the timer has nothing left to do.
+    done: AtomicBool,
+    ended: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct SharedState {
+    /// How to cancel the child, once an event named it.
+    job: Option<CancelJob>,
+    task_id: Option<String>,
+    exhausted: Option<Exhaustion>,
+    cancel_sent: bool,
+    spent: BTreeMap<String, u64>,
+}
+
+/// A child's budget, held in the request's context from admission until
+/// it settles.
+#[derive(Debug)]
+pub struct ChildBudget {
+    pub shared: Arc<Shared>,
+    id: u64,
+    /// The grant on the child's message differs from the sent one (or
+    /// none was sent): the body is re-written and the header set.
+    pub rewrite: bool,
+    /// The report on the update that settled the child.
+    settled_spent: Option<BTreeMap<String, u64>>,
+}
+
+/// What to do after an event of the child's stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    /// A meter passed its grant with this event: cancel (done here) and end
+    /// the caller's stream once the worker answers.
+    Exhausted(Exhaustion),
+}
+
+/// The caps that apply to a send: the route's, tightened by the tenant's
+/// and the caller's, plus an account's limit on any meter it keeps that no
+/// cap names.
+pub fn caps_for(policy: &config::BudgetPolicy, tenant: Option<&str>, caller: Option<&str>) -> Caps {
+    let mut caps = policy.caps.clone();
+    if let Some(t) = tenant.and_then(|t| policy.tenants.get(t)) {
+        caps = caps.tighten(t);
+    }
+    if let Some(c) = caller.and_then(|c| policy.callers.get(c)) {
+        caps = caps.tighten(c);
+    }
+    // A meter an account limits is never left unlimited: without a cap of
+    // its own, one child may be granted at most the whole account.
+    for acct in &policy.accounts {
+        for (meter, &limit) in &acct.meters {
+            caps.meters.entry(meter.clone()).or_insert(limit);
+        }
+    }
+    caps
+}
+
+impl Budgets {
+    pub fn new(
+        store: Arc<dyn TaskStore>,
+        health: Arc<StoreHealth>,
+        on_store_error: config::OnStoreError,
+        canceller: Canceller,
+    ) -> Self {
+        Budgets {
+            store,
+            health,
+            fail_closed: on_store_error == config::OnStoreError::FailClosed,
+            canceller,
+            live: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(1),
+        }
+    }
+
+    /// Decides the grant of a send that starts or continues a task, and
+    /// reserves it. `Ok(None)`: the route sets no budget and the caller
+    /// sent none, so nothing is attached or enforced.
+    ///
+    /// # Errors
+    ///
+    /// [`BudgetError`]: the send must be refused and no child started.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn admit(
+        self: &Arc<Self>,
+        route: &Arc<str>,
+        policy: &config::BudgetPolicy,
+        tenant: Option<&str>,
+        caller: Option<&str>,
+        sent: Option<Result<SentGrant, BudgetRefusal>>,
+        received_ms: u64,
+    ) -> Result<Option<ChildBudget>, BudgetError> {
+        let sent = match sent {
+            Some(Err(r)) => return Err(BudgetError::Refused(r)),
+            Some(Ok(g)) => Some(g),
+            None => None,
+        };
+        let caps = caps_for(policy, tenant, caller);
+        let admitted = apply_caps(sent.as_ref().map(|s| &s.grant), &caps, policy.over_cap)
+            .map_err(BudgetError::Refused)?;
+        let Some(Admitted {
+            grant,
+            clamped,
+            filled,
+            injected,
+        }) = admitted
+        else {
+            return Ok(None);
+        };
+        for field in &clamped {
+            metrics::BUDGET_CLAMPS
+                .with_label_values(&[route, field])
+                .inc();
+        }
+        if injected {
+            metrics::BUDGET_INJECTED.with_label_values(&[route]).inc();
+        }
+        let rewrite = injected
+            || !clamped.is_empty()
+            || !filled.is_empty()
+            || sent.as_ref().is_some_and(|s| s.had_floats);
+        let reservations = self
+            .reserve(route, policy, tenant, caller, &grant, received_ms)
+            .await?;
+        let shared = Arc::new(Shared {
+            route: route.clone(),
+            tenant: tenant.map(str::to_owned),
+            caller: caller.map(str::to_owned),
+            deadline_ms: grant
+                .remaining_ms
+                .map(|ms| policies::budget::deadline_ms(received_ms, ms)),
+            grant,
+            reservations,
+            state: Mutex::new(SharedState::default()),
+            done: AtomicBool::new(false),
+            ended: tokio::sync::Notify::new(),
+        });
+        let id = self.seq.fetch_add(1, Ordering::Relaxed);
+        lock(&self.live).insert(id, shared.clone());
+        if let Some(deadline) = shared.deadline_ms {
+            let this = self.clone();
+            let shared = shared.clone();
+            tokio::spawn(async move { this.watch_deadline(shared, deadline).await });
+        }
+        Ok(Some(ChildBudget {
+            shared,
+            id,
+            rewrite,
+            settled_spent: None,
+        }))
+    }
+
+    /// Reserves the grant's meters from every account the route keeps.
+    async fn reserve(
+        &self,
+        route: &Arc<str>,
+        policy: &config::BudgetPolicy,
+        tenant: Option<&str>,
+        caller: Option<&str>,
+        grant: &Grant,
+        now: u64,
+    ) -> Result<Vec<Reservation>, BudgetError> {
+        let mut asks = Vec::new();
+        for acct in &policy.accounts {
+            let window_ms = acct.window.as_millis() as u64;
+            let holder = match acct.per {
+                config::AccountScope::Route => "",
+                config::AccountScope::Tenant => tenant.unwrap_or(""),
+                config::AccountScope::Caller => caller.unwrap_or(""),
+            };
+            let account = AccountKey {
+                route: route.clone(),
+                scope: acct.per.as_str().into(),
+                holder: holder.into(),
+                window_start_ms: window_start(now, window_ms),
+            };
+            for (meter, &limit) in &acct.meters {
+                // Config guarantees a cap on every account meter, so the
+                // grant names it (a cap fills an omitted meter with 0).
+                let amount = grant.meters.get(meter).copied().unwrap_or(0);
+                asks.push(Reservation {
+                    account: account.clone(),
+                    meter: meter.clone(),
+                    amount,
+                    limit,
+                    expires_ms: window_end(now, window_ms).saturating_add(ACCOUNT_SLACK_MS),
+                });
+            }
+        }
+        if asks.is_empty() {
+            return Ok(asks);
+        }
+        let result = self.store.account_reserve(&asks).await;
+        self.health.record(&result);
+        match result {
+            Ok(Ok(())) => {
+                for a in &asks {
+                    metrics::BUDGET_RESERVED
+                        .with_label_values(&[route, &a.meter])
+                        .inc_by(a.amount);
+                }
+                Ok(asks)
+            }
+            Ok(Err(Shortfall { index, left })) => {
+                let a = &asks[index];
+                Err(BudgetError::Exhausted {
+                    account: a.account.clone(),
+                    meter: a.meter.clone(),
+                    asked: a.amount,
+                    left,
+                    limit: a.limit,
+                    resets_at_ms: a.expires_ms - ACCOUNT_SLACK_MS,
+                })
+            }
+            Err(e) => {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["account_reserve"])
+                    .inc();
+                if self.fail_closed {
+                    Err(BudgetError::StoreUnavailable(e.to_string()))
+                } else {
+                    tracing::warn!(route = %route, error = %e, "budget accounts unavailable; the child starts unreserved (on_store_error = fail-open)");
+                    metrics::UNTRACKED
+                        .with_label_values(&["budget_store_unavailable"])
+                        .inc();
+                    Ok(Vec::new())
+                }
+            }
+        }
+    }
+
+    async fn watch_deadline(self: Arc<Self>, shared: Arc<Shared>, deadline_ms: u64) {
+        let wait = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.ended.notified() => return,
+        }
+        if shared.done.load(Ordering::Acquire) {
+            return;
+        }
+        self.exhaust(&shared, Exhaustion::Time);
+    }
+
+    /// Marks the child exhausted (once) and cancels it if its id is known;
+    /// otherwise the cancel goes out when an event names it.
+    fn exhaust(&self, shared: &Arc<Shared>, by: Exhaustion) {
+        let job = {
+            let mut st = lock(&shared.state);
+            if st.exhausted.is_some() {
+                return;
+            }
+            tracing::info!(route = %shared.route, task = ?st.task_id, by = by.as_str(), "budget exhausted; cancelling the child");
+            metrics::BUDGET_EXHAUSTED
+                .with_label_values(&[
+                    &shared.route,
+                    match by {
+                        Exhaustion::Time => "time",
+                        Exhaustion::Meter(_) => "meter",
+                    },
+                ])
+                .inc();
+            st.exhausted = Some(by);
+            take_job(&mut st)
+        };
+        if let Some(job) = job {
+            self.send_cancel(job);
+        }
+    }
+
+    fn send_cancel(&self, job: CancelJob) {
+        let canceller = self.canceller.clone();
+        tokio::spawn(async move {
+            canceller.cancel(&job).await;
+        });
+    }
+
+    /// The accounts and in-flight child budgets, for `/budgets`.
+    pub async fn admin_view(&self) -> Value {
+        let children: Vec<Value> = {
+            let live = lock(&self.live);
+            live.values().map(|s| s.view()).collect()
+        };
+        let accounts = match self.store.account_list(1000).await {
+            Ok(list) => Value::Array(
+                list.into_iter()
+                    .map(|v| {
+                        json!({
+                            "route": &*v.account.route,
+                            "per": &*v.account.scope,
+                            "holder": &*v.account.holder,
+                            "windowStartMs": v.account.window_start_ms,
+                            "meter": v.meter,
+                            "limit": v.balance.limit,
+                            "spent": v.balance.spent,
+                            "reserved": v.balance.reserved,
+                            "left": v.balance.left(),
+                        })
+                    })
+                    .collect(),
+            ),
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        json!({"accounts": accounts, "children": children})
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every change under these locks is a single assignment or insert.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The cancel owed once, if it is owed and the child's id is known.
+fn take_job(st: &mut SharedState) -> Option<CancelJob> {
+    if st.exhausted.is_none() || st.cancel_sent {
+        return None;
+    }
+    let job = st.job.clone()?;
+    st.cancel_sent = true;
+    Some(job)
+}
+
+impl Shared {
+    fn view(&self) -> Value {
+        let st = lock(&self.state);
+        json!({
+            "route": &*self.route,
+            "tenant": self.tenant,
+            "caller": self.caller,
+            "taskId": st.task_id,
+            "grant": grant_json(&self.grant),
+            "deadlineMs": self.deadline_ms,
+            "spent": st.spent,
+            "exhausted": st.exhausted.as_ref().map(Exhaustion::as_str),
+            "reserved": self.reservations.iter().map(|r| json!({
+                "account": r.account.to_string(), "meter": r.meter, "amount": r.amount,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl ChildBudget {
+    /// The grant the child's message carries.
+    pub fn grant(&self) -> &Grant {
+        &self.shared.grant
+    }
+
+    /// What exhausted the child, if anything has.
+    pub fn exhausted(&self) -> Option<Exhaustion> {
+        lock(&self.shared.state).exhausted.clone()
+    }
+
+    /// An event named the child: from now on it can be cancelled (at once,
+    /// when its deadline already passed).
+    pub fn task_known(&self, budgets: &Budgets, task_id: &str, job: CancelJob) {
+        let job = {
+            let mut st = lock(&self.shared.state);
+            st.task_id = Some(task_id.to_owned());
+            st.job = Some(job);
+            take_job(&mut st)
+        };
+        if let Some(job) = job {
+            budgets.send_cancel(job);
+        }
+    }
+
+    /// Charges a status update's reported spend (cumulative per meter).
+    /// `settles`: the update settled the child, so its report is what the
+    /// reservation is replaced by.
+    pub fn on_spent(
+        &mut self,
+        budgets: &Budgets,
+        spent: BTreeMap<String, u64>,
+        settles: bool,
+    ) -> Verdict {
+        let over = {
+            let mut st = lock(&self.shared.state);
+            for (meter, &n) in &spent {
+                let e = st.spent.entry(meter.clone()).or_insert(0);
+                *e = (*e).max(n);
+            }
+            over_cap(&st.spent, &self.shared.grant)
+        };
+        if settles {
+            self.settled_spent = Some(spent);
+        }
+        match over {
+            Some(meter) => {
+                let by = Exhaustion::Meter(meter);
+                budgets.exhaust(&self.shared, by.clone());
+                Verdict::Exhausted(by)
+            }
+            None => Verdict::Continue,
+        }
+    }
+
+    /// The spend reported so far, per meter.
+    pub fn spent(&self) -> BTreeMap<String, u64> {
+        lock(&self.shared.state).spent.clone()
+    }
+
+    /// Ends the child's budget when its request ends: stops the timer and
+    /// settles every reservation. `refused`: the worker refused the send
+    /// (no task was created), so the reservations go back whole.
+    pub fn settle(self, budgets: &Budgets, refused: bool) {
+        self.shared.done.store(true, Ordering::Release);
+        self.shared.ended.notify_one();
+        lock(&budgets.live).remove(&self.id);
+        if self.shared.reservations.is_empty() {
+            return;
+        }
+        let known = lock(&self.shared.state).spent.clone();
+        let settled: Vec<(Reservation, u64)> = self
+            .shared
+            .reservations
+            .iter()
+            .map(|r| {
+                let charged = if refused {
+                    0
+                } else if let Some(n) = self
+                    .settled_spent
+                    .as_ref()
+                    .and_then(|s| s.get(&r.meter).copied())
+                {
+                    n
+                } else {
+                    // Lost stream, cancel, or a settling update without the
+                    // meter: the reservation stays spent (more if more was
+                    // reported).
+                    r.amount.max(known.get(&r.meter).copied().unwrap_or(0))
+                };
+                (r.clone(), charged)
+            })
+            .collect();
+        for (r, charged) in &settled {
+            metrics::BUDGET_CHARGED
+                .with_label_values(&[&self.shared.route, &r.meter])
+                .inc_by(*charged);
+        }
+        let store = budgets.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.account_settle(&settled).await {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["account_settle"])
+                    .inc();
+                tracing::warn!(error = %e, "could not settle budget reservations; they stay reserved until the account's window ends");
+            }
+        });
+    }
+
+    /// The SSE event that ends the caller's stream of an exhausted child:
+    /// the SDK's budget-exhausted `TASK_STATE_FAILED` status update.
+    pub fn failure_event(
+        &self,
+        binding: Binding,
+        rpc_id: Option<&Value>,
+        task_id: &str,
+        context_id: Option<&str>,
+        by: &Exhaustion,
+    ) -> Vec<u8> {
+        let update = failure_update(task_id, context_id, by, &self.shared.grant, &self.spent());
+        let doc = match binding {
+            Binding::Rest => update,
+            Binding::JsonRpc | Binding::WebSocket => json!({
+                "jsonrpc": "2.0",
+                "id": rpc_id.cloned().unwrap_or(Value::Null),
+                "result": update,
+            }),
+        };
+        let mut out = b"data: ".to_vec();
+        out.extend_from_slice(doc.to_string().as_bytes());
+        out.extend_from_slice(b"\n\n");
+        out
+    }
+}
+
+/// A grant as the extension writes it: integers, empty parts omitted.
+pub fn grant_json(grant: &Grant) -> Value {
+    let mut o = Map::new();
+    if let Some(ms) = grant.remaining_ms {
+        o.insert("remainingMs".into(), ms.into());
+    }
+    if !grant.meters.is_empty() {
+        o.insert("meters".into(), json!(grant.meters));
+    }
+    Value::Object(o)
+}
+
+/// `{"statusUpdate": …}` failing the task for its budget, shaped as the
+/// SDK's server shapes its own (`a2a-reference.md` §6).
+pub fn failure_update(
+    task_id: &str,
+    context_id: Option<&str>,
+    by: &Exhaustion,
+    grant: &Grant,
+    spent: &BTreeMap<String, u64>,
+) -> Value {
+    let text = exhausted_text(by);
+    let mut status_budget = Map::new();
+    status_budget.insert("remainingMs".into(), 0.into());
+    if !grant.meters.is_empty() {
+        status_budget.insert("meters".into(), json!(grant.meters));
+    }
+    if !spent.is_empty() {
+        status_budget.insert("spent".into(), json!(spent));
+    }
+    let now = chrono_like_timestamp();
+    json!({"statusUpdate": {
+        "taskId": task_id,
+        "contextId": context_id.unwrap_or(""),
+        "status": {
+            "state": "TASK_STATE_FAILED",
+            "timestamp": now,
+            "message": {
+                "messageId": format!("a2agw-{}-{}", task_id, now_ms()),
+                "role": "ROLE_AGENT",
+                "taskId": task_id,
+                "contextId": context_id.unwrap_or(""),
+                "parts": [{"text": text}],
+                "metadata": {FAILURE_METADATA_KEY: BUDGET_EXHAUSTED_CLASS},
+                "extensions": [FAILURE_EXTENSION_URI],
+            },
+        },
+        "metadata": {
+            "error": text,
+            BUDGET_METADATA_KEY: Value::Object(status_budget),
+        },
+    }})
+}
+
+/// RFC 3339 UTC with milliseconds, as the SDKs write status timestamps.
+fn chrono_like_timestamp() -> String {
+    let ms = now_ms();
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Writes `grant` into the sent message (`metadata["a2a-rust.com/budget"]`,
+/// and the budget URI in `extensions`), returning the new body; `None`
+/// when the body is not a message send the gateway can edit (it then goes
+/// unchanged, and the caller's send is refused by the proxy).
+pub fn rewrite_message(body: &[u8], jsonrpc: bool, grant: &Grant) -> Option<Vec<u8>> {
+    let mut doc: Value = serde_json::from_slice(body).ok()?;
+    let msg = if jsonrpc {
+        doc.get_mut("params")?.get_mut("message")?
+    } else {
+        doc.get_mut("message")?
+    };
+    let msg = msg.as_object_mut()?;
+    let md = msg
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if md.is_null() {
+        *md = Value::Object(Map::new());
+    }
+    md.as_object_mut()?
+        .insert(BUDGET_METADATA_KEY.into(), grant_json(grant));
+    let ext = msg
+        .entry("extensions")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if ext.is_null() {
+        *ext = Value::Array(Vec::new());
+    }
+    let list = ext.as_array_mut()?;
+    if !list
+        .iter()
+        .any(|u| u.as_str() == Some(BUDGET_EXTENSION_URI))
+    {
+        list.push(BUDGET_EXTENSION_URI.into());
+    }
+    serde_json::to_vec(&doc).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(ms: Option<u64>, m: &[(&str, u64)]) -> Grant {
+        Grant {
+            remaining_ms: ms,
+            meters: m.iter().map(|&(k, v)| (k.to_owned(), v)).collect(),
+        }
+    }
+
+    #[test]
+    fn rewrites_grants_into_messages() {
+        let g = grant(Some(5000), &[("tokens", 10)]);
+        let table = [
+            (
+                true,
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","parts":[]}}}"#,
+                Some(
+                    json!({"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","parts":[],
+                    "metadata":{"a2a-rust.com/budget":{"remainingMs":5000,"meters":{"tokens":10}}},
+                    "extensions":["https://a2a-rust.com/extensions/budget/v1"]}}}),
+                ),
+            ),
+            (
+                false,
+                r#"{"message":{"messageId":"m","metadata":{"a2a-rust.com/budget":{"remainingMs":9e3},"x":1},"extensions":["https://a2a-rust.com/extensions/budget/v1","u"]}}"#,
+                Some(
+                    json!({"message":{"messageId":"m","metadata":{"a2a-rust.com/budget":{"remainingMs":5000,"meters":{"tokens":10}},"x":1},
+                    "extensions":["https://a2a-rust.com/extensions/budget/v1","u"]}}),
+                ),
+            ),
+            (
+                false,
+                r#"{"message":{"metadata":null,"extensions":null}}"#,
+                Some(
+                    json!({"message":{"metadata":{"a2a-rust.com/budget":{"remainingMs":5000,"meters":{"tokens":10}}},
+                    "extensions":["https://a2a-rust.com/extensions/budget/v1"]}}),
+                ),
+            ),
+            (
+                true,
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{}}"#,
+                None,
+            ),
+            (false, r#"[1]"#, None),
+            (false, "not json", None),
+        ];
+        for (jsonrpc, body, want) in table {
+            let got = rewrite_message(body.as_bytes(), jsonrpc, &g)
+                .map(|b| serde_json::from_slice::<Value>(&b).unwrap());
+            assert_eq!(got, want, "{body}");
+        }
+    }
+
+    #[test]
+    fn failure_update_is_the_sdks_shape() {
+        let spent: BTreeMap<String, u64> = [("tokens".to_owned(), 12)].into();
+        let v = failure_update(
+            "t1",
+            Some("c1"),
+            &Exhaustion::Time,
+            &grant(Some(100), &[("tokens", 10)]),
+            &spent,
+        );
+        let u = &v["statusUpdate"];
+        assert_eq!(u["taskId"], "t1");
+        assert_eq!(u["status"]["state"], "TASK_STATE_FAILED");
+        assert_eq!(
+            u["status"]["message"]["parts"][0]["text"],
+            "[-32603] the caller's budget deadline passed"
+        );
+        assert_eq!(
+            u["status"]["message"]["metadata"]["a2a-rust.com/failure"],
+            "budget-exhausted"
+        );
+        assert_eq!(
+            u["status"]["message"]["extensions"][0],
+            "https://a2a-rust.com/extensions/failure/v1"
+        );
+        assert_eq!(
+            u["metadata"]["error"],
+            u["status"]["message"]["parts"][0]["text"]
+        );
+        assert_eq!(
+            u["metadata"]["a2a-rust.com/budget"],
+            json!({"remainingMs":0,"meters":{"tokens":10},"spent":{"tokens":12}})
+        );
+        let ts = u["status"]["timestamp"].as_str().unwrap();
+        assert_eq!(ts.len(), "2026-12-02T14:37:35.123Z".len(), "{ts}");
+        assert!(ts.starts_with("20") && ts.ends_with('Z'), "{ts}");
+    }
+
+    #[test]
+    fn caps_merge_route_tenant_caller() {
+        let caps = |ms: Option<u64>, m: &[(&str, u64)]| Caps {
+            max_deadline_ms: ms,
+            meters: m.iter().map(|&(k, v)| (k.to_owned(), v)).collect(),
+        };
+        let policy = config::BudgetPolicy {
+            caps: caps(Some(60_000), &[("tokens", 1000)]),
+            tenants: [("acme".to_owned(), caps(Some(10_000), &[]))].into(),
+            callers: [("k1".to_owned(), caps(None, &[("tokens", 10)]))].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            caps_for(&policy, None, None),
+            caps(Some(60_000), &[("tokens", 1000)])
+        );
+        assert_eq!(
+            caps_for(&policy, Some("acme"), Some("k1")),
+            caps(Some(10_000), &[("tokens", 10)])
+        );
+        assert_eq!(
+            caps_for(&policy, Some("other"), Some("k2")),
+            caps(Some(60_000), &[("tokens", 1000)])
+        );
+    }
+}
