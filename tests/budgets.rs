@@ -691,3 +691,96 @@ async fn budgeted_route_refuses_websocket_upgrades() {
     assert_eq!(r.status, 403, "{}", r.text());
     assert!(r.text().contains("enforces budgets"), "{}", r.text());
 }
+
+/// A non-blocking `SendMessage` is answered at once, while its child
+/// runs on: the deadline still holds after the request ended, and the
+/// gateway cancels the child within 250 ms of it.
+#[tokio::test]
+async fn deadline_outlives_a_non_blocking_send() {
+    let worker = Worker::start(Kind::Python).await;
+    let gw = Gateway::in_front_of(&worker.url(), "[routes.budget]\nmax_deadline = \"700ms\"").await;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+        "params": {"message": budgeted("work:20000", None), "configuration": {"returnImmediately": true}}});
+    let sent = Instant::now();
+    let v = post_json(&gw.url, "/", &[], &body).await.json();
+    let id = v["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {v}"))
+        .to_owned();
+    assert!(
+        sent.elapsed() < Duration::from_millis(700),
+        "answered before the deadline"
+    );
+    let mut canceled_after = None;
+    while sent.elapsed() < Duration::from_secs(5) {
+        if worker.state(None, &id).await.as_deref() == Some(CANCELED) {
+            canceled_after = Some(sent.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = canceled_after.expect("the worker reports CANCELED");
+    assert!(
+        (Duration::from_millis(700)..=Duration::from_millis(950)).contains(&after),
+        "{after:?}"
+    );
+    assert_eq!(worker.cancels().await, 1);
+}
+
+/// A blocking `SendMessage` names its task only in its answer, so a child
+/// that settles first is not cancelled and its answer is left as is (the
+/// README says why budgets are best enforced on streams).
+#[tokio::test]
+async fn blocking_send_answer_is_never_rewritten_when_nothing_was_cancelled() {
+    let worker = Worker::start(Kind::Python).await;
+    let gw = Gateway::in_front_of(&worker.url(), "[routes.budget]\nmax_deadline = \"300ms\"").await;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+        "params": {"message": budgeted("work:600", None), "configuration": {"returnImmediately": false}}});
+    let v = post_json(&gw.url, "/", &[], &body).await.json();
+    let task = &v["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{v}");
+    let id = task["id"].as_str().unwrap();
+    assert_eq!(
+        worker.state(None, id).await.as_deref(),
+        Some("TASK_STATE_COMPLETED")
+    );
+    assert_eq!(worker.cancels().await, 0);
+}
+
+/// Caps per caller, the caller named by a header: an API key as it is, a
+/// bearer JWT by its `sub`. Each gets its own grant (and account).
+#[tokio::test]
+async fn callers_get_their_own_caps_and_accounts() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let route = "[routes.budget]\nmeters = { tokens = 100 }\ncaller_header = \"authorization\"\n\n\
+        [routes.budget.callers.alice]\nmeters = { tokens = 10 }\n\n\
+        [[routes.budget.accounts]]\nper = \"caller\"\nwindow = \"24h\"\nmeters = { tokens = 1000 }\n";
+    let gw = Gateway::in_front_of(&worker.url(), route).await;
+    // {"sub":"alice","iat":1}, unsigned: the gateway reads, never verifies.
+    let alice = "Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJhbGljZSIsImlhdCI6MX0.c2ln";
+    for (auth, want) in [(alice, 10), ("Bearer key-of-bob", 100)] {
+        let (path, body) = stream_request(Bind::JsonRpc, None, budgeted("quick", None));
+        let mut s = SseStream::open(&gw.url, &path, &[("authorization", auth)], &body).await;
+        let events = s.rest(Duration::from_secs(5)).await;
+        let id = events.iter().find_map(task_id_of).expect("a task");
+        let fwd = forwarded_message(&worker.url(), None, &id).await;
+        assert!(
+            same_numbers(
+                &fwd["metadata"][BUDGET_KEY],
+                &json!({"meters": {"tokens": want}})
+            ),
+            "{auth}: {fwd}"
+        );
+    }
+    let v = request("GET", &gw.admin, "/budgets", &[], b"").await.json();
+    let holders: Vec<&str> = v["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["holder"].as_str())
+        .collect();
+    assert!(
+        holders.contains(&"alice") && holders.contains(&"Bearer key-of-bob"),
+        "{v}"
+    );
+}

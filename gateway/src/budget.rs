@@ -109,8 +109,13 @@ pub struct Shared {
     deadline_ms: Option<u64>,
     reservations: Vec<Reservation>,
     state: Mutex<SharedState>,
-    /// The request ended: the timer has nothing left to do.
+    /// The request ended: the timer has nothing left to do, unless the
+    /// child it ended with is still running (`after_end`).
     done: AtomicBool,
+    /// The child's key when the request ended before it settled (a
+    /// non-blocking send, a detached stream): its deadline still holds,
+    /// checked against the store's view of the task when it comes.
+    after_end: Mutex<Option<crate::store::TaskKey>>,
     ended: tokio::sync::Notify,
 }
 
@@ -121,6 +126,8 @@ struct SharedState {
     task_id: Option<String>,
     exhausted: Option<Exhaustion>,
     cancel_sent: bool,
+    /// The first event naming the child showed it settled: nothing to stop.
+    settled_when_named: bool,
     spent: BTreeMap<String, u64>,
 }
 
@@ -244,6 +251,7 @@ impl Budgets {
             reservations,
             state: Mutex::new(SharedState::default()),
             done: AtomicBool::new(false),
+            after_end: Mutex::new(None),
             ended: tokio::sync::Notify::new(),
         });
         let id = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -347,7 +355,18 @@ impl Budgets {
             () = shared.ended.notified() => return,
         }
         if shared.done.load(Ordering::Acquire) {
-            return;
+            let key = lock(&shared.after_end).clone();
+            let Some(key) = key else { return };
+            // Settled since, as any request through any replica saw it?
+            match self.store.get(&key).await {
+                Ok(Some(rec)) if rec.state.is_some_and(policies::TaskState::is_settled) => {
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(task = %key, error = %e, "store unreadable at a child's deadline; cancelling on what this replica saw");
+                }
+            }
         }
         self.exhaust(&shared, Exhaustion::Time);
     }
@@ -422,7 +441,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The cancel owed once, if it is owed and the child's id is known.
 fn take_job(st: &mut SharedState) -> Option<CancelJob> {
-    if st.exhausted.is_none() || st.cancel_sent {
+    if st.exhausted.is_none() || st.cancel_sent || st.settled_when_named {
         return None;
     }
     let job = st.job.clone()?;
@@ -460,13 +479,25 @@ impl ChildBudget {
         lock(&self.shared.state).exhausted.clone()
     }
 
+    /// What stopped the child, once the gateway has cancelled it for its
+    /// budget: then its settling event is answered with the failure.
+    pub fn stopped(&self) -> Option<Exhaustion> {
+        let st = lock(&self.shared.state);
+        match &st.exhausted {
+            Some(by) if st.cancel_sent => Some(by.clone()),
+            _ => None,
+        }
+    }
+
     /// An event named the child: from now on it can be cancelled (at once,
-    /// when its deadline already passed).
-    pub fn task_known(&self, budgets: &Budgets, task_id: &str, job: CancelJob) {
+    /// when its deadline already passed, unless it named a settled child:
+    /// a blocking send's answer).
+    pub fn task_known(&self, budgets: &Budgets, task_id: &str, job: CancelJob, settled: bool) {
         let job = {
             let mut st = lock(&self.shared.state);
             st.task_id = Some(task_id.to_owned());
             st.job = Some(job);
+            st.settled_when_named |= settled;
             take_job(&mut st)
         };
         if let Some(job) = job {
@@ -509,12 +540,18 @@ impl ChildBudget {
         lock(&self.shared.state).spent.clone()
     }
 
-    /// Ends the child's budget when its request ends: stops the timer and
-    /// settles every reservation. `refused`: the worker refused the send
-    /// (no task was created), so the reservations go back whole.
-    pub fn settle(self, budgets: &Budgets, refused: bool) {
+    /// Ends the child's budget when its request ends: settles every
+    /// reservation, and stops the deadline timer unless `running` names a
+    /// child still unsettled (its deadline then still holds). `refused`:
+    /// the worker refused the send (no task was created), so the
+    /// reservations go back whole.
+    pub fn settle(self, budgets: &Budgets, refused: bool, running: Option<crate::store::TaskKey>) {
+        let keep_timer = running.is_some() && self.shared.deadline_ms.is_some();
+        *lock(&self.shared.after_end) = running;
         self.shared.done.store(true, Ordering::Release);
-        self.shared.ended.notify_one();
+        if !keep_timer {
+            self.shared.ended.notify_one();
+        }
         lock(&budgets.live).remove(&self.id);
         if self.shared.reservations.is_empty() {
             return;
@@ -582,6 +619,28 @@ impl ChildBudget {
         out.extend_from_slice(b"\n\n");
         out
     }
+}
+
+/// The caller a `caller_header` value names: the `sub` claim of a bearer
+/// JWT (read, not verified: put the gateway behind whatever verifies the
+/// token), else the value itself (an API key).
+pub fn caller_identity(value: &str) -> String {
+    use base64::Engine as _;
+    let value = value.trim();
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim);
+    let sub = token.and_then(|t| {
+        let mut parts = t.split('.');
+        let (_, claims, _) = (parts.next()?, parts.next()?, parts.next()?);
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(claims.trim_end_matches('='))
+            .ok()?;
+        let claims: Value = serde_json::from_slice(&raw).ok()?;
+        claims["sub"].as_str().map(str::to_owned)
+    });
+    sub.unwrap_or_else(|| value.to_owned())
 }
 
 /// A grant as the extension writes it: integers, empty parts omitted.
@@ -789,6 +848,23 @@ mod tests {
         let ts = u["status"]["timestamp"].as_str().unwrap();
         assert_eq!(ts.len(), "2026-12-02T14:37:35.123Z".len(), "{ts}");
         assert!(ts.starts_with("20") && ts.ends_with('Z'), "{ts}");
+    }
+
+    #[test]
+    fn caller_identities() {
+        // {"alg":"none"} . {"sub":"alice","iat":1} . sig
+        let jwt = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhbGljZSIsImlhdCI6MX0.c2ln";
+        let table = [
+            ("key-123", "key-123"),
+            (" key-123 ", "key-123"),
+            (&*format!("Bearer {jwt}"), "alice"),
+            (&*format!("bearer {jwt}"), "alice"),
+            ("Bearer opaque-token", "Bearer opaque-token"),
+            ("Bearer a.b.c", "Bearer a.b.c"),
+        ];
+        for (value, want) in table {
+            assert_eq!(caller_identity(value), want, "{value}");
+        }
     }
 
     #[test]

@@ -90,6 +90,10 @@ enum Body {
     Sse(SseParser),
     /// One JSON document, copied up to the inspection limit.
     Json(Vec<u8>),
+    /// The one JSON answer of a budgeted child's blocking send, held whole
+    /// (bounded) so that a child stopped for its budget is answered with the
+    /// budget-exhausted failure instead of the worker's CANCELED task.
+    HeldJson(Vec<u8>),
     /// An agent card (or a JSON-RPC result holding one), held for rewriting.
     Card { held: Vec<u8>, jsonrpc: bool },
 }
@@ -142,7 +146,8 @@ pub struct Ctx {
     ws: Option<WsSession>,
     /// When the request arrived (Unix ms): a grant's deadline counts from it.
     received_ms: u64,
-    /// The caller, as the route's `budget.caller_header` names it.
+    /// The caller, as the route's `budget.caller_header` names it (a bearer
+    /// JWT's `sub`, else the header's value).
     caller: Option<String>,
     /// The grant the sent message carries, checked, until admission.
     sent_budget: Option<std::result::Result<SentGrant, policies::budget::BudgetRefusal>>,
@@ -355,7 +360,7 @@ impl Gateway {
                     match crate::budget::rewrite_message(body, jsonrpc, child.grant()) {
                         Some(b) => ctx.new_body = Some(Bytes::from(b)),
                         None => {
-                            child.settle(&self.budgets, true);
+                            child.settle(&self.budgets, true, None);
                             ctx.refusal = Some(Refusal::invalid_params(
                                 "the message could not be read to attach its budget".into(),
                                 "budget_unreadable",
@@ -492,7 +497,7 @@ impl Gateway {
                         .or_else(|| route.cfg.worker_credential.clone()),
                     cause: "budget_exhausted",
                 };
-                b.task_known(&self.budgets, &id, job);
+                b.task_known(&self.budgets, &id, job, ctx.seen.is_settled());
             }
         } else if ctx.seen.is_settled() && !prev_settled {
             if let Some(id) = ctx.task_id.clone() {
@@ -776,7 +781,7 @@ impl ProxyHttp for Gateway {
                 .headers
                 .get(h.as_str())
                 .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
+                .map(crate::budget::caller_identity);
         }
         ctx.worker_root = route.worker_root(m.prefix);
         let rel = if m.rel == "/" && !ctx.worker_root.is_empty() && !full_path.ends_with('/') {
@@ -1090,6 +1095,10 @@ impl ProxyHttp for Gateway {
             if ctx.streaming {
                 metrics::OPEN_STREAMS.inc();
             }
+        } else if is_json(resp) && ctx.budget.is_some() && resp.status.is_success() {
+            resp.remove_header("content-length");
+            resp.insert_header("transfer-encoding", "chunked")?;
+            ctx.body = Body::HeldJson(Vec::new());
         } else if is_json(resp) {
             ctx.body = Body::Json(Vec::new());
         }
@@ -1163,6 +1172,23 @@ impl ProxyHttp for Gateway {
                     ctx.body = Body::Json(buf);
                 }
             }
+            Body::HeldJson(mut held) => {
+                if let Some(chunk) = body.take() {
+                    held.extend_from_slice(&chunk);
+                }
+                if held.len() > self.limits.max_inspect_body {
+                    metrics::UNTRACKED
+                        .with_label_values(&["response_body_too_large"])
+                        .inc();
+                    *body = Some(Bytes::from(held));
+                    return Ok(None);
+                }
+                if !end_of_stream {
+                    ctx.body = Body::HeldJson(held);
+                    return Ok(None);
+                }
+                *body = Some(Bytes::from(self.answer_held_json(ctx, held)));
+            }
             Body::Card { mut held, jsonrpc } => {
                 if let Some(chunk) = body.take() {
                     held.extend_from_slice(&chunk);
@@ -1199,7 +1225,13 @@ impl ProxyHttp for Gateway {
             let refused = ctx.task_id.is_none()
                 && !ctx.seen.message_only
                 && (ctx.worker_refused || ctx.refusal.is_some() || upstream_failed);
-            b.settle(&self.budgets, refused);
+            let running = match (&ctx.task_id, &ctx.route) {
+                (Some(id), Some(route)) if !ctx.seen.is_settled() => {
+                    Some(TaskKey::new(&route.name, ctx.tenant.as_deref(), id.clone()))
+                }
+                _ => None,
+            };
+            b.settle(&self.budgets, refused, running);
         }
         if let Some(ws) = ctx.ws.take() {
             self.ws_ended(ctx, ws, e);
@@ -1403,7 +1435,7 @@ impl Gateway {
                 Some(o) if !o.is_empty() => {
                     let settles = o.state.is_some_and(policies::TaskState::is_settled);
                     self.on_observation(ctx, o);
-                    let exhausted = ctx.budget.as_ref().and_then(ChildBudget::exhausted);
+                    let exhausted = ctx.budget.as_ref().and_then(ChildBudget::stopped);
                     if let (true, Some(by), Some(id), Some(b)) =
                         (settles, exhausted, &ctx.task_id, &ctx.budget)
                     {
@@ -1472,6 +1504,54 @@ impl Gateway {
             }
         }
         *body = (!out.is_empty()).then(|| Bytes::from(out));
+    }
+
+    /// Observes a held blocking answer and, when the child was stopped for
+    /// its budget, replaces the task's status with the budget-exhausted
+    /// failure.
+    fn answer_held_json(&self, ctx: &mut Ctx, held: Vec<u8>) -> Vec<u8> {
+        let Some(binding) = ctx.binding else {
+            return held;
+        };
+        let Some(obs) = observe::observe(binding, &held) else {
+            metrics::UNTRACKED
+                .with_label_values(&["bad_json_response"])
+                .inc();
+            return held;
+        };
+        let settles = obs.state.is_some_and(policies::TaskState::is_settled);
+        self.on_observation(ctx, obs);
+        let stopped = ctx.budget.as_ref().and_then(ChildBudget::stopped);
+        let (true, Some(by), Some(id), Some(b)) = (settles, stopped, &ctx.task_id, &ctx.budget)
+        else {
+            return held;
+        };
+        let update = crate::budget::failure_update(
+            id,
+            ctx.context_id.as_deref(),
+            &by,
+            b.grant(),
+            &b.spent(),
+        );
+        let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(&held) else {
+            return held;
+        };
+        let result = if binding == Binding::Rest {
+            &mut doc
+        } else {
+            &mut doc["result"]
+        };
+        let task = if result.get("task").is_some() {
+            &mut result["task"]
+        } else {
+            result
+        };
+        if !task.is_object() {
+            return held;
+        }
+        task["status"] = update["statusUpdate"]["status"].clone();
+        ctx.failure_sent = true;
+        serde_json::to_vec(&doc).unwrap_or(held)
     }
 
     fn rewrite_card(&self, session: &Session, ctx: &Ctx, held: Vec<u8>, jsonrpc: bool) -> Vec<u8> {
