@@ -472,6 +472,7 @@ fn main() {
         println!("leases bench: skipped (run `cargo bench -p a2a-gateway --bench leases`)");
         return;
     }
+    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -605,6 +605,8 @@ fn main() {
         println!("proxy bench: skipped (run `cargo bench -p a2a-gateway --bench proxy`)");
         return;
     }
+    // Measure the proxy, not the formatting of its debug logs.
+    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
     // The worker on a runtime (one thread) of its own ...
     let worker_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

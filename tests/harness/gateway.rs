@@ -27,6 +27,13 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// The gateway's log filter: debug for tests (their failures print the
+/// log), `$A2AGW_HARNESS_GATEWAY_LOG` when set (benches set `warn`, so that
+/// formatting logs is not measured).
+fn log_filter() -> String {
+    std::env::var("A2AGW_HARNESS_GATEWAY_LOG").unwrap_or_else(|_| "info,a2a_gateway=debug".into())
+}
+
 /// A running gateway process; killed on drop.
 #[derive(Debug)]
 pub struct Gateway {
@@ -53,7 +60,7 @@ impl Gateway {
         let child = Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
             .arg("--config")
             .arg(&cfg_path)
-            .env("A2A_GATEWAY_LOG", "info,a2a_gateway=debug")
+            .env("A2A_GATEWAY_LOG", log_filter())
             .stdout(Stdio::null())
             .stderr(log_file)
             .kill_on_drop(true)

@@ -1,0 +1,5 @@
+//! Placeholder: being written.
+
+fn main() {
+    println!("parsers bench: not written yet");
+}

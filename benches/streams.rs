@@ -1,0 +1,5 @@
+//! Placeholder: being written.
+
+fn main() {
+    println!("streams bench: not written yet");
+}
