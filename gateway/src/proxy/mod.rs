@@ -1000,9 +1000,10 @@ impl ProxyHttp for Gateway {
             }
             return Ok(());
         }
-        if let Some(new) = ctx.new_body.take() {
-            // The pre-read body, replayed: send the re-written one instead.
-            *body = Some(new);
+        if let Some(new) = &ctx.new_body {
+            // The pre-read body, replayed (again, if pingora retries a
+            // reused upstream connection): send the re-written one instead.
+            *body = Some(new.clone());
             return Ok(());
         }
         if ctx.hold_request {

@@ -6,6 +6,7 @@
 //! | --- | --- | --- |
 //! | `{ns}:task:{route}:{tenant}:{task_id}` | hash | one [`TaskRecord`] |
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
+//! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, and `route`, `scope`, `holder`, `window`; expires an hour after its window ends |
 //!
 //! Route, tenant and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
@@ -23,7 +24,8 @@
 //! Every read-modify-write that replicas can race on is one Lua script
 //! (sent as `EVALSHA`), so Redis runs it without interleaving: `update`,
 //! `lease_start`, `lease_renew`, `lease_renew_many`, `lease_end`,
-//! `lease_claim_lapsed`. A claim takes each lease out of the index inside the
+//! `lease_claim_lapsed`, `account_reserve` (all of a child's reservations or
+//! none), `account_settle`. A claim takes each lease out of the index inside the
 //! script, so across replicas each lapsed lease goes to exactly one claimer,
 //! and a renewal that races a claim either renews (and the claim no longer
 //! sees a lapsed lease) or finds the lease gone (`NoLease`) — never both.
