@@ -48,14 +48,16 @@ async fn record(worker: &Worker, bind: Bind, text: &str) -> Vec<u8> {
     resp.body
 }
 
-fn parse(binding: Binding, chunks: &[&[u8]]) -> Vec<Observation> {
+fn parse(binding: Binding, chunks: &[&[u8]]) -> Vec<Observation<'static>> {
     let mut parser = SseParser::new(1 << 20);
     let mut out = Vec::new();
     for chunk in chunks {
         parser.feed(chunk, |item| match item {
-            SseItem::Event { data, .. } => {
-                out.push(observe(binding, data).expect("every event is an A2A document"))
-            }
+            SseItem::Event { data, .. } => out.push(
+                observe(binding, data)
+                    .expect("every event is an A2A document")
+                    .into_owned(),
+            ),
             SseItem::Overlong => panic!("nothing here is over the limit"),
         });
     }
@@ -79,9 +81,7 @@ async fn every_split(kind: Kind, bind: Bind, text: &str, last_state: &str) {
         .task_id
         .clone()
         .expect("the first event names the task");
-    assert!(whole
-        .iter()
-        .all(|o| o.task_id.as_deref() == Some(id.as_str())));
+    assert!(whole.iter().all(|o| o.task_id.as_deref() == Some(&*id)));
     assert_eq!(
         whole.last().unwrap().state.map(|s| s.as_wire()),
         Some(last_state)

@@ -13,11 +13,13 @@ use serde::Deserialize;
 
 use super::Binding;
 
-/// The task facts one document carries.
+/// The task facts one document carries, borrowing its strings from the
+/// document where they need no unescaping (so reading an event allocates
+/// nothing; [`Observation::into_owned`] keeps one past its document).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Observation {
-    pub task_id: Option<String>,
-    pub context_id: Option<String>,
+pub struct Observation<'a> {
+    pub task_id: Option<Cow<'a, str>>,
+    pub context_id: Option<Cow<'a, str>>,
     /// The state, when the document carried a known one.
     pub state: Option<TaskState>,
     /// The answer was a `message` that names no task: nothing to cancel.
@@ -29,7 +31,19 @@ pub struct Observation {
     pub spent: Option<BTreeMap<String, u64>>,
 }
 
-impl Observation {
+impl Observation<'_> {
+    /// The same facts, owning their strings.
+    pub fn into_owned(self) -> Observation<'static> {
+        Observation {
+            task_id: self.task_id.map(|c| Cow::Owned(c.into_owned())),
+            context_id: self.context_id.map(|c| Cow::Owned(c.into_owned())),
+            state: self.state,
+            message_only: self.message_only,
+            error: self.error,
+            spent: self.spent,
+        }
+    }
+
     /// Whether the document told anything worth acting on.
     pub fn is_empty(&self) -> bool {
         self.task_id.is_none() && self.state.is_none() && !self.message_only && !self.error
@@ -141,12 +155,8 @@ fn state_of(s: &Option<StatusObj<'_>>) -> Option<TaskState> {
         .and_then(TaskState::from_wire)
 }
 
-fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
-    s.map(Cow::into_owned)
-}
-
-impl Payload<'_> {
-    fn into_observation(self) -> Observation {
+impl<'a> Payload<'a> {
+    fn into_observation(self) -> Observation<'a> {
         if self.error.is_some() {
             return Observation {
                 error: true,
@@ -156,41 +166,41 @@ impl Payload<'_> {
         if let Some(t) = self.task {
             return Observation {
                 state: state_of(&t.status),
-                task_id: Some(t.id.into_owned()),
-                context_id: owned(t.context_id),
+                task_id: Some(t.id),
+                context_id: t.context_id,
                 ..Observation::default()
             };
         }
         if let Some(u) = self.status_update {
             return Observation {
                 state: state_of(&u.status),
-                task_id: owned(u.task_id),
-                context_id: owned(u.context_id),
+                task_id: u.task_id,
+                context_id: u.context_id,
                 spent: spent_of(u.metadata),
                 ..Observation::default()
             };
         }
         if let Some(u) = self.artifact_update {
             return Observation {
-                task_id: owned(u.task_id),
-                context_id: owned(u.context_id),
+                task_id: u.task_id,
+                context_id: u.context_id,
                 ..Observation::default()
             };
         }
         if let Some(m) = self.message {
             let message_only = m.task_id.is_none();
             return Observation {
-                task_id: owned(m.task_id),
-                context_id: owned(m.context_id),
+                task_id: m.task_id,
+                context_id: m.context_id,
                 message_only,
                 ..Observation::default()
             };
         }
-        if let (Some(id), Some(_)) = (&self.id, &self.status) {
+        if let (Some(id), Some(_)) = (self.id, &self.status) {
             return Observation {
                 state: state_of(&self.status),
-                task_id: Some(id.to_string()),
-                context_id: owned(self.context_id),
+                task_id: Some(id),
+                context_id: self.context_id,
                 ..Observation::default()
             };
         }
@@ -200,7 +210,7 @@ impl Payload<'_> {
 
 /// Reads one document of the given binding. Anything that is not JSON, or not
 /// an A2A answer, gives `None`: the caller counts it and tracks nothing.
-pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation> {
+pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
     match binding {
         Binding::JsonRpc | Binding::WebSocket => {
             let rpc: Rpc<'_> = serde_json::from_slice(doc).ok()?;
@@ -224,9 +234,9 @@ mod tests {
     use super::*;
     use TaskState::*;
 
-    fn obs(id: Option<&str>, state: Option<TaskState>) -> Observation {
+    fn obs(id: Option<&str>, state: Option<TaskState>) -> Observation<'static> {
         Observation {
-            task_id: id.map(str::to_string),
+            task_id: id.map(|s| Cow::Owned(s.to_string())),
             context_id: Some("c1".into()),
             state,
             ..Observation::default()

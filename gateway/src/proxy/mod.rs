@@ -444,7 +444,7 @@ impl Gateway {
 
     /// Applies one observation to the request's view of its task, and queues
     /// the store updates that matter (first id, settling) — never one per event.
-    fn on_observation(&self, ctx: &mut Ctx, mut obs: Observation) {
+    fn on_observation(&self, ctx: &mut Ctx, mut obs: Observation<'_>) {
         let Some(route) = ctx.route.clone() else {
             return;
         };
@@ -455,7 +455,7 @@ impl Gateway {
             ctx.worker_refused = true;
         }
         if ctx.context_id.is_none() {
-            ctx.context_id.clone_from(&obs.context_id);
+            ctx.context_id = obs.context_id.as_deref().map(str::to_owned);
         }
         let spent = obs.spent.take();
         let settles = obs.state.is_some_and(policies::TaskState::is_settled);
@@ -474,16 +474,21 @@ impl Gateway {
                 .inc();
             let watching = ctx.streaming;
             ctx.watching = watching;
-            let target = self.cancel_target(ctx);
-            self.cascade.tracker().update(
-                key(id.clone()),
-                TaskUpdate {
-                    context_id: obs.context_id,
-                    state: ctx.seen.state,
-                    target,
-                    watchers_delta: i32::from(watching),
-                },
-            );
+            // A one-document answer naming a task already settled (the
+            // usual blocking SendMessage) leaves nothing to cancel, watch or
+            // renew: the store is spared the write (a Redis round trip).
+            if ctx.streaming || !ctx.seen.is_settled() {
+                let target = self.cancel_target(ctx);
+                self.cascade.tracker().update(
+                    key(id.clone()),
+                    TaskUpdate {
+                        context_id: obs.context_id.map(std::borrow::Cow::into_owned),
+                        state: ctx.seen.state,
+                        target,
+                        watchers_delta: i32::from(watching),
+                    },
+                );
+            }
             let budget_key = key(id.clone());
             self.start_lease(ctx, &route, key(id.clone()));
             if let (Some(b), Some(target)) = (&ctx.budget, self.cancel_target(ctx)) {
@@ -1130,10 +1135,12 @@ impl ProxyHttp for Gateway {
             }
             Body::Sse(mut parser) => {
                 if let (Some(chunk), Some(binding)) = (body.as_ref(), ctx.binding) {
-                    let mut observations = Vec::new();
+                    // Each event is acted on as the parser finds it, its
+                    // strings borrowed from the parser: nothing is allocated
+                    // per event.
                     parser.feed(chunk, |item| match item {
                         SseItem::Event { data, .. } => match observe::observe(binding, data) {
-                            Some(o) if !o.is_empty() => observations.push(o),
+                            Some(o) if !o.is_empty() => self.on_observation(ctx, o),
                             Some(_) => {}
                             None => metrics::UNTRACKED
                                 .with_label_values(&["bad_sse_event"])
@@ -1143,9 +1150,6 @@ impl ProxyHttp for Gateway {
                             .with_label_values(&["sse_event_too_large"])
                             .inc(),
                     });
-                    for o in observations {
-                        self.on_observation(ctx, o);
-                    }
                 }
                 ctx.body = Body::Sse(parser);
                 self.check_id_wait(session, ctx);
@@ -1423,7 +1427,12 @@ impl Gateway {
         let chunk = body.take().unwrap_or_default();
         let mut events = Vec::new();
         let last = parser.feed(&chunk, |item| match item {
-            SseItem::Event { data, end, .. } => events.push((end, observe::observe(binding, data))),
+            SseItem::Event { data, end, .. } => {
+                events.push((
+                    end,
+                    observe::observe(binding, data).map(Observation::into_owned),
+                ));
+            }
             SseItem::Overlong => metrics::UNTRACKED
                 .with_label_values(&["sse_event_too_large"])
                 .inc(),

@@ -157,7 +157,7 @@ impl Gateway {
     /// Worker → client bytes: answers and stream frames naming tasks.
     pub(super) fn ws_worker_bytes(&self, ctx: &mut Ctx, chunk: &[u8]) {
         let Some(ws) = ctx.ws.as_mut() else { return };
-        let mut seen: Vec<(String, Observation)> = Vec::new();
+        let mut seen: Vec<(String, Observation<'static>)> = Vec::new();
         let pending = &mut ws.pending;
         ws.worker.feed(chunk, |item| {
             let WsItem::Text(doc) = item else {
@@ -179,7 +179,7 @@ impl Gateway {
                 return;
             }
             match observe::observe(Binding::WebSocket, doc) {
-                Some(o) => seen.push((id, o)),
+                Some(o) => seen.push((id, o.into_owned())),
                 None => metrics::UNTRACKED
                     .with_label_values(&["ws_bad_answer"])
                     .inc(),
@@ -190,7 +190,7 @@ impl Gateway {
         }
     }
 
-    fn ws_observation(&self, ctx: &mut Ctx, id: &str, obs: Observation) {
+    fn ws_observation(&self, ctx: &mut Ctx, id: &str, obs: Observation<'_>) {
         let (Some(route), Some(ws)) = (ctx.route.clone(), ctx.ws.as_mut()) else {
             return;
         };
@@ -202,9 +202,9 @@ impl Gateway {
             ws.pending.remove(id);
         }
         let Some(task_id) = obs.task_id else { return };
-        let key = TaskKey::new(&route.name, p.tenant.as_deref(), task_id.as_str());
+        let key = TaskKey::new(&route.name, p.tenant.as_deref(), &*task_id);
         let tracker = self.cascade.tracker();
-        match ws.tasks.get_mut(task_id.as_str()) {
+        match ws.tasks.get_mut(&*task_id) {
             Some(t) => {
                 let was_settled = t.seen.is_settled();
                 if let Some(s) = obs.state {
@@ -245,7 +245,7 @@ impl Gateway {
                 tracker.update(
                     key.clone(),
                     TaskUpdate {
-                        context_id: obs.context_id,
+                        context_id: obs.context_id.map(std::borrow::Cow::into_owned),
                         state: obs.state,
                         target: Some(CancelTarget {
                             binding: Binding::WebSocket,
