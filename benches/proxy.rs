@@ -125,6 +125,105 @@ fn wrk_send(url: &str, seconds: u32) -> Option<Send> {
     })
 }
 
+// ── SendMessage at a fixed rate: latency below saturation ──────────────────
+
+/// Latency of `SendMessage` offered at a fixed rate (open loop: each
+/// request has a scheduled time and its latency counts from then, so a
+/// slow answer cannot hide the requests queued behind it).
+struct Fixed {
+    offered: f64,
+    achieved: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+const FIXED_CONNS: usize = 16;
+const FIXED_SECONDS: f64 = 5.0;
+
+/// Offers `rate` SendMessage/s for [`FIXED_SECONDS`] over [`FIXED_CONNS`]
+/// keep-alive connections, each sending on its own schedule.
+async fn fixed_rate(url: &str, rate: f64) -> Result<Fixed, String> {
+    use tokio::io::AsyncWriteExt;
+    let (authority, base) = harness::http::split_url(url);
+    let body = send_body(1);
+    let req = format!(
+        "POST {base}/ HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let period = Duration::from_secs_f64(FIXED_CONNS as f64 / rate);
+    let start = tokio::time::Instant::now() + Duration::from_millis(100);
+    let end = start + Duration::from_secs_f64(FIXED_SECONDS);
+    let conns = (0..FIXED_CONNS).map(|i| {
+        let (authority, req) = (authority.clone(), req.clone());
+        async move {
+            let mut sock = tokio::net::TcpStream::connect(&authority)
+                .await
+                .map_err(|e| e.to_string())?;
+            sock.set_nodelay(true).map_err(|e| e.to_string())?;
+            let mut lat = Vec::new();
+            let mut buf = Vec::with_capacity(4096);
+            let mut at = start + period.mul_f64(i as f64 / FIXED_CONNS as f64);
+            while at < end {
+                tokio::time::sleep_until(at).await;
+                sock.write_all(req.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                buf.clear();
+                read_response(&mut sock, &mut buf).await?;
+                lat.push(at.elapsed());
+                at += period;
+            }
+            let _ = sock.shutdown().await;
+            Ok::<_, String>(lat)
+        }
+    });
+    let mut all = Vec::new();
+    for r in futures_util::future::join_all(conns).await {
+        all.extend(r?);
+    }
+    if all.is_empty() {
+        return Err("no answers".into());
+    }
+    all.sort_unstable();
+    let pct = |p: f64| all[((all.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
+    Ok(Fixed {
+        offered: rate,
+        achieved: all.len() as f64 / FIXED_SECONDS,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+    })
+}
+
+/// Reads one HTTP/1.1 response (Content-Length or chunked).
+async fn read_response(sock: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(h) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
+            if !head.starts_with("http/1.1 200") {
+                return Err(format!("answer: {}", head.lines().next().unwrap_or("")));
+            }
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            let done = match len {
+                Some(n) => buf.len() >= h + 4 + n,
+                None => buf.ends_with(b"0\r\n\r\n"),
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        let n = sock.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
 /// wrk prints latencies as `1.23ms`, `456.00us`, `1.01s`.
 fn parse_ms(v: &str) -> Option<f64> {
     if let Some(x) = v.strip_suffix("us") {
@@ -424,6 +523,7 @@ struct Column {
     send: Option<Send>,
     sse: Option<f64>,
     ws: Option<Ws>,
+    fixed: Option<Fixed>,
 }
 
 fn ws_of(base: &str) -> String {
@@ -497,6 +597,25 @@ async fn run_rounds(targets: &[Option<&Target>]) -> Vec<Column> {
             }
         }
     }
+    // Latency at half of the bare pass-through's saturation (the same
+    // offered load for every column), best p99 of two runs.
+    let bare_rps = cols.get(2).and_then(|c| c.send.as_ref()).map(|s| s.rps);
+    if let Some(rate) = bare_rps.map(|r| (r / 2.0).floor()) {
+        eprintln!("fixed rate: {rate} SendMessage/s");
+        for _ in 0..2 {
+            for (t, col) in targets.iter().zip(&mut cols) {
+                let Some(t) = t else { continue };
+                match fixed_rate(&t.http, rate).await {
+                    Ok(f) => {
+                        if col.fixed.as_ref().is_none_or(|b| f.p99_ms < b.p99_ms) {
+                            col.fixed = Some(f);
+                        }
+                    }
+                    Err(e) => eprintln!("fixed rate against {}: {e}", t.http),
+                }
+            }
+        }
+    }
     cols
 }
 
@@ -531,6 +650,16 @@ fn print_table(cols: &[(&str, &Cell)]) {
         (
             "SendMessage p99 (ms)".into(),
             |c| c.send.as_ref().map(|s| s.p99_ms),
+            2,
+        ),
+        (
+            format!("SendMessage at half of bare's saturation, p50 (ms; {FIXED_CONNS} conns, {FIXED_SECONDS}s, open loop)"),
+            |c| c.fixed.as_ref().map(|f| f.p50_ms),
+            2,
+        ),
+        (
+            "SendMessage at half of bare's saturation, p99 (ms)".into(),
+            |c| c.fixed.as_ref().map(|f| f.p99_ms),
             2,
         ),
         (
@@ -746,6 +875,17 @@ fn main() {
     let cols: Vec<(&str, &Cell)> = names.iter().copied().zip(cells.iter()).collect();
     print_table(&cols);
     println!();
+    if let (Ok(b), Ok(m), Ok(r)) = (&cells[2], &cells[3], &cells[4]) {
+        if let (Some(b), Some(m), Some(r)) = (&b.fixed, &m.fixed, &r.fixed) {
+            println!(
+                "added p99 over bare pingora at {:.0} SendMessage/s offered ({:.0} achieved by bare): gateway (memory) {:+.2} ms, gateway (Redis) {:+.2} ms",
+                b.offered,
+                b.achieved,
+                m.p99_ms - b.p99_ms,
+                r.p99_ms - b.p99_ms
+            );
+        }
+    }
     println!(
         "tasks tracked during the run: gateway (memory) {}, gateway (Redis) {}",
         tracked.0, tracked.1

@@ -464,7 +464,9 @@ impl Gateway {
         if let Some(s) = obs.state {
             ctx.seen.state = Some(s);
         }
-        let key = |task_id: Arc<str>| TaskKey::new(&route.name, ctx.tenant.as_deref(), task_id);
+        let key = |tenant: &Option<String>, task_id: Arc<str>| {
+            TaskKey::new(&route.name, tenant.as_deref(), task_id)
+        };
         if ctx.task_id.is_none() {
             let id: Arc<str> = id.into();
             ctx.task_id = Some(id.clone());
@@ -480,7 +482,7 @@ impl Gateway {
             if ctx.streaming || !ctx.seen.is_settled() {
                 let target = self.cancel_target(ctx);
                 self.cascade.tracker().update(
-                    key(id.clone()),
+                    key(&ctx.tenant, id.clone()),
                     TaskUpdate {
                         context_id: obs.context_id.map(std::borrow::Cow::into_owned),
                         state: ctx.seen.state,
@@ -489,11 +491,13 @@ impl Gateway {
                     },
                 );
             }
-            let budget_key = key(id.clone());
-            self.start_lease(ctx, &route, key(id.clone()));
+            if !ctx.seen.is_settled() {
+                let k = key(&ctx.tenant, id.clone());
+                self.start_lease(ctx, &route, k);
+            }
             if let (Some(b), Some(target)) = (&ctx.budget, self.cancel_target(ctx)) {
                 let job = CancelJob {
-                    key: budget_key,
+                    key: key(&ctx.tenant, id.clone()),
                     worker: route.cfg.worker.clone(),
                     target,
                     authorization: ctx
@@ -507,7 +511,7 @@ impl Gateway {
         } else if ctx.seen.is_settled() && !prev_settled {
             if let Some(id) = ctx.task_id.clone() {
                 self.cascade.tracker().update(
-                    key(id),
+                    key(&ctx.tenant, id),
                     TaskUpdate {
                         state: ctx.seen.state,
                         ..TaskUpdate::default()
