@@ -112,6 +112,18 @@ async fn forwarded_message(url: &str, tenant: Option<&str>, id: &str) -> Value {
     v["result"]["history"][0].clone()
 }
 
+/// How long after `since` the worker itself reports the task CANCELED,
+/// asked every 10 ms (for at most 5 s).
+async fn canceled_after(worker: &Worker, id: &str, since: Instant) -> Duration {
+    while since.elapsed() < Duration::from_secs(5) {
+        if worker.state(None, id).await.as_deref() == Some(CANCELED) {
+            return since.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the worker did not report CANCELED within 5 s");
+}
+
 /// A child reporting spend past its meter's cap is cancelled on the worker,
 /// and the caller's stream ends with the budget-exhausted failure.
 async fn spend_past_cap(kind: Kind, bind: Bind) {
@@ -206,15 +218,7 @@ async fn deadline(bind: Bind) {
     let grant = json!({"remainingMs": remaining.as_millis() as u64});
     let (mut s, id) = open(&gw.url, bind, None, budgeted("work:20000", Some(grant))).await;
     // The worker itself is asked, every 10 ms, until it reports CANCELED.
-    let mut canceled_after = None;
-    while sent.elapsed() < Duration::from_secs(5) {
-        if worker.state(None, &id).await.as_deref() == Some(CANCELED) {
-            canceled_after = Some(sent.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let after = canceled_after.expect("the worker reports CANCELED");
+    let after = canceled_after(&worker, &id, sent).await;
     assert!(after >= remaining, "not before the deadline: {after:?}");
     assert!(
         after <= remaining + Duration::from_millis(250),
@@ -711,15 +715,7 @@ async fn deadline_outlives_a_non_blocking_send() {
         sent.elapsed() < Duration::from_millis(700),
         "answered before the deadline"
     );
-    let mut canceled_after = None;
-    while sent.elapsed() < Duration::from_secs(5) {
-        if worker.state(None, &id).await.as_deref() == Some(CANCELED) {
-            canceled_after = Some(sent.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let after = canceled_after.expect("the worker reports CANCELED");
+    let after = canceled_after(&worker, &id, sent).await;
     assert!(
         (Duration::from_millis(700)..=Duration::from_millis(950)).contains(&after),
         "{after:?}"

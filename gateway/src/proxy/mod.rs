@@ -616,17 +616,9 @@ fn inject_headers(
         req.insert_header(name.clone(), value.as_str())?;
     }
     if !policy.inject_extensions.is_empty() {
-        let existing: Vec<String> = req
-            .headers
-            .get_all("a2a-extensions")
-            .iter()
-            .filter_map(|v| v.to_str().ok().map(str::to_string))
-            .collect();
-        let list = crate::a2a::extensions::parse(existing.iter().map(String::as_str));
-        let (merged, added) = crate::a2a::extensions::merge(&list, &policy.inject_extensions);
+        let added = add_extensions(req, &policy.inject_extensions)?;
         if !added.is_empty() {
             tracing::debug!(route = %route.name, injected = ?added, upgrade = matches!(call, Some(Call::Upgrade)), "A2A-Extensions injected");
-            req.insert_header("a2a-extensions", merged)?;
         }
     }
     if matches!(call, Some(Call::Upgrade)) && req.headers.contains_key("sec-websocket-extensions") {
@@ -684,8 +676,9 @@ fn budget_refusal(e: &BudgetError) -> Refusal {
     }
 }
 
-/// Adds `uri` to the request's `A2A-Extensions` unless it is there.
-fn add_extension(req: &mut RequestHeader, uri: &str) -> Result<()> {
+/// Merges `inject` into the request's `A2A-Extensions` (one header line,
+/// no URI twice); returns the URIs it added.
+fn add_extensions<'a>(req: &mut RequestHeader, inject: &'a [String]) -> Result<Vec<&'a str>> {
     let existing: Vec<String> = req
         .headers
         .get_all("a2a-extensions")
@@ -693,12 +686,46 @@ fn add_extension(req: &mut RequestHeader, uri: &str) -> Result<()> {
         .filter_map(|v| v.to_str().ok().map(str::to_string))
         .collect();
     let list = crate::a2a::extensions::parse(existing.iter().map(String::as_str));
-    let inject = [uri.to_string()];
-    let (merged, added) = crate::a2a::extensions::merge(&list, &inject);
+    let (merged, added) = crate::a2a::extensions::merge(&list, inject);
     if !added.is_empty() {
         req.insert_header("a2a-extensions", merged)?;
     }
-    Ok(())
+    Ok(added)
+}
+
+/// A body being held whole to be re-written.
+enum Held {
+    /// It continues: hold on.
+    More(Vec<u8>),
+    /// It ended: here it is, to re-write and send.
+    Whole(Vec<u8>),
+    /// It grew past its limit: what was held went out as it was, and the
+    /// rest passes unread.
+    Released,
+}
+
+/// Adds this chunk to `held`, releasing everything unchanged (and counting
+/// `too_large`) once it is over `limit`.
+fn hold(
+    mut held: Vec<u8>,
+    body: &mut Option<Bytes>,
+    end_of_stream: bool,
+    limit: usize,
+    too_large: &'static str,
+) -> Held {
+    if let Some(chunk) = body.take() {
+        held.extend_from_slice(&chunk);
+    }
+    if held.len() > limit {
+        metrics::UNTRACKED.with_label_values(&[too_large]).inc();
+        *body = Some(Bytes::from(held));
+        return Held::Released;
+    }
+    if end_of_stream {
+        Held::Whole(held)
+    } else {
+        Held::More(held)
+    }
 }
 
 /// A card's `capabilities.extensions` names `uri`.
@@ -985,7 +1012,10 @@ impl ProxyHttp for Gateway {
         // does (a held body's grant is decided later: every budgeted send
         // gets one).
         if ctx.budget.is_some() || ctx.hold_request {
-            add_extension(upstream, policies::budget::BUDGET_EXTENSION_URI)?;
+            add_extensions(
+                upstream,
+                &[policies::budget::BUDGET_EXTENSION_URI.to_owned()],
+            )?;
         }
         Ok(())
     }
@@ -1181,39 +1211,24 @@ impl ProxyHttp for Gateway {
                     ctx.body = Body::Json(buf);
                 }
             }
-            Body::HeldJson(mut held) => {
-                if let Some(chunk) = body.take() {
-                    held.extend_from_slice(&chunk);
+            Body::HeldJson(held) => {
+                let limit = self.limits.max_inspect_body;
+                match hold(held, body, end_of_stream, limit, "response_body_too_large") {
+                    Held::More(held) => ctx.body = Body::HeldJson(held),
+                    Held::Whole(held) => {
+                        *body = Some(Bytes::from(self.answer_held_json(ctx, held)));
+                    }
+                    Held::Released => {}
                 }
-                if held.len() > self.limits.max_inspect_body {
-                    metrics::UNTRACKED
-                        .with_label_values(&["response_body_too_large"])
-                        .inc();
-                    *body = Some(Bytes::from(held));
-                    return Ok(None);
-                }
-                if !end_of_stream {
-                    ctx.body = Body::HeldJson(held);
-                    return Ok(None);
-                }
-                *body = Some(Bytes::from(self.answer_held_json(ctx, held)));
             }
-            Body::Card { mut held, jsonrpc } => {
-                if let Some(chunk) = body.take() {
-                    held.extend_from_slice(&chunk);
-                }
-                if held.len() > self.limits.max_card_body {
-                    // Too large to rewrite: release what is held, pass the rest.
-                    metrics::UNTRACKED
-                        .with_label_values(&["card_too_large"])
-                        .inc();
-                    *body = Some(Bytes::from(held));
-                    return Ok(None);
-                }
-                if end_of_stream {
-                    *body = Some(Bytes::from(self.rewrite_card(session, ctx, held, jsonrpc)));
-                } else {
-                    ctx.body = Body::Card { held, jsonrpc };
+            Body::Card { held, jsonrpc } => {
+                let limit = self.limits.max_card_body;
+                match hold(held, body, end_of_stream, limit, "card_too_large") {
+                    Held::More(held) => ctx.body = Body::Card { held, jsonrpc },
+                    Held::Whole(held) => {
+                        *body = Some(Bytes::from(self.rewrite_card(session, ctx, held, jsonrpc)));
+                    }
+                    Held::Released => {}
                 }
             }
         }

@@ -255,17 +255,17 @@ return {-1, '0'}
 "#;
 
 /// KEYS: one account hash per settlement. ARGV per settlement: meter,
-/// reserved, charged, limit, expires_at, route, scope, holder, window.
+/// reserved, limit, expires_at, route, scope, holder, window, charged.
 const ACCOUNT_SETTLE: &str = r#"
 for i = 1, #KEYS do
   local b = (i - 1) * 9
   local k, meter = KEYS[i], ARGV[b + 1]
   local r = math.max(num(redis.call('HGET', k, 'reserved:' .. meter)) - num(ARGV[b + 2]), 0)
-  local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + num(ARGV[b + 3]), MAX)
+  local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + num(ARGV[b + 9]), MAX)
   redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
-    'limit:' .. meter, ARGV[b + 4],
-    'route', ARGV[b + 6], 'scope', ARGV[b + 7], 'holder', ARGV[b + 8], 'window', ARGV[b + 9])
-  redis.call('PEXPIREAT', k, ARGV[b + 5])
+    'limit:' .. meter, ARGV[b + 3],
+    'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
+  redis.call('PEXPIREAT', k, ARGV[b + 4])
 end
 return 1
 "#;
@@ -389,6 +389,20 @@ impl RedisStore {
             pct(&a.holder),
             a.window_start_ms
         )
+    }
+
+    /// A reservation's key and its 8 arguments to the account scripts:
+    /// meter, amount, limit, expires_at, route, scope, holder, window.
+    fn reservation_args(&self, inv: &mut redis::ScriptInvocation<'_>, a: &Reservation) {
+        inv.key(self.account_key(&a.account))
+            .arg(&a.meter)
+            .arg(a.amount.min(MAX_EXACT))
+            .arg(a.limit.min(MAX_EXACT))
+            .arg(a.expires_ms.min(MAX_EXACT))
+            .arg(&*a.account.route)
+            .arg(&*a.account.scope)
+            .arg(&*a.account.holder)
+            .arg(a.account.window_start_ms);
     }
 
     /// The Redis key of the lease deadline index.
@@ -590,15 +604,7 @@ impl TaskStore for RedisStore {
         let mut inv = self.scripts.account_reserve.prepare_invoke();
         inv.arg(asks.len());
         for a in asks {
-            inv.key(self.account_key(&a.account))
-                .arg(&a.meter)
-                .arg(a.amount.min(MAX_EXACT))
-                .arg(a.limit.min(MAX_EXACT))
-                .arg(a.expires_ms.min(MAX_EXACT))
-                .arg(&*a.account.route)
-                .arg(&*a.account.scope)
-                .arg(&*a.account.holder)
-                .arg(a.account.window_start_ms);
+            self.reservation_args(&mut inv, a);
         }
         let v: Value = self
             .call("account_reserve", |mut c| async move {
@@ -627,16 +633,8 @@ impl TaskStore for RedisStore {
         }
         let mut inv = self.scripts.account_settle.prepare_invoke();
         for (a, charged) in settled {
-            inv.key(self.account_key(&a.account))
-                .arg(&a.meter)
-                .arg(a.amount.min(MAX_EXACT))
-                .arg((*charged).min(MAX_EXACT))
-                .arg(a.limit.min(MAX_EXACT))
-                .arg(a.expires_ms.min(MAX_EXACT))
-                .arg(&*a.account.route)
-                .arg(&*a.account.scope)
-                .arg(&*a.account.holder)
-                .arg(a.account.window_start_ms);
+            self.reservation_args(&mut inv, a);
+            inv.arg((*charged).min(MAX_EXACT));
         }
         let _: Value = self
             .call("account_settle", |mut c| async move {
