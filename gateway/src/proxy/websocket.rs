@@ -236,6 +236,12 @@ impl Gateway {
                     state: obs.state,
                     message_only: false,
                 };
+                // A unary answer naming a settled task leaves nothing to
+                // cancel, watch or renew: neither the store nor the
+                // socket's bounded task table holds it.
+                if unary && seen.is_settled() {
+                    return;
+                }
                 let path = ctx
                     .upstream_path
                     .split('?')
