@@ -92,7 +92,8 @@ async fn unknown_traffic_passes_verbatim() {
     let via = request("GET", &gw.url, "/no/such/path", &[], b"").await;
     assert_eq!(via.status, direct.status);
     assert_eq!(via.body, direct.body);
-    // A unary SendMessage goes through and is tracked.
+    // A unary SendMessage goes through; with no lease or budget on it no
+    // policy needs its answer, which passes unread.
     let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"message": crate::harness::worker::message("quick")}});
     let resp = post_json(&gw.url, "/", &[], &send).await;
     assert_eq!(
@@ -100,7 +101,7 @@ async fn unknown_traffic_passes_verbatim() {
         "TASK_STATE_COMPLETED"
     );
     assert!(gw.counter("a2agw_untracked_total", &["not_jsonrpc"]).await >= 1.0);
-    assert_eq!(gw.counter("a2agw_tasks_tracked_total", &[]).await, 1.0);
+    assert_eq!(gw.counter("a2agw_tasks_tracked_total", &[]).await, 0.0);
 }
 
 /// `a2a-gateway --listen ADDR --worker URL` runs with no config file.

@@ -170,8 +170,17 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The request's method when its answer must be read: a stream or
+    /// subscription (cascade, leases), or a `SendMessage` whose child holds
+    /// a lease or a budget. A plain `SendMessage` answer is passed unread:
+    /// no policy acts on it, and parsing it would cost every request.
     fn tracked_method(&self) -> Option<A2aMethod> {
-        self.method.filter(|m| m.is_tracked())
+        self.method.filter(|m| {
+            m.is_tracked()
+                && (*m != A2aMethod::SendMessage
+                    || self.lease_grant.is_some()
+                    || self.budget.is_some())
+        })
     }
 }
 
@@ -774,7 +783,10 @@ fn header_starts_with(resp: &ResponseHeader, name: &str, prefix: &str) -> bool {
     resp.headers
         .get(name)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(prefix))
+        .is_some_and(|v| {
+            let v = v.trim_start().as_bytes();
+            v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+        })
 }
 
 fn is_encoded(resp: &ResponseHeader) -> bool {
@@ -992,10 +1004,10 @@ impl ProxyHttp for Gateway {
         if let Some(route) = &ctx.route {
             upstream.insert_header("host", route.cfg.worker.authority())?;
         }
-        let reads_answer = matches!(ctx.call, Some(Call::AgentCard | Call::JsonRpcCandidate))
-            || ctx
-                .method
-                .is_some_and(|m| m.is_tracked() || m.returns_card());
+        let reads_answer = matches!(ctx.call, Some(Call::AgentCard))
+            || (matches!(ctx.call, Some(Call::JsonRpcCandidate)) && ctx.method.is_none())
+            || ctx.tracked_method().is_some()
+            || ctx.method.is_some_and(A2aMethod::returns_card);
         if reads_answer {
             upstream.remove_header("accept-encoding");
         }
