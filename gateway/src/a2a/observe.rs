@@ -72,9 +72,9 @@ struct Payload<'a> {
     #[serde(borrow, default, rename = "artifactUpdate")]
     artifact_update: Option<UpdateObj<'a>>,
     // Bare Task fields.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed")]
     id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "contextId")]
+    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
     context_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     status: Option<StatusObj<'a>>,
@@ -86,7 +86,7 @@ struct Payload<'a> {
 struct TaskObj<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
-    #[serde(borrow, default, rename = "contextId")]
+    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
     context_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     status: Option<StatusObj<'a>>,
@@ -94,17 +94,17 @@ struct TaskObj<'a> {
 
 #[derive(Deserialize)]
 struct MessageObj<'a> {
-    #[serde(borrow, default, rename = "taskId")]
+    #[serde(borrow, default, deserialize_with = "borrowed", rename = "taskId")]
     task_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "contextId")]
+    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
     context_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 struct UpdateObj<'a> {
-    #[serde(borrow, default, rename = "taskId")]
+    #[serde(borrow, default, deserialize_with = "borrowed", rename = "taskId")]
     task_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "contextId")]
+    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
     context_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     status: Option<StatusObj<'a>>,
@@ -145,8 +145,20 @@ fn spent_of(meta: Option<UpdateMeta>) -> Option<BTreeMap<String, u64>> {
 
 #[derive(Deserialize)]
 struct StatusObj<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed")]
     state: Option<Cow<'a, str>>,
+}
+
+/// An optional string borrowed from the document when it has no escapes.
+/// (`#[serde(borrow)]` borrows a bare `Cow` only: on an `Option<Cow>` it
+/// always copies, which would allocate on every event.)
+fn borrowed<'de: 'a, 'a, D>(d: D) -> Result<Option<Cow<'a, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Option::<Borrowed<'a>>::deserialize(d).map(|o| o.map(|b| b.0))
 }
 
 fn state_of(s: &Option<StatusObj<'_>>) -> Option<TaskState> {
@@ -241,6 +253,17 @@ mod tests {
             state,
             ..Observation::default()
         }
+    }
+
+    #[test]
+    fn strings_are_borrowed_from_the_document() {
+        let doc = br#"{"statusUpdate":{"taskId":"t1","contextId":"c1","status":{"state":"TASK_STATE_WORKING"}}}"#;
+        let o = observe(Binding::Rest, doc).unwrap();
+        assert!(matches!(o.task_id, Some(Cow::Borrowed("t1"))), "{o:?}");
+        assert!(matches!(o.context_id, Some(Cow::Borrowed("c1"))), "{o:?}");
+        // An escaped string cannot be borrowed, and still reads right.
+        let o = observe(Binding::Rest, br#"{"task":{"id":"t\"1","status":{}}}"#).unwrap();
+        assert_eq!(o.task_id.as_deref(), Some("t\"1"));
     }
 
     #[test]

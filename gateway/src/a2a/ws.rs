@@ -410,9 +410,7 @@ impl WsParser {
                 key[(at + 3) & 3],
             ];
             let fresh = self.buf.get_mut(start..).unwrap_or_default();
-            for (b, k) in fresh.iter_mut().zip(key.iter().cycle()) {
-                *b ^= k;
-            }
+            unmask(fresh, key);
         }
     }
 
@@ -446,9 +444,42 @@ impl WsParser {
     }
 }
 
+/// XORs `data` with the masking key, `key[0]` first: eight bytes at a time
+/// (the compiler does not vectorise a byte-wise cycle), then the tail.
+fn unmask(data: &mut [u8], key: [u8; 4]) {
+    let wide = u64::from_ne_bytes([
+        key[0], key[1], key[2], key[3], key[0], key[1], key[2], key[3],
+    ]);
+    let mut words = data.chunks_exact_mut(8);
+    for w in &mut words {
+        let v = u64::from_ne_bytes(<[u8; 8]>::try_from(&*w).unwrap_or_default()) ^ wide;
+        w.copy_from_slice(&v.to_ne_bytes());
+    }
+    // The tail starts at a multiple of 8, so the key is back at `key[0]`.
+    for (b, k) in words.into_remainder().iter_mut().zip(key.iter().cycle()) {
+        *b ^= k;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unmask_matches_the_bytewise_definition() {
+        let key = [0x12, 0x34, 0x56, 0x78];
+        for len in [0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 100] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let mut fast = data.clone();
+            unmask(&mut fast, key);
+            let slow: Vec<u8> = data
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ key[i % 4])
+                .collect();
+            assert_eq!(fast, slow, "len {len}");
+        }
+    }
 
     #[derive(Debug, Clone, PartialEq, Eq)]
     enum Got {
