@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use a2a_gateway::a2a::ws::{WsItem, WsParser};
+use a2a_gateway::a2a::ws::{OwnedWsItem, WsItem, WsParser};
 use a2a_protocol_client::transport::websocket::{WebSocketTransport, WebSocketTransportConfig};
 use a2a_protocol_client::ClientBuilder;
 use a2a_protocol_types::{
@@ -100,33 +100,17 @@ fn after_upgrade(rec: &Recording, head_start: &str) -> (String, Vec<Vec<u8>>) {
     (head, out)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Got {
-    Text(String),
-    Binary,
-    Close(Option<u16>),
-    Ping,
-    Pong,
-    Overlong,
-    Compressed,
-    Invalid(&'static str),
-}
+type Got = OwnedWsItem;
 
 fn parse(chunks: &[&[u8]]) -> Vec<Got> {
     let mut p = WsParser::new(4 << 20);
     let mut out = Vec::new();
     for c in chunks {
         p.feed(c, |item| {
-            out.push(match item {
-                WsItem::Text(t) => Got::Text(String::from_utf8(t.to_vec()).expect("UTF-8 text")),
-                WsItem::Binary => Got::Binary,
-                WsItem::Close(c) => Got::Close(c),
-                WsItem::Ping => Got::Ping,
-                WsItem::Pong => Got::Pong,
-                WsItem::Overlong => Got::Overlong,
-                WsItem::Compressed => Got::Compressed,
-                WsItem::Invalid(why) => Got::Invalid(why),
-            })
+            if let WsItem::Text(t) = item {
+                assert!(std::str::from_utf8(t).is_ok(), "UTF-8 text");
+            }
+            out.push(item.to_owned_item());
         });
     }
     assert!(!p.is_stopped(), "{out:?}");
@@ -170,7 +154,7 @@ fn every_split(name: &str, tcp_chunks: &[Vec<u8>]) -> Vec<Value> {
     whole
         .iter()
         .filter_map(|g| match g {
-            Got::Text(t) => Some(serde_json::from_str(t).expect("JSON text message")),
+            Got::Text(t) => Some(serde_json::from_slice(t).expect("JSON text message")),
             _ => None,
         })
         .collect()

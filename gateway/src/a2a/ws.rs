@@ -15,11 +15,21 @@
 //! Once the stream stops being valid WebSocket framing the parser says so
 //! once and reads nothing more of that direction.
 
-/// What the parser found that the caller of [`WsParser::feed`] cares about.
+/// What the parser found that the caller of [`WsParser::feed`] cares about,
+/// as the parser hands it out: the text borrowed from the chunk or the
+/// parser's buffer, valid during the callback.
+pub type WsItem<'a> = Item<&'a [u8]>;
+
+/// A [`WsItem`] that owns its text, to keep it past the callback (tests,
+/// fuzzing, tools).
+pub type OwnedWsItem = Item<Vec<u8>>;
+
+/// One thing read from a direction of a WebSocket; `T` holds a text
+/// message ([`WsItem`], [`OwnedWsItem`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WsItem<'a> {
+pub enum Item<T> {
     /// A complete text message (fragments reassembled, unmasked).
-    Text(&'a [u8]),
+    Text(T),
     /// A complete binary message (not A2A; counted, not read, whatever its
     /// size).
     Binary,
@@ -42,6 +52,22 @@ pub enum WsItem<'a> {
     /// start, …): the parser stops reading this direction for good (yields
     /// this once).
     Invalid(&'static str),
+}
+
+impl WsItem<'_> {
+    /// The same item, owning its text.
+    pub fn to_owned_item(self) -> OwnedWsItem {
+        match self {
+            Item::Text(t) => Item::Text(t.to_vec()),
+            Item::Binary => Item::Binary,
+            Item::Close(c) => Item::Close(c),
+            Item::Ping => Item::Ping,
+            Item::Pong => Item::Pong,
+            Item::Overlong => Item::Overlong,
+            Item::Compressed => Item::Compressed,
+            Item::Invalid(why) => Item::Invalid(why),
+        }
+    }
 }
 
 const OP_CONTINUATION: u8 = 0x0;
@@ -481,29 +507,10 @@ mod tests {
         }
     }
 
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    enum Got {
-        Text(String),
-        Binary,
-        Close(Option<u16>),
-        Ping,
-        Pong,
-        Overlong,
-        Compressed,
-        Invalid(&'static str),
-    }
+    type Got = OwnedWsItem;
 
     fn got(item: WsItem<'_>) -> Got {
-        match item {
-            WsItem::Text(t) => Got::Text(String::from_utf8_lossy(t).into_owned()),
-            WsItem::Binary => Got::Binary,
-            WsItem::Close(c) => Got::Close(c),
-            WsItem::Ping => Got::Ping,
-            WsItem::Pong => Got::Pong,
-            WsItem::Overlong => Got::Overlong,
-            WsItem::Compressed => Got::Compressed,
-            WsItem::Invalid(why) => Got::Invalid(why),
-        }
+        item.to_owned_item()
     }
 
     fn run_with(p: &mut WsParser, chunks: &[&[u8]]) -> Vec<Got> {
@@ -519,7 +526,7 @@ mod tests {
     }
 
     fn text(s: &str) -> Got {
-        Got::Text(s.to_string())
+        Got::Text(s.as_bytes().to_vec())
     }
 
     const FIN: u8 = 0x80;
@@ -1065,7 +1072,7 @@ mod tests {
         items
             .iter()
             .filter_map(|g| match g {
-                Got::Text(t) => Some(serde_json::from_str(t).expect("a JSON text message")),
+                Got::Text(t) => Some(serde_json::from_slice(t).expect("a JSON text message")),
                 _ => None,
             })
             .collect()
