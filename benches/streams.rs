@@ -1,5 +1,1366 @@
-//! Placeholder: being written.
+//! Many open streams: what each costs the gateway in memory, how fast a
+//! caller's leaving reaches the worker as a cancel while they are open, and
+//! how many heap allocations each SSE event costs on the way through, all in
+//! one run printed as one table, next to the bare pingora pass-through.
+//! `cargo bench -p a2a-gateway --bench streams` (needs a C compiler, `cc`,
+//! for the allocation counter; about 45 s once built).
+//!
+//! Processes (all on loopback; this bench's own binary is re-executed for
+//! the worker and the bare pass-through, like `benches/proxy.rs`):
+//! - the worker: an a2a-rust 0.15 agent (`tests/harness/rust_worker.rs`,
+//!   limits raised with `start_with_capacity`) in a process of its own
+//!   (`--streams-worker`, 2 runtime threads), so that its sockets do not count
+//!   against this process's file descriptors. It prints `URL <url>`, then
+//!   `CANCELED <task> <unix ns> <by CancelTask>` each time its cancel hook
+//!   runs (the time is taken in the hook; the line is printed within ~5 ms).
+//! - the gateway: the real `a2a-gateway` binary
+//!   (`env!("CARGO_BIN_EXE_a2a-gateway")`, started here rather than by the
+//!   harness's `Gateway`, whose child pid is private), memory store, one
+//!   route, 2 threads, `warn` logs.
+//! - bare pingora: `benches/bare_pingora.rs` (`--bare-pingora`), and the
+//!   same with a 4 KiB L4 read buffer on its listener (`--bare-small-l4`,
+//!   module `small_l4` below) instead of pingora's zero-filled 64 KiB one.
+//!
+//! Scenarios:
+//! 1. Memory per open stream. A fresh worker and proxy; a warm-up (64
+//!    `quick` streams, 32 `idle` streams opened and closed); the proxy's
+//!    `VmRSS` (`/proc/<pid>/status`); then N `SendStreamingMessage` streams
+//!    of `idle:600000` (WORKING once, then quiet) opened from raw sockets,
+//!    64 at a time, each read until its first event names the task (so the
+//!    gateway has seen the id); for the gateway, until its
+//!    `a2agw_open_tracked_streams` gauge says N; a second's settling; `VmRSS`
+//!    again. Per stream: ΔRSS / N. The gateway holds 2 descriptors per stream
+//!    (caller and worker side); N is 10,000 when its descriptor limit allows,
+//!    else the most that fits (the bench tries `prlimit` to raise it first and
+//!    says what happened). Run for the gateway, bare pingora and bare
+//!    pingora with the small L4 read buffer, each with a fresh worker.
+//! 2. Caller FIN to the worker's cancel hook, with the N streams open: 200 of
+//!    them closed one by one, 20 ms apart (the socket drained first, so the
+//!    close is a FIN, not a RST), each timed from just before `close` to the
+//!    hook's wall-clock time in the worker's process (same machine clock).
+//! 3. Heap allocations per SSE event. The proxies run with an `LD_PRELOAD`
+//!    shim (compiled here with `cc`) that counts `malloc`, `calloc`,
+//!    `realloc`, `posix_memalign`/`aligned_alloc`/`memalign` calls and bytes
+//!    into a shared file. (A counting `#[global_allocator]` in this binary
+//!    would need `unsafe impl GlobalAlloc`, which the workspace's
+//!    `unsafe_code = "forbid"` rules out; the shim counts the real binaries
+//!    instead.) One stream of `burst:0` (3 events) and one of `burst:M`
+//!    (M + 3 events), counters read 50 ms after each ends; per event =
+//!    (Δ(M) − Δ(0) − idle rate × Δt) / M; median of 3 rounds. The same with
+//!    `trickle:K:2` (one event per write, 2 ms apart) against `trickle:0:2`.
+//!    Columns: bare pingora, the gateway tracking the stream, the gateway
+//!    passing the same stream untracked (a `limits.max_inspect_body` of 1 KiB
+//!    below the ~1.6 KiB request body, so no SSE parsing at all), and the
+//!    gateway tracking with `timeouts.upstream_idle = "0s"` (pingora's
+//!    `pingora_timeout::timeout` boxes a `Sleep` each time a timed read has
+//!    to wait; bare pingora sets no upstream read timeout).
+//!
+//! Under `cargo test` (no `--bench` argument) it only says it was skipped.
+
+// A benchmark's report is its standard output.
+#![allow(clippy::print_stdout)]
+
+#[path = "../tests/harness/mod.rs"]
+#[allow(dead_code, unused_imports, clippy::all)]
+mod harness;
+
+#[path = "bare_pingora.rs"]
+mod bare_pingora;
+
+/// `benches/bare_pingora.rs` with one change: its listener's L4 read buffer
+/// is 4 KiB instead of pingora's 64 KiB (`DEFAULT_L4_READ_BUFFER_SIZE`,
+/// allocated zeroed by tokio's `BufReader::with_capacity` for every accepted
+/// connection), to show what that buffer costs per open stream.
+mod small_l4 {
+    use async_trait::async_trait;
+    use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFFER_SIZE};
+    use pingora::proxy::{ProxyHttp, Session};
+    use pingora::server::configuration::ServerConf;
+    use pingora::server::Server;
+    use pingora::upstreams::peer::HttpPeer;
+    use pingora::Result;
+
+    pub const FLAG: &str = "--bare-small-l4";
+    pub const READ_BUFFER: usize = 4096;
+
+    struct Bare {
+        upstream: String,
+    }
+
+    #[async_trait]
+    impl ProxyHttp for Bare {
+        type CTX = ();
+
+        fn new_ctx(&self) {}
+
+        async fn upstream_peer(&self, _s: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+            Ok(Box::new(HttpPeer::new(
+                self.upstream.as_str(),
+                false,
+                String::new(),
+            )))
+        }
+    }
+
+    /// Runs until killed. `args`: `--listen ADDR --upstream HOST:PORT`.
+    pub fn run(args: &[String]) -> ! {
+        let value = |name: &str| -> String {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1))
+                .cloned()
+                .unwrap_or_else(|| std::process::exit(2))
+        };
+        let (listen, upstream) = (value("--listen"), value("--upstream"));
+        let conf = ServerConf {
+            threads: 2,
+            grace_period_seconds: Some(0),
+            graceful_shutdown_timeout_seconds: Some(5),
+            ..ServerConf::default()
+        };
+        let mut server = Server::new_with_opt_and_conf(None, conf);
+        server.bootstrap();
+        let mut proxy = pingora::proxy::http_proxy_service_with_name(
+            &server.configuration,
+            Bare { upstream },
+            "bare-pingora-small-l4",
+        );
+        proxy.add_listener(ListenerConfig::tcp(listen).l4_buffer(L4BufferSettings::new(
+            READ_BUFFER,
+            DEFAULT_L4_WRITE_BUFFER_SIZE,
+        )));
+        server.add_service(proxy);
+        server.run_forever()
+    }
+}
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+use harness::gateway::{free_port, scratch_dir};
+use harness::rust_worker::{RustWorker, RustWorkerCapacity, RustWorkerOptions};
+use harness::worker::task_id_of;
+
+/// The flag that turns this binary into the worker process.
+const WORKER_FLAG: &str = "--streams-worker";
+/// Streams wanted open at once (scenario 1).
+const WANT_STREAMS: usize = 10_000;
+/// Streams opening at a time.
+const OPEN_CONCURRENCY: usize = 64;
+/// What the held streams run: WORKING, then quiet for ten minutes.
+const IDLE_TEXT: &str = "idle:600000";
+/// Streams closed one by one for the cancel latency (scenario 2).
+const CLOSES: usize = 200;
+const CLOSE_GAP: Duration = Duration::from_millis(20);
+/// Descriptors kept free on the gateway beside 2 per stream (listeners,
+/// epoll, pooled worker connections, the cancels' own connections).
+const FD_MARGIN: usize = 64;
+/// Events of the `burst:` stream and of the `trickle:` stream (scenario 3).
+const BURST: usize = 2000;
+const TRICKLE: usize = 200;
+const TRICKLE_GAP_MS: u64 = 2;
+const ALLOC_ROUNDS: usize = 3;
+/// Message metadata padding: the request body is ~1.6 KiB, over the
+/// untracked gateway's 1 KiB `max_inspect_body`.
+const PAD: usize = 1400;
+
+fn unix_nanos(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+// ── The worker process ──────────────────────────────────────────────────────
+
+/// The worker process's body: serve until stdin closes (the bench ended or
+/// died), printing every cancel-hook run.
+fn worker_process() -> ! {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("worker runtime");
+    std::thread::spawn(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        std::process::exit(0);
+    });
+    rt.block_on(async {
+        let worker = RustWorker::start_with_capacity(
+            RustWorkerOptions::default(),
+            Some(RustWorkerCapacity {
+                max_concurrent_streams: 100_000,
+                max_tasks: 100_000,
+            }),
+        )
+        .await;
+        println!("URL {}", worker.url());
+        let mut seen = 0;
+        loop {
+            let new = worker.cancel_records_from(seen);
+            seen += new.len();
+            if !new.is_empty() {
+                let mut out = std::io::stdout().lock();
+                for r in new {
+                    let _ = writeln!(
+                        out,
+                        "CANCELED {} {} {}",
+                        r.task_id,
+                        unix_nanos(r.wall),
+                        r.by_cancel_task
+                    );
+                }
+                let _ = out.flush();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
+/// A worker process and what it reported.
+struct WorkerProc {
+    child: Child,
+    url: String,
+    authority: String,
+    /// Task id -> (unix ns of its cancel hook, by CancelTask).
+    cancels: Arc<Mutex<HashMap<String, (u128, bool)>>>,
+}
+
+impl WorkerProc {
+    async fn start() -> Result<WorkerProc, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let log = scratch_dir("streams-worker").join("worker.log");
+        let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .arg(WORKER_FLAG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("spawn the worker: {e}"))?;
+        let stdout = child.stdout.take().ok_or("no worker stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .map_err(|_| "the worker did not start within 20 s".to_string())?
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        let url = first
+            .strip_prefix("URL ")
+            .ok_or_else(|| format!("worker said {first:?}"))?
+            .to_string();
+        let authority = url.trim_start_matches("http://").to_string();
+        let cancels = Arc::new(Mutex::new(HashMap::new()));
+        let sink = Arc::clone(&cancels);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut w = line.split(' ');
+                if w.next() != Some("CANCELED") {
+                    continue;
+                }
+                if let (Some(id), Some(ns), Some(by)) = (w.next(), w.next(), w.next()) {
+                    if let Ok(ns) = ns.parse() {
+                        sink.lock()
+                            .unwrap()
+                            .entry(id.to_string())
+                            .or_insert((ns, by == "true"));
+                    }
+                }
+            }
+        });
+        Ok(WorkerProc {
+            child,
+            url,
+            authority,
+            cancels,
+        })
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+// ── Proxies ─────────────────────────────────────────────────────────────────
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bare,
+    /// The bare pass-through with a 4 KiB L4 read buffer on its listener.
+    BareSmallL4,
+    Gateway,
+    /// The gateway with a 1 KiB `max_inspect_body`: our requests pass untracked.
+    GatewayUntracked,
+    /// The gateway, tracking, with `timeouts.upstream_idle = "0s"` (no read
+    /// timeout on worker connections).
+    GatewayNoIdle,
+}
+
+/// A proxy process in front of the worker.
+struct Proxy {
+    child: Child,
+    pid: u32,
+    /// `host:port` callers connect to.
+    listen: String,
+    /// The gateway's admin base URL.
+    admin: Option<String>,
+    log: PathBuf,
+    /// The allocation counter file, when started with the shim.
+    counter: Option<PathBuf>,
+}
+
+impl Proxy {
+    async fn start(kind: Kind, worker: &WorkerProc, shim: Option<&Path>) -> Result<Proxy, String> {
+        let dir = scratch_dir("streams-proxy");
+        let listen = format!("127.0.0.1:{}", free_port());
+        let log = dir.join("proxy.log");
+        let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let mut admin = None;
+        let mut cmd = match kind {
+            Kind::Bare | Kind::BareSmallL4 => {
+                let mut c = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+                let flag = if kind == Kind::Bare {
+                    bare_pingora::FLAG
+                } else {
+                    small_l4::FLAG
+                };
+                c.arg(flag)
+                    .args(["--listen", &listen, "--upstream", &worker.authority]);
+                c
+            }
+            Kind::Gateway | Kind::GatewayUntracked | Kind::GatewayNoIdle => {
+                let admin_addr = format!("127.0.0.1:{}", free_port());
+                let limits = match kind {
+                    Kind::GatewayUntracked => "[limits]\nmax_inspect_body = \"1KiB\"\n",
+                    Kind::GatewayNoIdle => "[timeouts]\nupstream_idle = \"0s\"\n",
+                    _ => "",
+                };
+                let cfg = format!(
+                    "[server]\nlisten = [\"{listen}\"]\nadmin = \"{admin_addr}\"\nthreads = 2\n\n{limits}\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+                    worker.url
+                );
+                let path = dir.join("gateway.toml");
+                std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
+                admin = Some(format!("http://{admin_addr}"));
+                let mut c = Command::new(env!("CARGO_BIN_EXE_a2a-gateway"));
+                c.arg("--config").arg(&path).env("A2A_GATEWAY_LOG", "warn");
+                c
+            }
+        };
+        let counter = shim.map(|_| dir.join("allocs.bin"));
+        if let (Some(shim), Some(counter)) = (shim, &counter) {
+            cmd.env("LD_PRELOAD", shim).env(COUNTER_ENV, counter);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("spawn proxy: {e}"))?;
+        let pid = child.id().ok_or("proxy exited at once")?;
+        let mut p = Proxy {
+            child,
+            pid,
+            listen,
+            admin,
+            log,
+            counter,
+        };
+        let mut addrs = vec![p.listen.clone()];
+        if let Some(a) = &p.admin {
+            addrs.push(a.trim_start_matches("http://").to_string());
+        }
+        p.wait_ready(&addrs).await?;
+        Ok(p)
+    }
+
+    async fn wait_ready(&mut self, addrs: &[String]) -> Result<(), String> {
+        for _ in 0..400 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "proxy exited ({status}): {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                ));
+            }
+            let mut up = true;
+            for a in addrs {
+                up &= TcpStream::connect(a.as_str()).await.is_ok();
+            }
+            if up {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err("proxy did not listen within 10 s".into())
+    }
+
+    fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map_or(0, |d| d.count())
+    }
+
+    /// (soft, hard) `RLIMIT_NOFILE` of the process.
+    fn fd_limits(&self) -> Option<(usize, usize)> {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.pid)).ok()?;
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut w = line["Max open files".len()..].split_whitespace();
+        Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+    }
+
+    /// Tries to raise the descriptor limit to `want` with `prlimit`.
+    fn raise_fd_limit(&self, want: usize) -> String {
+        let out = std::process::Command::new("prlimit")
+            .arg("--pid")
+            .arg(self.pid.to_string())
+            .arg(format!("--nofile={want}:{want}"))
+            .output();
+        match out {
+            Ok(o) if o.status.success() => format!("raised to {want} with prlimit"),
+            Ok(o) => format!(
+                "prlimit to {want} refused ({})",
+                String::from_utf8_lossy(&o.stderr)
+                    .trim()
+                    .trim_start_matches("prlimit: ")
+            ),
+            Err(e) => format!("prlimit not run ({e})"),
+        }
+    }
+
+    /// A sample of the gateway's `/metrics` (0 when absent).
+    async fn metric(&self, name: &str) -> f64 {
+        let Some(admin) = &self.admin else { return 0.0 };
+        harness::http::request("GET", admin, "/metrics", &[], b"")
+            .await
+            .text()
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// (allocation calls, realloc calls, bytes asked) so far.
+    fn allocs(&self) -> Option<[u64; 3]> {
+        let bytes = std::fs::read(self.counter.as_ref()?).ok()?;
+        let word = |i: usize| {
+            let b: [u8; 8] = bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?;
+            Some(u64::from_ne_bytes(b))
+        };
+        Some([word(0)?, word(1)?, word(2)?])
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+// ── Raw SSE callers ─────────────────────────────────────────────────────────
+
+fn stream_request(authority: &str, text: &str, close: bool) -> Vec<u8> {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": {"messageId": format!("bench-{}", next_id()), "role": "ROLE_USER",
+            "parts": [{"text": text}], "metadata": {"pad": "x".repeat(PAD)}}}})
+    .to_string();
+    let conn = if close { "connection: close\r\n" } else { "" };
+    format!(
+        "POST / HTTP/1.1\r\nhost: {authority}\r\n{conn}content-type: application/json\r\naccept: text/event-stream\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn next_id() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// De-chunks what it can of `raw` into `body`; true at the last chunk.
+fn dechunk(raw: &mut Vec<u8>, body: &mut Vec<u8>) -> Result<bool, String> {
+    loop {
+        let Some(nl) = raw.windows(2).position(|w| w == b"\r\n") else {
+            return Ok(false);
+        };
+        let line = String::from_utf8_lossy(&raw[..nl]).into_owned();
+        let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| format!("bad chunk size {line:?}"))?;
+        if size == 0 {
+            return Ok(true);
+        }
+        if raw.len() < nl + 2 + size + 2 {
+            return Ok(false);
+        }
+        body.extend_from_slice(&raw[nl + 2..nl + 2 + size]);
+        raw.drain(..nl + 2 + size + 2);
+    }
+}
+
+/// The JSON of the first complete `data:` frame in `body`, if any.
+fn first_event(body: &[u8]) -> Option<Value> {
+    let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
+    let mut rest = text.as_str();
+    while let Some(end) = rest.find("\n\n") {
+        let frame = &rest[..end];
+        rest = &rest[end + 2..];
+        let data: Vec<&str> = frame
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if !data.is_empty() {
+            return serde_json::from_str(&data.join("\n")).ok();
+        }
+    }
+    None
+}
+
+/// An open stream whose task the caller knows.
+struct Held {
+    sock: TcpStream,
+    task_id: String,
+}
+
+/// Opens a stream of `IDLE_TEXT` and reads until its first event names the task.
+async fn open_idle(addr: String) -> Result<Held, String> {
+    let work = async {
+        let mut sock = TcpStream::connect(&addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = sock.set_nodelay(true);
+        sock.write_all(&stream_request(&addr, IDLE_TEXT, false))
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut raw = Vec::new();
+        let mut body = Vec::new();
+        let mut head_done = false;
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let n = sock
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err(format!(
+                    "closed before an event: {:?}",
+                    String::from_utf8_lossy(&raw)
+                ));
+            }
+            raw.extend_from_slice(&buf[..n]);
+            if !head_done {
+                let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+                if !head.starts_with("http/1.1 200") || !head.contains("text/event-stream") {
+                    return Err(format!("not a stream: {head:?}"));
+                }
+                raw.drain(..end + 4);
+                head_done = true;
+            }
+            dechunk(&mut raw, &mut body)?;
+            if let Some(ev) = first_event(&body) {
+                let id =
+                    task_id_of(&ev).ok_or_else(|| format!("first event names no task: {ev}"))?;
+                return Ok(Held { sock, task_id: id });
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .map_err(|_| "no first event within 60 s".to_string())?
+}
+
+/// Drains what the socket holds (so the close is a FIN, not a RST), then
+/// closes it; returns the moment of the close.
+fn close_fin(held: Held) -> SystemTime {
+    let mut buf = [0u8; 2048];
+    while let Ok(n) = held.sock.try_read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    let at = SystemTime::now();
+    drop(held.sock);
+    at
+}
+
+/// Opens `n` idle streams, `OPEN_CONCURRENCY` at a time.
+async fn open_many(addr: &str, n: usize) -> (Vec<Held>, Vec<String>) {
+    let results: Vec<Result<Held, String>> = futures::stream::iter(0..n)
+        .map(|_| open_idle(addr.to_string()))
+        .buffer_unordered(OPEN_CONCURRENCY)
+        .collect()
+        .await;
+    let mut held = Vec::with_capacity(n);
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(h) => held.push(h),
+            Err(e) => errors.push(e),
+        }
+    }
+    (held, errors)
+}
+
+/// One stream read to its end (the proxy closes: `connection: close`);
+/// returns the number of `data:` events.
+async fn stream_to_end(addr: &str, text: &str) -> Result<usize, String> {
+    let work = async {
+        let mut sock = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        sock.write_all(&stream_request(addr, text, true))
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut raw = Vec::new();
+        sock.read_to_end(&mut raw)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let text = String::from_utf8_lossy(&raw);
+        if !text.contains("TASK_STATE_COMPLETED") {
+            return Err(format!(
+                "the stream did not complete: {}",
+                &text[..text.len().min(300)]
+            ));
+        }
+        Ok(text.matches("data:").count())
+    };
+    tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .map_err(|_| "stream not done within 60 s".to_string())?
+}
+
+// ── Scenario 1 and 2: memory per stream, cancel latency ─────────────────────
+
+#[derive(Default)]
+struct MemRun {
+    streams: usize,
+    rss_before_kib: u64,
+    rss_open_kib: u64,
+    fds_open: usize,
+    /// Cancel latencies (ms) of the closed streams; closes without a cancel.
+    cancel_ms: Vec<f64>,
+    missing_cancels: usize,
+    open_secs: f64,
+    note: String,
+}
+
+impl MemRun {
+    fn per_stream_kib(&self) -> f64 {
+        (self.rss_open_kib as f64 - self.rss_before_kib as f64) / self.streams as f64
+    }
+}
+
+/// Outcome of the descriptor-limit probe on the gateway.
+struct FdPlan {
+    streams: usize,
+    text: String,
+}
+
+async fn memory_run(kind: Kind, plan: Option<&FdPlan>) -> Result<(MemRun, Option<FdPlan>), String> {
+    let worker = WorkerProc::start().await?;
+    let proxy = match Proxy::start(kind, &worker, None).await {
+        Ok(p) => p,
+        Err(e) => {
+            worker.stop().await;
+            return Err(e);
+        }
+    };
+    let result = memory_body(kind, &worker, &proxy, plan).await;
+    proxy.stop().await;
+    worker.stop().await;
+    result
+}
+
+async fn memory_body(
+    kind: Kind,
+    worker: &WorkerProc,
+    proxy: &Proxy,
+    plan: Option<&FdPlan>,
+) -> Result<(MemRun, Option<FdPlan>), String> {
+    let addr = proxy.listen.clone();
+    // Warm-up: whole streams, and held streams closed again.
+    let quick: Vec<_> = futures::stream::iter(0..64)
+        .map(|_| stream_to_end(&addr, "quick"))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    if let Some(Err(e)) = quick.into_iter().find(Result::is_err) {
+        return Err(format!("warm-up: {e}"));
+    }
+    let (warm, errors) = open_many(&addr, 32).await;
+    if let Some(e) = errors.first() {
+        return Err(format!("warm-up: {e}"));
+    }
+    for h in warm {
+        close_fin(h);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // How many streams fit in the proxy's descriptors.
+    let new_plan = match plan {
+        Some(_) => None,
+        None => {
+            let want_fds = 2 * WANT_STREAMS + proxy.fds() + FD_MARGIN;
+            let mut text = String::new();
+            let (soft, hard) = proxy.fd_limits().unwrap_or((0, 0));
+            if soft < want_fds {
+                text = format!(
+                    "fd limit {soft}/{hard} (soft/hard); {}",
+                    proxy.raise_fd_limit(want_fds)
+                );
+            }
+            let (soft, _) = proxy.fd_limits().unwrap_or((0, 0));
+            let fit = soft.saturating_sub(proxy.fds() + FD_MARGIN) / 2;
+            let streams = WANT_STREAMS.min(fit);
+            if text.is_empty() {
+                text = format!("fd limit {soft}: {streams} streams fit");
+            } else {
+                text = format!("{text}; {streams} streams fit");
+            }
+            Some(FdPlan { streams, text })
+        }
+    };
+    let n = plan.or(new_plan.as_ref()).map_or(0, |p| p.streams);
+    if n <= CLOSES {
+        return Err(format!("only {n} streams fit"));
+    }
+
+    let rss_before = proxy.rss_kib().ok_or("no VmRSS")?;
+    let opened = Instant::now();
+    let (mut held, errors) = open_many(&addr, n).await;
+    let open_secs = opened.elapsed().as_secs_f64();
+    if !errors.is_empty() {
+        for h in held {
+            close_fin(h);
+        }
+        return Err(format!(
+            "{} of {n} streams failed to open, first: {}",
+            errors.len(),
+            errors[0]
+        ));
+    }
+    let mut note = String::new();
+    if kind == Kind::Gateway {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let open = proxy.metric("a2agw_open_tracked_streams").await as usize;
+            if open == n {
+                break;
+            }
+            if Instant::now() > deadline {
+                note = format!("the gateway's open tracked streams gauge says {open}, not {n}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_open = proxy.rss_kib().ok_or("no VmRSS")?;
+    let fds_open = proxy.fds();
+
+    // Cancel latency: the most recently opened streams, closed one by one.
+    let mut cancel_ms = Vec::new();
+    let mut missing = 0;
+    if kind == Kind::Gateway {
+        let mut closes = Vec::with_capacity(CLOSES);
+        for _ in 0..CLOSES {
+            let h = held.pop().ok_or("no stream left to close")?;
+            let id = h.task_id.clone();
+            let at = close_fin(h);
+            closes.push((id, unix_nanos(at)));
+            tokio::time::sleep(CLOSE_GAP).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let done = {
+                let c = worker.cancels.lock().unwrap();
+                closes.iter().filter(|(id, _)| c.contains_key(id)).count()
+            };
+            if done == closes.len() || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let c = worker.cancels.lock().unwrap();
+        for (id, closed_ns) in &closes {
+            match c.get(id) {
+                Some((ns, _)) => cancel_ms.push((*ns as f64 - *closed_ns as f64) / 1e6),
+                None => missing += 1,
+            }
+        }
+        let not_by_cancel = closes
+            .iter()
+            .filter(|(id, _)| c.get(id).is_some_and(|(_, by)| !by))
+            .count();
+        if not_by_cancel > 0 {
+            note.push_str(&format!(
+                " {not_by_cancel} hook runs were not CancelTask calls."
+            ));
+        }
+    }
+    drop(held);
+    Ok((
+        MemRun {
+            streams: n,
+            rss_before_kib: rss_before,
+            rss_open_kib: rss_open,
+            fds_open,
+            cancel_ms,
+            missing_cancels: missing,
+            open_secs,
+            note,
+        },
+        new_plan,
+    ))
+}
+
+// ── Scenario 3: allocations per event ───────────────────────────────────────
+
+const COUNTER_ENV: &str = "A2AGW_ALLOC_COUNTER";
+
+/// Counts allocation calls (words 0: malloc/calloc/memalign family, 1:
+/// realloc, 2: bytes asked) in a file mapped shared, so that the bench reads
+/// them with a plain `read` while the proxy runs.
+const SHIM_C: &str = r#"
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdlib.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+static unsigned long fallback[3];
+static unsigned long *ctr = fallback;
+__attribute__((constructor)) static void init(void) {
+    const char *p = getenv("A2AGW_ALLOC_COUNTER");
+    if (!p) return;
+    int fd = open(p, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) return;
+    if (ftruncate(fd, 4096) != 0) { close(fd); return; }
+    void *m = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m != MAP_FAILED) ctr = m;
+}
+static inline void count(int which, size_t n) {
+    __atomic_fetch_add(&ctr[which], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&ctr[2], n, __ATOMIC_RELAXED);
+}
+void *malloc(size_t n) { count(0, n); return __libc_malloc(n); }
+void *calloc(size_t a, size_t b) { count(0, a * b); return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { count(p ? 1 : 0, n); return __libc_realloc(p, n); }
+void *memalign(size_t al, size_t n) { count(0, n); return __libc_memalign(al, n); }
+void *aligned_alloc(size_t al, size_t n) { count(0, n); return __libc_memalign(al, n); }
+int posix_memalign(void **out, size_t al, size_t n) {
+    count(0, n);
+    void *p = __libc_memalign(al, n);
+    if (!p) return 12;
+    *out = p;
+    return 0;
+}
+"#;
+
+fn build_shim() -> Result<PathBuf, String> {
+    let dir = scratch_dir("alloc-shim");
+    let src = dir.join("count_alloc.c");
+    let so = dir.join("count_alloc.so");
+    std::fs::write(&src, SHIM_C).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("cc: {e} (a C compiler is needed for the allocation counter)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(so)
+}
+
+/// Per-event allocation figures of one proxy.
+#[derive(Default)]
+struct AllocRun {
+    /// Allocation calls (reallocs included) per event, `burst:` and `trickle:`.
+    burst: f64,
+    burst_bytes: f64,
+    trickle: f64,
+    trickle_bytes: f64,
+    /// Of which reallocs.
+    burst_reallocs: f64,
+    trickle_reallocs: f64,
+    /// Allocation calls per second with nothing flowing.
+    idle_per_sec: f64,
+    /// Events of the long streams as the caller counted them.
+    burst_events: usize,
+    trickle_events: usize,
+    /// Allocation calls of the whole short stream (3 events).
+    short_stream: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Counter snapshot after the proxy settled, and when.
+async fn settled(p: &Proxy) -> Result<([u64; 3], Instant), String> {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok((p.allocs().ok_or("no allocation counter")?, Instant::now()))
+}
+
+/// Δ of the long stream minus Δ of the short one, idle rate taken out, per
+/// event: (calls incl. reallocs, reallocs, bytes), and the events counted.
+async fn per_event(
+    p: &Proxy,
+    short: &str,
+    long: &str,
+    extra_events: usize,
+    idle: [f64; 3],
+) -> Result<([f64; 3], usize, f64), String> {
+    let (a0, t0) = settled(p).await?;
+    stream_to_end(&p.listen, short).await?;
+    let (a1, t1) = settled(p).await?;
+    let events = stream_to_end(&p.listen, long).await?;
+    let (a2, t2) = settled(p).await?;
+    let dt_short = (t1 - t0).as_secs_f64();
+    let dt_long = (t2 - t1).as_secs_f64();
+    let d = |i: usize, a: [u64; 3], b: [u64; 3]| b[i] as f64 - a[i] as f64;
+    let calls = |a, b| d(0, a, b) + d(1, a, b);
+    let short_calls = calls(a0, a1) - (idle[0] + idle[1]) * dt_short;
+    let out = [
+        (calls(a1, a2) - calls(a0, a1) - (idle[0] + idle[1]) * (dt_long - dt_short))
+            / extra_events as f64,
+        (d(1, a1, a2) - d(1, a0, a1) - idle[1] * (dt_long - dt_short)) / extra_events as f64,
+        (d(2, a1, a2) - d(2, a0, a1) - idle[2] * (dt_long - dt_short)) / extra_events as f64,
+    ];
+    Ok((out, events, short_calls))
+}
+
+async fn alloc_run(kind: Kind, worker: &WorkerProc, shim: &Path) -> Result<AllocRun, String> {
+    let p = Proxy::start(kind, worker, Some(shim)).await?;
+    let result = alloc_body(&p).await;
+    p.stop().await;
+    result
+}
+
+async fn alloc_body(p: &Proxy) -> Result<AllocRun, String> {
+    let burst = format!("burst:{BURST}");
+    let trickle = format!("trickle:{TRICKLE}:{TRICKLE_GAP_MS}");
+    let trickle0 = format!("trickle:0:{TRICKLE_GAP_MS}");
+    for _ in 0..3 {
+        stream_to_end(&p.listen, &burst).await?;
+        stream_to_end(&p.listen, "burst:0").await?;
+    }
+    stream_to_end(&p.listen, &trickle).await?;
+    stream_to_end(&p.listen, &trickle0).await?;
+    let (i0, t0) = settled(p).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (i1, t1) = settled(p).await?;
+    let secs = (t1 - t0).as_secs_f64();
+    let idle = [
+        (i1[0] - i0[0]) as f64 / secs,
+        (i1[1] - i0[1]) as f64 / secs,
+        (i1[2] - i0[2]) as f64 / secs,
+    ];
+    let mut run = AllocRun {
+        idle_per_sec: idle[0] + idle[1],
+        ..AllocRun::default()
+    };
+    let (mut b, mut br, mut bb, mut t, mut tr, mut tb, mut short) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..ALLOC_ROUNDS {
+        let (x, events, s) = per_event(p, "burst:0", &burst, BURST, idle).await?;
+        b.push(x[0]);
+        br.push(x[1]);
+        bb.push(x[2]);
+        short.push(s);
+        run.burst_events = events;
+        let (x, events, _) = per_event(p, &trickle0, &trickle, TRICKLE, idle).await?;
+        t.push(x[0]);
+        tr.push(x[1]);
+        tb.push(x[2]);
+        run.trickle_events = events;
+    }
+    run.burst = median(b);
+    run.burst_reallocs = median(br);
+    run.burst_bytes = median(bb);
+    run.trickle = median(t);
+    run.trickle_reallocs = median(tr);
+    run.trickle_bytes = median(tb);
+    run.short_stream = median(short);
+    Ok(run)
+}
+
+// ── The table ───────────────────────────────────────────────────────────────
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn cell<T>(r: &Result<T, String>, f: impl Fn(&T) -> String) -> String {
+    match r {
+        Ok(v) => f(v),
+        Err(e) => format!("failed: {}", e.lines().next().unwrap_or("")),
+    }
+}
+
+fn verdict(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "met",
+        Some(false) => "NOT met",
+        None => "-",
+    }
+}
+
+struct Results {
+    /// Memory runs: bare, bare with the small L4 buffer, gateway.
+    mem: [Result<MemRun, String>; 3],
+    plan: String,
+    /// Allocation runs: bare, gateway, gateway untracked, gateway with no
+    /// upstream read timeout.
+    allocs: [Result<AllocRun, String>; 4],
+}
+
+/// One table row: a label, a cell per column (bare, bare small L4, gateway,
+/// gateway untracked, gateway no idle timeout), the target and the verdict.
+fn row(label: &str, cells: [String; 5], target: &str, verdict: &str) {
+    let mut line = format!("| {label} |");
+    for c in cells {
+        line.push_str(&format!(" {c} |"));
+    }
+    println!("{line} {target} | {verdict} |");
+}
+
+fn print_table(r: &Results) {
+    let [bm, sm, gm] = &r.mem;
+    let [ab, ag, au, an] = &r.allocs;
+    let d = || "-".to_string();
+    println!(
+        "| measurement | bare pingora | bare pingora, {} KiB L4 read buffer | gateway (memory store, tracked) | gateway, stream untracked | gateway, tracked, `upstream_idle = \"0s\"` | target | |",
+        small_l4::READ_BUFFER / 1024
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mem = |f: &dyn Fn(&MemRun) -> String| [cell(bm, f), cell(sm, f), cell(gm, f), d(), d()];
+    let n_ok = gm.as_ref().ok().map(|m| m.streams >= WANT_STREAMS);
+    row(
+        "streams held open at once (`idle:`, first event read)",
+        mem(&|m| m.streams.to_string()),
+        "10,000",
+        if n_ok == Some(false) {
+            "fewer: fd limit (above)"
+        } else {
+            verdict(n_ok)
+        },
+    );
+    row(
+        "time to open them, 64 at a time (s)",
+        mem(&|m| format!("{:.1}", m.open_secs)),
+        "",
+        "",
+    );
+    row(
+        "proxy VmRSS warm, before (MiB)",
+        mem(&|m| format!("{:.1}", m.rss_before_kib as f64 / 1024.0)),
+        "",
+        "",
+    );
+    row(
+        "proxy VmRSS with them open (MiB); its fds",
+        mem(&|m| format!("{:.1}; {}", m.rss_open_kib as f64 / 1024.0, m.fds_open)),
+        "",
+        "",
+    );
+    row(
+        "ΔRSS per open stream (KiB)",
+        mem(&|m| format!("{:.2}", m.per_stream_kib())),
+        "< 16",
+        verdict(gm.as_ref().ok().map(|m| m.per_stream_kib() < 16.0)),
+    );
+    let over = match (gm, bm) {
+        (Ok(g), Ok(b)) => Some(g.per_stream_kib() - b.per_stream_kib()),
+        _ => None,
+    };
+    row(
+        "gateway's own share: ΔRSS per stream − bare's (KiB)",
+        [
+            d(),
+            d(),
+            over.map_or_else(d, |x| format!("{x:+.2}")),
+            d(),
+            d(),
+        ],
+        "< 16 (if meant over bare)",
+        verdict(over.map(|x| x < 16.0)),
+    );
+    let sorted = |m: &MemRun| {
+        let mut v = m.cancel_ms.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let lat = |p: f64| {
+        [
+            d(),
+            d(),
+            cell(gm, |m| format!("{:.2}", pct(&sorted(m), p))),
+            d(),
+            d(),
+        ]
+    };
+    let counts = cell(gm, |m| {
+        format!(
+            "{} closed, {} hooks seen, {} missing",
+            m.cancel_ms.len() + m.missing_cancels,
+            m.cancel_ms.len(),
+            m.missing_cancels
+        )
+    });
+    row(
+        &format!(
+            "caller FIN → worker's cancel hook, {CLOSES} closes {} ms apart, the rest open: p50 (ms)",
+            CLOSE_GAP.as_millis()
+        ),
+        lat(0.5),
+        "",
+        &counts,
+    );
+    let p99_ok = gm
+        .as_ref()
+        .ok()
+        .map(|m| m.missing_cancels == 0 && pct(&sorted(m), 0.99) < 20.0);
+    row("… p99 (ms)", lat(0.99), "< 20", verdict(p99_ok));
+    row("… max (ms)", lat(1.0), "", "");
+
+    type Get = fn(&AllocRun) -> f64;
+    let allocs = |f: Get, digits: usize| {
+        let c = |r: &Result<AllocRun, String>| cell(r, |x| format!("{:.digits$}", f(x)));
+        [c(ab), d(), c(ag), c(au), c(an)]
+    };
+    let not_above_bare = |f: Get| {
+        verdict(match (ag, ab) {
+            (Ok(g), Ok(b)) => Some(f(g) - f(b) < 0.05),
+            _ => None,
+        })
+    };
+    let b: Get = |x| x.burst;
+    row(
+        &format!("heap allocations per SSE event, `burst:{BURST}` (back to back)"),
+        allocs(b, 2),
+        "≤ bare",
+        not_above_bare(b),
+    );
+    row(
+        "… of which reallocs",
+        allocs(|x| x.burst_reallocs, 2),
+        "",
+        "",
+    );
+    row(
+        "… bytes asked per event",
+        allocs(|x| x.burst_bytes, 0),
+        "",
+        "",
+    );
+    let t: Get = |x| x.trickle;
+    row(
+        &format!(
+            "heap allocations per SSE event, `trickle:{TRICKLE}:{TRICKLE_GAP_MS}` (one event per write)"
+        ),
+        allocs(t, 2),
+        "≤ bare",
+        not_above_bare(t),
+    );
+    row(
+        "… of which reallocs",
+        allocs(|x| x.trickle_reallocs, 2),
+        "",
+        "",
+    );
+    row(
+        "… bytes asked per event",
+        allocs(|x| x.trickle_bytes, 0),
+        "",
+        "",
+    );
+    row(
+        "heap allocations of a whole 3-event stream (`burst:0`, new connection)",
+        allocs(|x| x.short_stream, 0),
+        "",
+        "",
+    );
+    row(
+        "heap allocations per second, idle (taken out above)",
+        allocs(|x| x.idle_per_sec, 1),
+        "",
+        "",
+    );
+    let ev = |r: &Result<AllocRun, String>| {
+        cell(r, |x| format!("{}, {}", x.burst_events, x.trickle_events))
+    };
+    row(
+        "events the caller counted (`burst`, `trickle`)",
+        [ev(ab), d(), ev(ag), ev(au), ev(an)],
+        "",
+        "",
+    );
+    for note in r
+        .mem
+        .iter()
+        .filter_map(|m| m.as_ref().ok())
+        .map(|m| m.note.trim())
+        .filter(|n| !n.is_empty())
+    {
+        println!();
+        println!("note: {note}");
+    }
+}
+
+/// The commit the sources are at, and whether the product's sources have
+/// uncommitted changes (the bench measures what was built from them).
+fn source_state() -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let commit = sh("git", &["-C", dir, "log", "-1", "--format=%h"]);
+    let changed = sh(
+        "git",
+        &[
+            "-C",
+            dir,
+            "status",
+            "--porcelain",
+            "--",
+            "gateway/src",
+            "config/src",
+            "policies/src",
+        ],
+    );
+    let n = changed.lines().count();
+    if commit.is_empty() {
+        return "sources: not a git checkout".into();
+    }
+    if n == 0 {
+        format!("sources at {commit}")
+    } else {
+        format!("sources at {commit} + uncommitted changes in {n} product file(s)")
+    }
+}
 
 fn main() {
-    println!("streams bench: not written yet");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
+        bare_pingora::run(&args[i + 1..]);
+    }
+    if let Some(i) = args.iter().position(|a| a == small_l4::FLAG) {
+        small_l4::run(&args[i + 1..]);
+    }
+    if args.iter().any(|a| a == WORKER_FLAG) {
+        worker_process();
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        println!("streams bench: skipped (run `cargo bench -p a2a-gateway --bench streams`)");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("driver runtime");
+    let sources = source_state();
+    let load_before = loadavg();
+    let started = Instant::now();
+    let results = rt.block_on(async {
+        eprintln!("memory and cancel latency: gateway");
+        let (gw_mem, plan) = match memory_run(Kind::Gateway, None).await {
+            Ok((m, p)) => (Ok(m), p),
+            Err(e) => (Err(e), None),
+        };
+        let plan = plan.unwrap_or(FdPlan {
+            streams: 9_000,
+            text: "fd limit not probed (the gateway run failed); 9000 streams".into(),
+        });
+        eprintln!("{}", plan.text);
+        eprintln!("memory: bare pingora");
+        let bare_mem = memory_run(Kind::Bare, Some(&plan)).await.map(|(m, _)| m);
+        eprintln!("memory: bare pingora, small L4 read buffer");
+        let small_mem = memory_run(Kind::BareSmallL4, Some(&plan))
+            .await
+            .map(|(m, _)| m);
+        eprintln!("allocations per event");
+        let allocs = match build_shim() {
+            Err(e) => [Err(e.clone()), Err(e.clone()), Err(e.clone()), Err(e)],
+            Ok(shim) => match WorkerProc::start().await {
+                Err(e) => [Err(e.clone()), Err(e.clone()), Err(e.clone()), Err(e)],
+                Ok(worker) => {
+                    let b = alloc_run(Kind::Bare, &worker, &shim).await;
+                    let g = alloc_run(Kind::Gateway, &worker, &shim).await;
+                    let u = alloc_run(Kind::GatewayUntracked, &worker, &shim).await;
+                    let n = alloc_run(Kind::GatewayNoIdle, &worker, &shim).await;
+                    worker.stop().await;
+                    [b, g, u, n]
+                }
+            },
+        };
+        Results {
+            mem: [bare_mem, small_mem, gw_mem],
+            plan: plan.text,
+            allocs,
+        }
+    });
+    let load_after = loadavg();
+
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    println!();
+    println!(
+        "streams bench, {} — nproc {nproc} ({cpu}); load average {load_before} before, {load_after} after; {:.0} s; {sources}",
+        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "pingora 0.9 (bare and gateway: 2 threads, gateway on the memory store); worker: a2a-rust 0.15 in its own process (2 threads); {}",
+        results.plan
+    );
+    println!();
+    print_table(&results);
 }

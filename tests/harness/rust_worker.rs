@@ -21,6 +21,14 @@
 //! * `ask`: `WORKING` then `INPUT_REQUIRED` (with an agent message). A
 //!   continuation (same `taskId`) is run by the text rules again, so a
 //!   continuation saying `quick` completes the task.
+//! * `idle:<ms>`: `WORKING` once, then nothing (no periodic updates; the
+//!   server's own SSE keep-alive comments, every 30 s, are all that moves)
+//!   until `<ms>` have passed, then `COMPLETED`. It watches the cancellation
+//!   token like `work:`. For holding many cheap, quiet streams open (the
+//!   `streams` bench).
+//! * `trickle:<n>:<ms>`: `WORKING`, then n more `WORKING` updates `<ms>`
+//!   apart, then `COMPLETED` (watching the token): one event per socket write,
+//!   unlike `burst:` whose events leave in batches.
 //!
 //! Counters: `tasks_started` (executor runs that created a task; a
 //! continuation of the same task id is not counted, see `executions`),
@@ -28,6 +36,18 @@
 //! `lease_stops` (the cancel hook run for anything else: a lease lapse or a
 //! halt), `upgrade_extensions` (every URI of `A2A-Extensions` any call
 //! carried, from a `ServerInterceptor`).
+//!
+//! Cancel records: every run of the cancel hook is also recorded with its
+//! task id and the time it ran (`Instant` and wall clock, so that another
+//! process on the same machine can compare), in order:
+//! [`RustWorker::cancel_records`], [`RustWorker::cancel_records_from`] (the
+//! ones after the first n), [`RustWorker::cancelled_at`].
+//!
+//! Capacity: [`RustWorker::start`] keeps a2a-rust's defaults, which refuse
+//! more than 1024 concurrent streams (`DEFAULT_MAX_CONCURRENT_STREAMS`) and
+//! keep at most 10,000 tasks per tenant (evicting the oldest, running ones
+//! last). [`RustWorker::start_with_capacity`] raises both, for benches that
+//! hold thousands of tasks open at once.
 //!
 //! Tasks are kept in a `TenantAwareInMemoryTaskStore`: a task created under
 //! tenant `acme` is only found again with tenant `acme`.
@@ -87,10 +107,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use a2a_protocol_server::serve::Server;
-use a2a_protocol_server::store::InMemoryLeaseStore;
+use a2a_protocol_server::store::{InMemoryLeaseStore, TaskStoreConfig, TenantStoreConfig};
 use a2a_protocol_server::streaming::EventQueueWriter;
 use a2a_protocol_server::{
     AgentExecutor, CallContext, CombinedDispatcher, EventEmitter, RequestContext,
@@ -115,6 +135,30 @@ pub struct RustWorkerOptions {
     pub websocket: bool,
 }
 
+/// Limits for a worker that holds many tasks at once
+/// ([`RustWorker::start_with_capacity`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RustWorkerCapacity {
+    /// `RequestHandlerBuilder::with_max_concurrent_streams`: event queues
+    /// (running tasks) at once; a2a-rust's default is 1024.
+    pub max_concurrent_streams: usize,
+    /// The task store's `max_capacity` (per tenant); a2a-rust's default is
+    /// 10,000.
+    pub max_tasks: usize,
+}
+
+/// One run of the executor's cancel hook.
+#[derive(Debug, Clone)]
+pub struct CancelRecord {
+    pub task_id: String,
+    /// When the hook ran, on this process's monotonic clock.
+    pub at: Instant,
+    /// The same moment on the wall clock (comparable across processes).
+    pub wall: SystemTime,
+    /// Run for a `CancelTask` call (else a lease lapse or halt).
+    pub by_cancel_task: bool,
+}
+
 /// What the worker observed, shared by executor, interceptor and handle.
 #[derive(Debug, Default)]
 struct Observed {
@@ -128,6 +172,8 @@ struct Observed {
     extensions: Mutex<Vec<String>>,
     /// (method, raw `a2a-extensions` value) for every call that carried one.
     extension_calls: Mutex<Vec<(String, String)>>,
+    /// Every cancel-hook run, in order.
+    cancel_log: Mutex<Vec<CancelRecord>>,
 }
 
 /// A running a2a-rust 0.15 agent. Stops accepting when dropped.
@@ -142,6 +188,15 @@ pub struct RustWorker {
 impl RustWorker {
     /// Binds, builds the handler and starts serving in tokio tasks.
     pub async fn start(opts: RustWorkerOptions) -> RustWorker {
+        RustWorker::start_with_capacity(opts, None).await
+    }
+
+    /// As [`RustWorker::start`], with a2a-rust's concurrency and task-store
+    /// limits raised to `capacity` (`None`: a2a-rust's defaults).
+    pub async fn start_with_capacity(
+        opts: RustWorkerOptions,
+        capacity: Option<RustWorkerCapacity>,
+    ) -> RustWorker {
         let http_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let http_addr = http_listener.local_addr().unwrap();
         let url = format!("http://{http_addr}");
@@ -174,10 +229,20 @@ impl RustWorker {
             observed: Arc::clone(&observed),
         })
         .with_agent_card(card)
-        .with_task_store(TenantAwareInMemoryTaskStore::new())
+        .with_task_store(match capacity {
+            None => TenantAwareInMemoryTaskStore::new(),
+            Some(c) => TenantAwareInMemoryTaskStore::with_config(
+                TenantStoreConfig::default().with_per_tenant(
+                    TaskStoreConfig::default().with_max_capacity(Some(c.max_tasks)),
+                ),
+            ),
+        })
         .with_interceptor(ExtensionRecorder {
             observed: Arc::clone(&observed),
         });
+        if let Some(c) = capacity {
+            builder = builder.with_max_concurrent_streams(c.max_concurrent_streams);
+        }
         if opts.lease_store {
             builder = builder.with_lease_store(InMemoryLeaseStore::new());
         }
@@ -257,6 +322,23 @@ impl RustWorker {
         self.observed.extension_calls.lock().unwrap().clone()
     }
 
+    /// Every cancel-hook run so far, in order.
+    pub fn cancel_records(&self) -> Vec<CancelRecord> {
+        self.observed.cancel_log.lock().unwrap().clone()
+    }
+
+    /// The cancel-hook runs after the first `from` (for polling).
+    pub fn cancel_records_from(&self, from: usize) -> Vec<CancelRecord> {
+        let log = self.observed.cancel_log.lock().unwrap();
+        log.get(from..).map(<[_]>::to_vec).unwrap_or_default()
+    }
+
+    /// When the cancel hook first ran for `task_id`, if it did.
+    pub fn cancelled_at(&self, task_id: &str) -> Option<Instant> {
+        let log = self.observed.cancel_log.lock().unwrap();
+        log.iter().find(|r| r.task_id == task_id).map(|r| r.at)
+    }
+
     /// The task's state read straight from this worker (JSON-RPC GetTask).
     pub async fn state(&self, tenant: Option<&str>, id: &str) -> Option<String> {
         crate::harness::http::get_task_state(&self.url(), tenant, id).await
@@ -284,6 +366,10 @@ enum Behaviour {
     Burst(usize),
     Quick,
     Ask,
+    /// `idle:<ms>`: WORKING once, quiet until `<ms>` passed, COMPLETED.
+    Idle(Duration),
+    /// `trickle:<n>:<ms>`: n WORKING updates `<ms>` apart, then COMPLETED.
+    Trickle(usize, Duration),
     /// `spend:<ms>:<meter>=<n>`: like `work:<ms>`, charging `n` of the meter
     /// to the turn's budget before every status update (the server reports
     /// the spend on each). It keeps going past its grant: stopping it is
@@ -301,6 +387,18 @@ fn behaviour(text: &str) -> Behaviour {
     if let Some(n) = text.strip_prefix("burst:") {
         if let Ok(n) = n.trim().parse::<usize>() {
             return Behaviour::Burst(n);
+        }
+    }
+    if let Some(ms) = text.strip_prefix("idle:") {
+        if let Ok(ms) = ms.trim().parse::<u64>() {
+            return Behaviour::Idle(Duration::from_millis(ms));
+        }
+    }
+    if let Some(rest) = text.strip_prefix("trickle:") {
+        if let Some((n, ms)) = rest.split_once(':') {
+            if let (Ok(n), Ok(ms)) = (n.trim().parse::<usize>(), ms.trim().parse::<u64>()) {
+                return Behaviour::Trickle(n, Duration::from_millis(ms));
+            }
         }
     }
     if let Some(rest) = text.strip_prefix("spend:") {
@@ -351,6 +449,23 @@ async fn run(
             for _ in 0..*n {
                 if token.is_cancelled() {
                     return Ok(());
+                }
+                emit.status(TaskState::Working).await?;
+            }
+            emit.status(TaskState::Completed).await
+        }
+        Behaviour::Idle(total) => {
+            tokio::select! {
+                () = token.cancelled() => return Ok(()),
+                () = tokio::time::sleep(*total) => {}
+            }
+            emit.status(TaskState::Completed).await
+        }
+        Behaviour::Trickle(n, gap) => {
+            for _ in 0..*n {
+                tokio::select! {
+                    () = token.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(*gap) => {}
                 }
                 emit.status(TaskState::Working).await?;
             }
@@ -432,10 +547,18 @@ impl AgentExecutor for WorkerExecutor {
         _queue: &'a dyn EventQueueWriter,
     ) -> Pin<Box<dyn Future<Output = A2aResult<()>> + Send + 'a>> {
         Box::pin(async move {
+            let at = Instant::now();
+            let wall = SystemTime::now();
             let by_cancel_task = ctx
                 .call_context
                 .as_ref()
                 .is_some_and(|c| c.method() == "CancelTask");
+            self.observed.cancel_log.lock().unwrap().push(CancelRecord {
+                task_id: ctx.task_id.0.clone(),
+                at,
+                wall,
+                by_cancel_task,
+            });
             if by_cancel_task {
                 self.observed.cancels.fetch_add(1, Ordering::SeqCst);
             } else {
