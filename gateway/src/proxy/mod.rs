@@ -463,7 +463,8 @@ impl Gateway {
         if obs.error && ctx.task_id.is_none() {
             ctx.worker_refused = true;
         }
-        if ctx.context_id.is_none() {
+        // Only a budget's failure event needs the context id.
+        if ctx.context_id.is_none() && ctx.budget.is_some() {
             ctx.context_id = obs.context_id.as_deref().map(str::to_owned);
         }
         let spent = obs.spent.take();
