@@ -45,7 +45,13 @@ impl ProxyHttp for Bare {
     }
 }
 
-/// Runs the pass-through until killed. `args`: what follows [`FLAG`].
+/// The optional argument that sets the listener's L4 read buffer (bytes)
+/// instead of pingora's zero-filled 64 KiB, to show what that buffer costs
+/// per open connection.
+pub const L4_READ_BUFFER: &str = "--l4-read-buffer";
+
+/// Runs the pass-through until killed. `args`: what follows [`FLAG`]:
+/// `--listen ADDR --upstream HOST:PORT [--l4-read-buffer BYTES]`.
 pub fn run(args: &[String]) -> ! {
     let value = |name: &str| -> String {
         args.iter()
@@ -59,6 +65,11 @@ pub fn run(args: &[String]) -> ! {
     };
     let listen = value("--listen");
     let upstream = value("--upstream");
+    let l4_read_buffer = args
+        .iter()
+        .position(|a| a == L4_READ_BUFFER)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse::<usize>().ok());
 
     let conf = ServerConf {
         threads: THREADS,
@@ -73,7 +84,17 @@ pub fn run(args: &[String]) -> ! {
         Bare { upstream },
         "bare-pingora",
     );
-    proxy.add_tcp(&listen);
+    match l4_read_buffer {
+        Some(bytes) => {
+            proxy.add_listener(pingora::listeners::ListenerConfig::tcp(listen).l4_buffer(
+                pingora::listeners::L4BufferSettings::new(
+                    bytes,
+                    pingora::listeners::DEFAULT_L4_WRITE_BUFFER_SIZE,
+                ),
+            ))
+        }
+        None => proxy.add_tcp(&listen),
+    }
     server.add_service(proxy);
     server.run_forever()
 }

@@ -48,6 +48,10 @@ mod harness;
 #[path = "bare_pingora.rs"]
 mod bare_pingora;
 
+#[path = "machine.rs"]
+mod machine;
+use machine::{cpus, loadavg, sh, utc_now};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -705,26 +709,6 @@ fn print_table(cols: &[(&str, &Cell)]) {
     }
 }
 
-fn sh(cmd: &str, args: &[&str]) -> String {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .map(|o| {
-            let mut s = String::from_utf8_lossy(&o.stdout).trim().to_string();
-            if s.is_empty() {
-                s = String::from_utf8_lossy(&o.stderr).trim().to_string();
-            }
-            s
-        })
-        .unwrap_or_default()
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
@@ -842,20 +826,11 @@ fn main() {
         drop(worker);
     }
 
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_default();
     println!();
     println!(
-        "proxy bench, {} — nproc {nproc} ({cpu}); load average {load_before} before, {load_after} after; {:.0} s",
-        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        "proxy bench, {} — {}; load average {load_before} before, {load_after} after; {:.0} s",
+        utc_now(),
+        cpus(),
         started.elapsed().as_secs_f64()
     );
     let nginx_version = Some(sh(NGINX, &["-v"]))

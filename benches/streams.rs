@@ -18,8 +18,8 @@
 //!   harness's `Gateway`, whose child pid is private), memory store, one
 //!   route, 2 threads, `warn` logs.
 //! - bare pingora: `benches/bare_pingora.rs` (`--bare-pingora`), and the
-//!   same with a 4 KiB L4 read buffer on its listener (`--bare-small-l4`,
-//!   module `small_l4` below) instead of pingora's zero-filled 64 KiB one.
+//!   same with a 4 KiB L4 read buffer on its listener (its
+//!   `--l4-read-buffer`) instead of pingora's zero-filled 64 KiB one.
 //!
 //! Scenarios:
 //! 1. Memory per open stream. A fresh worker and proxy; a warm-up (64
@@ -67,72 +67,15 @@ mod harness;
 #[path = "bare_pingora.rs"]
 mod bare_pingora;
 
-/// `benches/bare_pingora.rs` with one change: its listener's L4 read buffer
-/// is 4 KiB instead of pingora's 64 KiB (`DEFAULT_L4_READ_BUFFER_SIZE`,
-/// allocated zeroed by tokio's `BufReader::with_capacity` for every accepted
-/// connection), to show what that buffer costs per open stream.
-mod small_l4 {
-    use async_trait::async_trait;
-    use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFFER_SIZE};
-    use pingora::proxy::{ProxyHttp, Session};
-    use pingora::server::configuration::ServerConf;
-    use pingora::server::Server;
-    use pingora::upstreams::peer::HttpPeer;
-    use pingora::Result;
+#[path = "machine.rs"]
+mod machine;
+use machine::{cpus, loadavg, sh, utc_now};
 
-    pub const FLAG: &str = "--bare-small-l4";
-    pub const READ_BUFFER: usize = 4096;
-
-    struct Bare {
-        upstream: String,
-    }
-
-    #[async_trait]
-    impl ProxyHttp for Bare {
-        type CTX = ();
-
-        fn new_ctx(&self) {}
-
-        async fn upstream_peer(&self, _s: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-            Ok(Box::new(HttpPeer::new(
-                self.upstream.as_str(),
-                false,
-                String::new(),
-            )))
-        }
-    }
-
-    /// Runs until killed. `args`: `--listen ADDR --upstream HOST:PORT`.
-    pub fn run(args: &[String]) -> ! {
-        let value = |name: &str| -> String {
-            args.iter()
-                .position(|a| a == name)
-                .and_then(|i| args.get(i + 1))
-                .cloned()
-                .unwrap_or_else(|| std::process::exit(2))
-        };
-        let (listen, upstream) = (value("--listen"), value("--upstream"));
-        let conf = ServerConf {
-            threads: 2,
-            grace_period_seconds: Some(0),
-            graceful_shutdown_timeout_seconds: Some(5),
-            ..ServerConf::default()
-        };
-        let mut server = Server::new_with_opt_and_conf(None, conf);
-        server.bootstrap();
-        let mut proxy = pingora::proxy::http_proxy_service_with_name(
-            &server.configuration,
-            Bare { upstream },
-            "bare-pingora-small-l4",
-        );
-        proxy.add_listener(ListenerConfig::tcp(listen).l4_buffer(L4BufferSettings::new(
-            READ_BUFFER,
-            DEFAULT_L4_WRITE_BUFFER_SIZE,
-        )));
-        server.add_service(proxy);
-        server.run_forever()
-    }
-}
+/// The L4 read buffer of the "small L4" bare pingora column, instead of
+/// pingora's 64 KiB (`DEFAULT_L4_READ_BUFFER_SIZE`, allocated zeroed by
+/// tokio's `BufReader::with_capacity` for every accepted connection), to
+/// show what that buffer costs per open stream.
+const SMALL_L4_READ_BUFFER: usize = 4096;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -328,13 +271,18 @@ impl Proxy {
         let mut cmd = match kind {
             Kind::Bare | Kind::BareSmallL4 => {
                 let mut c = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
-                let flag = if kind == Kind::Bare {
-                    bare_pingora::FLAG
-                } else {
-                    small_l4::FLAG
-                };
-                c.arg(flag)
-                    .args(["--listen", &listen, "--upstream", &worker.authority]);
+                c.arg(bare_pingora::FLAG).args([
+                    "--listen",
+                    &listen,
+                    "--upstream",
+                    &worker.authority,
+                ]);
+                if kind == Kind::BareSmallL4 {
+                    c.args([
+                        bare_pingora::L4_READ_BUFFER,
+                        &SMALL_L4_READ_BUFFER.to_string(),
+                    ]);
+                }
                 c
             }
             Kind::Gateway | Kind::GatewayUntracked | Kind::GatewayNoIdle => {
@@ -1012,20 +960,6 @@ async fn alloc_body(p: &Proxy) -> Result<AllocRun, String> {
 
 // ── The table ───────────────────────────────────────────────────────────────
 
-fn sh(cmd: &str, args: &[&str]) -> String {
-    std::process::Command::new(cmd)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -1073,7 +1007,7 @@ fn print_table(r: &Results) {
     let d = || "-".to_string();
     println!(
         "| measurement | bare pingora | bare pingora, {} KiB L4 read buffer | gateway (memory store, tracked) | gateway, stream untracked | gateway, tracked, `upstream_idle = \"0s\"` | target | |",
-        small_l4::READ_BUFFER / 1024
+        SMALL_L4_READ_BUFFER / 1024
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mem = |f: &dyn Fn(&MemRun) -> String| [cell(bm, f), cell(sm, f), cell(gm, f), d(), d()];
@@ -1284,9 +1218,6 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
         bare_pingora::run(&args[i + 1..]);
     }
-    if let Some(i) = args.iter().position(|a| a == small_l4::FLAG) {
-        small_l4::run(&args[i + 1..]);
-    }
     if args.iter().any(|a| a == WORKER_FLAG) {
         worker_process();
     }
@@ -1341,20 +1272,11 @@ fn main() {
     });
     let load_after = loadavg();
 
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_default();
     println!();
     println!(
-        "streams bench, {} — nproc {nproc} ({cpu}); load average {load_before} before, {load_after} after; {:.0} s; {sources}",
-        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        "streams bench, {} — {}; load average {load_before} before, {load_after} after; {:.0} s; {sources}",
+        utc_now(),
+        cpus(),
         started.elapsed().as_secs_f64()
     );
     println!(
