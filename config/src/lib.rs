@@ -213,15 +213,16 @@ pub struct BudgetPolicy {
     /// What a grant above a cap gets: lowered to it (`Clamp`, the default)
     /// or refused (`Refuse`).
     pub over_cap: OverCap,
-    /// Lower-cased name of the request header whose value names the caller
-    /// (an API key, say), for `callers` and `per = "caller"` accounts.
+    /// Lower-cased name of the request header that names the caller, for
+    /// `callers` and `per = "caller"` accounts: its value (an API key, say),
+    /// or a `Bearer` JWT's `sub` claim (read by the gateway, not verified).
     /// `None`: callers are not told apart.
     pub caller_header: Option<String>,
     /// Caps on top of the route's for the tasks of each tenant (the A2A
     /// `tenant` of the request), by tenant name; none is empty.
     pub tenants: BTreeMap<String, Caps>,
-    /// Caps on top of the route's for each caller, by the exact value of
-    /// `caller_header`; none is empty. Non-empty only with `caller_header`.
+    /// Caps on top of the route's for each caller, by the caller's exact
+    /// name (see `caller_header`); none is empty. Non-empty only with `caller_header`.
     pub callers: BTreeMap<String, Caps>,
     /// Windowed allowances grants are reserved from, in file order. No two
     /// with the same `per` limit the same meter.
