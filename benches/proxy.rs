@@ -28,10 +28,12 @@
 //!
 //! All proxies are started first. Each scenario is then run against every
 //! column in turn (so a row's figures are taken within seconds of each
-//! other), and the whole sequence twice (SSE three times per round); the
-//! table keeps each cell's best run (latencies from the run with the best
-//! throughput), since the two cores are shared with other builds. The first round warms each target up
-//! first. About two minutes in all.
+//! other), and the whole sequence [`ROUNDS`] times (SSE three times per
+//! round); the table keeps each cell's best run (latencies from the run with
+//! the best throughput), since load generator, proxies and worker share two
+//! cores and single runs vary by 15-20%. The first round warms each target
+//! up first. Then the fixed-rate latency rows, twice per column. About four
+//! minutes in all.
 //!
 //! The worker runs on a runtime of one thread; the in-repo load drivers (SSE,
 //! WebSocket) on another of their own, like `wrk` in its own process.
@@ -75,7 +77,7 @@ const WS_SOCKETS: usize = 16;
 const WS_SECONDS: u64 = 4;
 const WS_WARMUP: Duration = Duration::from_secs(1);
 /// Each scenario is run this many times against every target; best kept.
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 3;
 const NGINX: &str = "/usr/sbin/nginx";
 
 // ── SendMessage over HTTP, driven by wrk ────────────────────────────────────
