@@ -15,7 +15,6 @@
 
 use async_trait::async_trait;
 use pingora::proxy::{ProxyHttp, Session};
-use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::Result;
@@ -71,12 +70,7 @@ pub fn run(args: &[String]) -> ! {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse::<usize>().ok());
 
-    let conf = ServerConf {
-        threads: THREADS,
-        grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(5),
-        ..ServerConf::default()
-    };
+    let conf = a2a_gateway::server::server_conf(THREADS);
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut proxy = pingora::proxy::http_proxy_service_with_name(

@@ -73,6 +73,19 @@ pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
     }
 }
 
+/// The pingora server settings of a gateway with `threads` worker threads:
+/// no grace period before shutdown, at most 5 s to drain. The benches' bare
+/// pass-through uses the same, so that it differs from the gateway only in
+/// its filters.
+pub fn server_conf(threads: usize) -> ServerConf {
+    ServerConf {
+        threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(5),
+        ..ServerConf::default()
+    }
+}
+
 /// Builds every service and runs until a signal stops the process.
 pub fn run(cfg: config::Config) -> Result<(), String> {
     let store = build_store(&cfg)?;
@@ -102,13 +115,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         health.clone(),
     ));
 
-    let conf = ServerConf {
-        threads: cfg.server.threads,
-        grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(5),
-        ..ServerConf::default()
-    };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let mut server = Server::new_with_opt_and_conf(None, server_conf(cfg.server.threads));
     server.bootstrap();
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
