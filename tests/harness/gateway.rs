@@ -7,12 +7,25 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-/// A free loopback port (bound, then released).
+/// A free loopback port (bound, then released), never one this process
+/// was handed before: the kernel may give the same port to two `bind(0)`s
+/// in a row once the first is released, and a gateway whose admin port came
+/// out equal to its listen port refuses to start.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A scratch directory for one test's files.
@@ -117,6 +130,11 @@ impl Gateway {
             .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    /// The gateway process's id (for a profiler to attach to).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// SIGKILLs the gateway (no cleanup, no graceful shutdown).

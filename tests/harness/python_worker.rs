@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
+use crate::harness::gateway::free_port;
 use crate::harness::http;
 
 /// How long the agent may take to answer its card URL after spawning.
@@ -63,13 +64,6 @@ fn ensure_venv() -> Result<PathBuf, String> {
         Ok(venv)
     })
     .clone()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free loopback port")
-        .port()
 }
 
 /// Copies a child's pipe into `sink` until it closes (so the pipe never fills).
