@@ -50,7 +50,10 @@ impl ProxyHttp for Bare {
 pub const L4_READ_BUFFER: &str = "--l4-read-buffer";
 
 /// Runs the pass-through until killed. `args`: what follows [`FLAG`]:
-/// `--listen ADDR --upstream HOST:PORT [--l4-read-buffer BYTES]`.
+/// `--listen ADDR --upstream HOST:PORT [--l4-read-buffer BYTES] [--threads N]
+/// [--no-steal]`. The last two override the gateway's server settings
+/// (threads, pingora's work-stealing runtime), for trying pingora settings
+/// by hand against the one the benches use; the benches pass neither.
 pub fn run(args: &[String]) -> ! {
     let value = |name: &str| -> String {
         args.iter()
@@ -70,7 +73,18 @@ pub fn run(args: &[String]) -> ! {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse::<usize>().ok());
 
-    let conf = a2a_gateway::server::server_conf(THREADS);
+    let mut conf = a2a_gateway::server::server_conf(THREADS);
+    if let Some(t) = args
+        .iter()
+        .position(|a| a == "--threads")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+    {
+        conf.threads = t;
+    }
+    if args.iter().any(|a| a == "--no-steal") {
+        conf.work_stealing = false;
+    }
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut proxy = pingora::proxy::http_proxy_service_with_name(

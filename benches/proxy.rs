@@ -19,7 +19,13 @@
 //!
 //! Scenarios:
 //! - `SendMessage` (JSON-RPC, `quick` task, ~1 KB answer), driven by `wrk`
-//!   with 32 keep-alive connections: requests/s, p50, p99.
+//!   with 32 keep-alive connections: requests/s, p50, p99, and the CPU time
+//!   (user + system, from `/proc`) the proxy's processes spent per request
+//!   (nginx: master and workers; gateway (Redis): gateway and
+//!   `redis-server`), which depends far less on what else the machine does
+//!   than requests/s.
+//! - `SendMessage` at a fixed rate, half of bare pingora's saturation, from
+//!   an in-repo open-loop driver: p50, p99.
 //! - SSE: `SendStreamingMessage` of a task that emits N status updates at
 //!   once, 8 streams at a time: events/s, with task tracking on.
 //! - WebSocket: `SendMessage` `quick` request/response loops over 16 sockets
@@ -32,8 +38,13 @@
 //! round); the table keeps each cell's best run (latencies from the run with
 //! the best throughput), since load generator, proxies and worker share two
 //! cores and single runs vary by 15-20%. The first round warms each target
-//! up first. Then the fixed-rate latency rows, twice per column. About four
-//! minutes in all.
+//! up first. Then the fixed-rate latency rows: [`FIXED_SLICES`] short
+//! slices, every column once per slice in turn, all slices pooled per column;
+//! the summary also gives the median of the per-slice differences to bare.
+//! About five minutes in all.
+//!
+//! `--serve` (after `--`) instead starts the worker, bare pingora and a
+//! gateway, prints their addresses and keeps them up, for profiling by hand.
 //!
 //! The worker runs on a runtime of one thread; the in-repo load drivers (SSE,
 //! WebSocket) on another of their own, like `wrk` in its own process.
@@ -86,6 +97,12 @@ struct Send {
     rps: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// Requests answered in the run.
+    requests: f64,
+    /// CPU time (user + system) the proxy's processes spent per request
+    /// during the run, in µs; `None` for direct (the worker shares the
+    /// bench's process).
+    cpu_us: Option<f64>,
 }
 
 /// The `SendMessage` body both bindings send: `quick`, ~1 KB with metadata.
@@ -124,18 +141,28 @@ fn wrk_send(url: &str, seconds: u32) -> Option<Send> {
     if text.contains("Non-2xx") || text.contains("Socket errors") {
         eprintln!("wrk saw errors against {url}:\n{text}");
     }
+    let requests = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())?;
     Some(Send {
         rps: num("Requests/sec:")?,
         p50_ms: num("50%")?,
         p99_ms: num("99%")?,
+        requests,
+        cpu_us: None,
     })
 }
 
 // ── SendMessage at a fixed rate: latency below saturation ──────────────────
 
 /// Latency of `SendMessage` offered at a fixed rate (open loop: each
-/// request has a scheduled time and its latency counts from then, so a
-/// slow answer cannot hide the requests queued behind it).
+/// request has a scheduled time, and when the connection is still waiting
+/// for the previous answer at that time, its latency counts from then, so a
+/// slow answer cannot hide the requests queued behind it). When the
+/// connection is free, latency counts from the moment the request is
+/// written: the driver's own timer wakes up to a millisecond late (tokio's
+/// timer granularity), and that lateness is the driver's, not the proxy's.
 struct Fixed {
     offered: f64,
     achieved: f64,
@@ -144,11 +171,17 @@ struct Fixed {
 }
 
 const FIXED_CONNS: usize = 16;
-const FIXED_SECONDS: f64 = 5.0;
+/// The fixed-rate runs are interleaved: [`FIXED_SLICES`] slices of
+/// [`FIXED_SLICE_SECONDS`] each, every target once per slice in turn, so a
+/// disturbance of the shared machine (the p99 of one target moves by
+/// milliseconds between runs here) lands on every column alike.
+const FIXED_SLICES: usize = 10;
+const FIXED_SLICE_SECONDS: f64 = 1.5;
 
-/// Offers `rate` SendMessage/s for [`FIXED_SECONDS`] over [`FIXED_CONNS`]
-/// keep-alive connections, each sending on its own schedule.
-async fn fixed_rate(url: &str, rate: f64) -> Result<Fixed, String> {
+/// Offers `rate` SendMessage/s for `seconds` over [`FIXED_CONNS`]
+/// keep-alive connections, each sending on its own schedule; returns every
+/// request's latency.
+async fn fixed_rate(url: &str, rate: f64, seconds: f64) -> Result<Vec<Duration>, String> {
     use tokio::io::AsyncWriteExt;
     let (authority, base) = harness::http::split_url(url);
     let body = send_body(1);
@@ -158,7 +191,7 @@ async fn fixed_rate(url: &str, rate: f64) -> Result<Fixed, String> {
     );
     let period = Duration::from_secs_f64(FIXED_CONNS as f64 / rate);
     let start = tokio::time::Instant::now() + Duration::from_millis(100);
-    let end = start + Duration::from_secs_f64(FIXED_SECONDS);
+    let end = start + Duration::from_secs_f64(seconds);
     let conns = (0..FIXED_CONNS).map(|i| {
         let (authority, req) = (authority.clone(), req.clone());
         async move {
@@ -169,14 +202,25 @@ async fn fixed_rate(url: &str, rate: f64) -> Result<Fixed, String> {
             let mut lat = Vec::new();
             let mut buf = Vec::with_capacity(4096);
             let mut at = start + period.mul_f64(i as f64 / FIXED_CONNS as f64);
+            // When the previous answer on this connection arrived.
+            let mut free_at = start;
             while at < end {
                 tokio::time::sleep_until(at).await;
+                // Free at its time: any wait since `at` is the timer's.
+                // Still busy at `at`: the previous answer came late, so this
+                // one counts from its schedule, as an open-loop client's.
+                let from = if free_at > at {
+                    at
+                } else {
+                    tokio::time::Instant::now()
+                };
                 sock.write_all(req.as_bytes())
                     .await
                     .map_err(|e| e.to_string())?;
                 buf.clear();
                 read_response(&mut sock, &mut buf).await?;
-                lat.push(at.elapsed());
+                free_at = tokio::time::Instant::now();
+                lat.push(free_at - from);
                 at += period;
             }
             let _ = sock.shutdown().await;
@@ -190,14 +234,20 @@ async fn fixed_rate(url: &str, rate: f64) -> Result<Fixed, String> {
     if all.is_empty() {
         return Err("no answers".into());
     }
-    all.sort_unstable();
-    let pct = |p: f64| all[((all.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
-    Ok(Fixed {
+    Ok(all)
+}
+
+/// Percentiles of latencies (sorted in place) at a rate offered for
+/// `seconds`.
+fn summarise(lat: &mut [Duration], rate: f64, seconds: f64) -> Fixed {
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
+    Fixed {
         offered: rate,
-        achieved: all.len() as f64 / FIXED_SECONDS,
+        achieved: lat.len() as f64 / seconds,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
-    })
+    }
 }
 
 /// Reads one HTTP/1.1 response (Content-Length or chunked).
@@ -520,7 +570,36 @@ http {{
 struct Target {
     http: String,
     ws: String,
+    /// The processes serving `http` whose CPU time counts as the proxy's
+    /// (nginx: its master, whose workers are found as its children).
+    procs: Vec<u32>,
 }
+
+/// CPU time (user + system, in clock ticks of 1/100 s, Linux's `USER_HZ`)
+/// of `pids` and their child processes, from `/proc`.
+fn cpu_ticks(pids: &[u32]) -> Option<u64> {
+    let mut all = pids.to_vec();
+    for p in pids {
+        let children = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
+        all.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    let mut ticks = 0;
+    for p in all {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // Fields after the command (which may hold spaces) in parentheses:
+        // utime and stime are the 12th and 13th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    }
+    Some(ticks)
+}
+
+const USER_HZ: f64 = 100.0;
 
 /// One column's best figures over the rounds (a round whose run was slowed
 /// by someone else's build on the shared cores loses to the other).
@@ -530,6 +609,8 @@ struct Column {
     sse: Option<f64>,
     ws: Option<Ws>,
     fixed: Option<Fixed>,
+    /// The p99 (ms) of each fixed-rate slice, in slice order.
+    slice_p99: Vec<f64>,
 }
 
 fn ws_of(base: &str) -> String {
@@ -546,6 +627,7 @@ async fn gateways(store: &str, http_up: &str, ws_up: &str) -> (Gateway, Gateway,
     let target = Target {
         http: gw.url.clone(),
         ws: ws_of(&gw_ws.url),
+        procs: gw.pid().into_iter().collect(),
     };
     (gw, gw_ws, target)
 }
@@ -555,6 +637,16 @@ async fn wrk_blocking(url: &str, seconds: u32) -> Option<Send> {
     tokio::task::spawn_blocking(move || wrk_send(&url, seconds))
         .await
         .expect("wrk")
+}
+
+/// [`wrk_blocking`] against `t`, with the CPU its processes spent.
+async fn wrk_target(t: &Target, seconds: u32) -> Option<Send> {
+    let before = cpu_ticks(&t.procs).filter(|_| !t.procs.is_empty());
+    let mut s = wrk_blocking(&t.http, seconds).await?;
+    if let (Some(b), Some(a)) = (before, cpu_ticks(&t.procs)) {
+        s.cpu_us = Some((a - b) as f64 / USER_HZ * 1e6 / s.requests.max(1.0));
+    }
+    Some(s)
 }
 
 /// Every scenario against every target, scenario by scenario (so the
@@ -570,7 +662,7 @@ async fn run_rounds(targets: &[Option<&Target>]) -> Vec<Column> {
             if warm {
                 let _ = wrk_blocking(&t.http, SEND_WARMUP_SECONDS).await;
             }
-            if let Some(s) = wrk_blocking(&t.http, SEND_SECONDS).await {
+            if let Some(s) = wrk_target(t, SEND_SECONDS).await {
                 if col.send.as_ref().is_none_or(|b| s.rps > b.rps) {
                     col.send = Some(s);
                 }
@@ -604,25 +696,49 @@ async fn run_rounds(targets: &[Option<&Target>]) -> Vec<Column> {
         }
     }
     // Latency at half of the bare pass-through's saturation (the same
-    // offered load for every column), best p99 of two runs.
+    // offered load for every column), in interleaved slices.
     let bare_rps = cols.get(2).and_then(|c| c.send.as_ref()).map(|s| s.rps);
     if let Some(rate) = bare_rps.map(|r| (r / 2.0).floor()) {
-        eprintln!("fixed rate: {rate} SendMessage/s");
-        for _ in 0..2 {
-            for (t, col) in targets.iter().zip(&mut cols) {
+        eprintln!("fixed rate: {rate} SendMessage/s, {FIXED_SLICES} slices");
+        let mut lat: Vec<Vec<Duration>> = targets.iter().map(|_| Vec::new()).collect();
+        let mut slice_p99: Vec<Vec<f64>> = targets.iter().map(|_| Vec::new()).collect();
+        for _ in 0..FIXED_SLICES {
+            for (i, t) in targets.iter().enumerate() {
                 let Some(t) = t else { continue };
-                match fixed_rate(&t.http, rate).await {
-                    Ok(f) => {
-                        if col.fixed.as_ref().is_none_or(|b| f.p99_ms < b.p99_ms) {
-                            col.fixed = Some(f);
-                        }
+                match fixed_rate(&t.http, rate, FIXED_SLICE_SECONDS).await {
+                    Ok(mut l) => {
+                        slice_p99[i].push(summarise(&mut l, rate, FIXED_SLICE_SECONDS).p99_ms);
+                        lat[i].extend(l);
                     }
                     Err(e) => eprintln!("fixed rate against {}: {e}", t.http),
                 }
             }
         }
+        let seconds = FIXED_SLICES as f64 * FIXED_SLICE_SECONDS;
+        for ((l, p), col) in lat.iter_mut().zip(slice_p99).zip(&mut cols) {
+            if !l.is_empty() {
+                col.fixed = Some(summarise(l, rate, seconds));
+                col.slice_p99 = p;
+            }
+        }
     }
     cols
+}
+
+/// Median, least and greatest of `a[i] - b[i]`.
+fn paired_median(a: &[f64], b: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut d: Vec<f64> = a.iter().zip(b).map(|(a, b)| a - b).collect();
+    if d.is_empty() {
+        return None;
+    }
+    d.sort_by(f64::total_cmp);
+    let n = d.len();
+    let med = if n % 2 == 1 {
+        d[n / 2]
+    } else {
+        (d[n / 2 - 1] + d[n / 2]) / 2.0
+    };
+    Some((med, d[0], d[n - 1]))
 }
 
 // ── The table ───────────────────────────────────────────────────────────────
@@ -659,7 +775,12 @@ fn print_table(cols: &[(&str, &Cell)]) {
             2,
         ),
         (
-            format!("SendMessage at half of bare's saturation, p50 (ms; {FIXED_CONNS} conns, {FIXED_SECONDS}s, open loop)"),
+            "SendMessage: the proxy's CPU per request (µs, user + system)".into(),
+            |c| c.send.as_ref().and_then(|s| s.cpu_us),
+            0,
+        ),
+        (
+            format!("SendMessage at half of bare's saturation, p50 (ms; {FIXED_CONNS} conns, open loop, {FIXED_SLICES} interleaved slices of {FIXED_SLICE_SECONDS}s)"),
             |c| c.fixed.as_ref().map(|f| f.p50_ms),
             2,
         ),
@@ -711,10 +832,55 @@ fn print_table(cols: &[(&str, &Cell)]) {
     }
 }
 
+/// The argument that starts the worker, bare pingora and a gateway (memory
+/// store), prints their addresses and keeps them up until SIGINT or SIGTERM
+/// (which stops them all): for
+/// profiling one of them by hand (`wrk`, `valgrind`, `perf`) against the
+/// same parts the bench measures. `cargo bench -p a2a-gateway --bench proxy
+/// -- --serve`.
+const SERVE_FLAG: &str = "--serve";
+
+fn serve() -> ! {
+    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
+    let worker_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("worker runtime");
+    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions::default()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("driver runtime");
+    rt.block_on(async {
+        let url = worker.url();
+        let (bare_proc, bare) = start_bare(&authority(&url)).await.expect("bare pingora");
+        let mut gw =
+            Gateway::start(&format!("[[routes]]\nname = \"w\"\nworker = \"{url}\"\n")).await;
+        println!("worker       {url}");
+        println!("bare pingora http://{bare}");
+        println!("gateway      {} (pid {:?})", gw.url, gw.pid());
+        println!("SendMessage body: {}", send_body(1));
+        // Until SIGINT or SIGTERM; then the children go too.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        drop(bare_proc);
+        gw.kill().await;
+    });
+    std::process::exit(0)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
         bare_pingora::run(&args[i + 1..]);
+    }
+    if args.iter().any(|a| a == SERVE_FLAG) {
+        serve();
     }
     if !args.iter().any(|a| a == "--bench") {
         println!("proxy bench: skipped (run `cargo bench -p a2a-gateway --bench proxy`)");
@@ -751,28 +917,34 @@ fn main() {
         let direct = Target {
             http: http_url.clone(),
             ws: ws_url.clone(),
+            procs: Vec::new(),
         };
         let nginx = start_nginx(&http_up, &ws_up).await.map(|(p, h, w)| {
             let t = Target {
                 http: format!("http://{h}"),
                 ws: format!("ws://{w}/ws"),
+                procs: vec![p.child.id()],
             };
             (p, t)
         });
         let bare = match (start_bare(&http_up).await, start_bare(&ws_up).await) {
-            (Ok((p1, h)), Ok((p2, w))) => Ok((
-                [p1, p2],
-                Target {
+            (Ok((p1, h)), Ok((p2, w))) => {
+                let procs = vec![p1.child.id()];
+                let t = Target {
                     http: format!("http://{h}"),
                     ws: format!("ws://{w}/ws"),
-                },
-            )),
+                    procs,
+                };
+                Ok(([p1, p2], t))
+            }
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
         let (mem_gw, mem_gw_ws, mem) = gateways("", &http_url, &ws_base).await;
         let mut redis = RedisServer::start().await;
         let store = format!("[store]\nurl = \"{}\"\n", redis.url());
-        let (red_gw, red_gw_ws, red) = gateways(&store, &http_url, &ws_base).await;
+        let (red_gw, red_gw_ws, mut red) = gateways(&store, &http_url, &ws_base).await;
+        // The store's CPU is part of what the Redis column costs.
+        red.procs.extend(redis.pid());
 
         for e in [nginx.as_ref().err(), bare.as_ref().err()]
             .into_iter()
@@ -853,13 +1025,23 @@ fn main() {
     print_table(&cols);
     println!();
     if let (Ok(b), Ok(m), Ok(r)) = (&cells[2], &cells[3], &cells[4]) {
-        if let (Some(b), Some(m), Some(r)) = (&b.fixed, &m.fixed, &r.fixed) {
+        if let (Some(bf), Some(mf), Some(rf)) = (&b.fixed, &m.fixed, &r.fixed) {
             println!(
-                "added p99 over bare pingora at {:.0} SendMessage/s offered ({:.0} achieved by bare): gateway (memory) {:+.2} ms, gateway (Redis) {:+.2} ms",
-                b.offered,
-                b.achieved,
-                m.p99_ms - b.p99_ms,
-                r.p99_ms - b.p99_ms
+                "added p99 over bare pingora at {:.0} SendMessage/s offered ({:.0} achieved by bare), all slices pooled: gateway (memory) {:+.2} ms, gateway (Redis) {:+.2} ms",
+                bf.offered,
+                bf.achieved,
+                mf.p99_ms - bf.p99_ms,
+                rf.p99_ms - bf.p99_ms
+            );
+            let show = |d: Option<(f64, f64, f64)>| {
+                d.map_or("-".to_string(), |(med, lo, hi)| {
+                    format!("{med:+.2} ms (slices {lo:+.2} to {hi:+.2})")
+                })
+            };
+            println!(
+                "added p99 slice by slice (each slice's gateway p99 minus bare's p99 in the same slice), median: gateway (memory) {}, gateway (Redis) {}",
+                show(paired_median(&m.slice_p99, &b.slice_p99)),
+                show(paired_median(&r.slice_p99, &b.slice_p99)),
             );
         }
     }

@@ -41,6 +41,11 @@ impl RedisServer {
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.
+    /// The server process's id while it runs (for a bench to read its CPU).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();
