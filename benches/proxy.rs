@@ -834,10 +834,9 @@ fn print_table(cols: &[(&str, &Cell)]) {
 
 /// The argument that starts the worker, bare pingora and a gateway (memory
 /// store), prints their addresses and keeps them up until SIGINT or SIGTERM
-/// (which stops them all): for
-/// profiling one of them by hand (`wrk`, `valgrind`, `perf`) against the
-/// same parts the bench measures. `cargo bench -p a2a-gateway --bench proxy
-/// -- --serve`.
+/// (which stops them all): for profiling one of them by hand (`wrk`,
+/// `valgrind`, `perf`) against the same parts the bench measures.
+/// `cargo bench -p a2a-gateway --bench proxy -- --serve`.
 const SERVE_FLAG: &str = "--serve";
 
 fn serve() -> ! {

@@ -40,12 +40,12 @@ impl RedisServer {
         std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
     }
 
-    /// Kills the server (SIGKILL) and waits for it to exit.
     /// The server process's id while it runs (for a bench to read its CPU).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
     }
 
+    /// Kills the server (SIGKILL) and waits for it to exit.
     pub async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.start_kill();
