@@ -839,18 +839,28 @@ fn print_table(cols: &[(&str, &Cell)]) {
 /// `cargo bench -p a2a-gateway --bench proxy -- --serve`.
 const SERVE_FLAG: &str = "--serve";
 
-fn serve() -> ! {
-    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
-    let worker_rt = tokio::runtime::Builder::new_multi_thread()
+/// The worker's runtime: one thread of its own.
+fn worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .expect("worker runtime");
-    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions::default()));
-    let rt = tokio::runtime::Builder::new_current_thread()
+        .expect("worker runtime")
+}
+
+/// The load drivers' and process handles' runtime, on the calling thread.
+fn driver_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("driver runtime");
+        .expect("driver runtime")
+}
+
+fn serve() -> ! {
+    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
+    let worker_rt = worker_runtime();
+    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions::default()));
+    let rt = driver_runtime();
     rt.block_on(async {
         let url = worker.url();
         let (bare_proc, bare) = start_bare(&authority(&url)).await.expect("bare pingora");
@@ -888,20 +898,13 @@ fn main() {
     // Measure the proxy, not the formatting of its debug logs.
     std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
     // The worker on a runtime (one thread) of its own ...
-    let worker_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("worker runtime");
+    let worker_rt = worker_runtime();
     let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions {
         websocket: true,
         ..RustWorkerOptions::default()
     }));
     // ... and the load drivers and process handles on this thread.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("driver runtime");
+    let rt = driver_runtime();
     let load_before = loadavg();
     let started = Instant::now();
     let (cells, tracked) = rt.block_on(async {
