@@ -641,7 +641,10 @@ async fn wrk_blocking(url: &str, seconds: u32) -> Option<Send> {
 
 /// [`wrk_blocking`] against `t`, with the CPU its processes spent.
 async fn wrk_target(t: &Target, seconds: u32) -> Option<Send> {
-    let before = cpu_ticks(&t.procs).filter(|_| !t.procs.is_empty());
+    if t.procs.is_empty() {
+        return wrk_blocking(&t.http, seconds).await;
+    }
+    let before = cpu_ticks(&t.procs);
     let mut s = wrk_blocking(&t.http, seconds).await?;
     if let (Some(b), Some(a)) = (before, cpu_ticks(&t.procs)) {
         s.cpu_us = Some((a - b) as f64 / USER_HZ * 1e6 / s.requests.max(1.0));
