@@ -204,3 +204,103 @@ async fn check_config_reports_every_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A worker named by host name is reached through the name's looked-up
+/// address, for proxied calls and for the gateway's own cancel; a name that
+/// does not resolve is answered 502 with why (it used to drop the
+/// connection with no answer), and the other routes keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_host_names_are_resolved_off_the_request_path() {
+    let worker = Worker::start(Kind::Rust).await;
+    let named = worker.url().replace("127.0.0.1", "localhost");
+    assert!(named.contains("//localhost:"), "{named}");
+    let gw = Gateway::start(&format!(
+        "[timeouts]\ndns_refresh = \"1s\"\n\n\
+         [[routes]]\nname = \"named\"\nworker = \"{named}\"\npath_prefix = \"/n\"\n\n\
+         [[routes]]\nname = \"gone\"\nworker = \"http://no-such-host.invalid:9\"\npath_prefix = \"/g\"\n"
+    ))
+    .await;
+    let base = format!("{}/n", gw.url);
+
+    // Proxied calls, across a refresh of the name's address.
+    for round in 0..2 {
+        let sent = post_json(
+            &base,
+            "/",
+            &[],
+            &json!({"jsonrpc": "2.0", "id": round, "method": "SendMessage",
+                "params": {"message": crate::harness::worker::message("quick")}}),
+        )
+        .await;
+        assert_eq!(sent.status, 200, "round {round}: {}", sent.text());
+        let id = sent.json()["result"]["task"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("round {round}: no task in {}", sent.text()))
+            .to_owned();
+        assert_eq!(
+            worker.state(None, &id).await.as_deref(),
+            Some("TASK_STATE_COMPLETED"),
+            "round {round}: the worker ran the task"
+        );
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+
+    // The gateway's own CancelTask reaches the named worker.
+    let (stream, id) = send_stream(&base, Bind::JsonRpc, None, "work:30000").await;
+    stream.close();
+    worker
+        .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
+
+    // A name that does not resolve: a clear error for each binding.
+    let rpc = post_json(
+        &format!("{}/g", gw.url),
+        "/",
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+            "params": {"message": crate::harness::worker::message("quick")}}),
+    )
+    .await;
+    assert_eq!(rpc.status, 200, "a JSON-RPC error: {}", rpc.text());
+    let body = rpc.json();
+    assert_eq!(body["id"], 7, "{body}");
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("\"no-such-host.invalid\" could not be resolved"),
+        "{body}"
+    );
+    let rest = request("GET", &gw.url, "/g/tasks/x", &[], b"").await;
+    assert_eq!(rest.status, 502, "{}", rest.text());
+    assert_eq!(
+        rest.json()["error"]["status"],
+        "UNAVAILABLE",
+        "{}",
+        rest.text()
+    );
+    assert!(
+        gw.counter(
+            "a2agw_worker_resolve_errors_total",
+            &["worker=\"no-such-host.invalid:9\""]
+        )
+        .await
+            >= 2.0
+    );
+    assert_eq!(
+        gw.counter(
+            "a2agw_refusals_total",
+            &["route=\"gone\"", "reason=\"worker_unresolvable\""]
+        )
+        .await,
+        2.0
+    );
+    assert!(
+        !gw.log_text().contains("panicked"),
+        "log:\n{}",
+        gw.log_text()
+    );
+    // ... and the named route still serves.
+    let card = request("GET", &gw.url, "/n/.well-known/agent-card.json", &[], b"").await;
+    assert_eq!(card.status, 200, "{}", card.text());
+}

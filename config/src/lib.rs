@@ -136,6 +136,10 @@ pub struct Timeouts {
     pub upstream_idle: Option<Duration>,
     /// The same for callers' connections. Default 1h.
     pub downstream_idle: Option<Duration>,
+    /// How long a worker host name's resolved address is used before it is
+    /// looked up again (in the background; requests keep using the last
+    /// address meanwhile). IP addresses are never looked up. Default 30s.
+    pub dns_refresh: Duration,
 }
 
 impl Default for Timeouts {
@@ -144,6 +148,7 @@ impl Default for Timeouts {
             connect: Duration::from_secs(5),
             upstream_idle: Some(Duration::from_secs(3600)),
             downstream_idle: Some(Duration::from_secs(3600)),
+            dns_refresh: Duration::from_secs(30),
         }
     }
 }

@@ -192,6 +192,7 @@ fn timeouts(mut r: Reader<'_>) -> Timeouts {
         connect: r.or("connect", d.connect, nonzero_duration),
         upstream_idle: r.or("upstream_idle", d.upstream_idle, idle),
         downstream_idle: r.or("downstream_idle", d.downstream_idle, idle),
+        dns_refresh: r.or("dns_refresh", d.dns_refresh, nonzero_duration),
     };
     r.finish();
     timeouts

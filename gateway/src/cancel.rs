@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
 use crate::metrics;
+use crate::resolve::WorkerAddrs;
 use crate::store::{CancelTarget, TaskKey};
 
 /// One owed cancel.
@@ -79,6 +80,7 @@ pub struct Canceller {
     cfg: config::Cancel,
     connect_timeout: Duration,
     seq: Arc<AtomicU64>,
+    addrs: Arc<WorkerAddrs>,
 }
 
 impl std::fmt::Debug for Canceller {
@@ -88,12 +90,14 @@ impl std::fmt::Debug for Canceller {
 }
 
 impl Canceller {
-    pub fn new(cfg: config::Cancel, connect_timeout: Duration) -> Self {
+    /// `addrs`: the workers' addresses, shared with the proxy.
+    pub fn new(cfg: config::Cancel, connect_timeout: Duration, addrs: Arc<WorkerAddrs>) -> Self {
         Canceller {
             connector: Arc::new(Connector::new(None)),
             cfg,
             connect_timeout,
             seq: Arc::new(AtomicU64::new(1)),
+            addrs,
         }
     }
 
@@ -186,7 +190,11 @@ impl Canceller {
         let (path, body) = self.request(job);
         let body = Bytes::from(body.to_string());
         let w = &job.worker;
-        let mut peer = HttpPeer::new(w.authority(), w.tls, w.host.clone());
+        let addr = match self.addrs.get(w).get().await {
+            Ok(a) => a,
+            Err(why) => return Attempt::Retry(why),
+        };
+        let mut peer = HttpPeer::new(addr, w.tls, w.host.clone());
         peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.read_timeout = Some(self.cfg.timeout);
         peer.options.write_timeout = Some(self.cfg.timeout);

@@ -12,5 +12,6 @@ pub mod cascade;
 pub mod lease;
 pub mod metrics;
 pub mod proxy;
+pub mod resolve;
 pub mod server;
 pub mod store;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// A reverse proxy that enforces A2A delegation policy in front of
-/// unmodified A2A workers: cascade cancel and leases (budgets planned).
+/// unmodified A2A workers: cascade cancel, leases and budgets.
 #[derive(Debug, Parser)]
 #[command(name = "a2a-gateway", version)]
 struct Cli {

@@ -98,6 +98,12 @@ counter!(
     &["op"]
 );
 counter!(
+    WORKER_RESOLVE_ERRORS,
+    "a2agw_worker_resolve_errors_total",
+    "Failed lookups of a worker's host name (a request or cancel that found no address is answered or retried; a failed refresh keeps the last address).",
+    &["worker"]
+);
+counter!(
     NO_ROUTE,
     "a2agw_no_route_total",
     "Requests that matched no route (answered 404).",

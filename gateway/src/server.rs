@@ -91,9 +91,13 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     let store = build_store(&cfg)?;
     let store_kind = store.kind();
     let (tracker, tracker_run) = Tracker::new(store.clone());
-    let canceller = Canceller::new(cfg.cancel.clone(), cfg.timeouts.connect);
+    let routes = Arc::new(Routes::new(&cfg.routes, cfg.timeouts.dns_refresh));
+    let canceller = Canceller::new(
+        cfg.cancel.clone(),
+        cfg.timeouts.connect,
+        routes.worker_addrs(),
+    );
     let cascade = Arc::new(Cascade::new(store.clone(), tracker, canceller.clone()));
-    let routes = Arc::new(Routes::new(&cfg.routes));
     let replica_id = cfg
         .leases
         .replica_id

@@ -903,17 +903,7 @@ impl ProxyHttp for Gateway {
             session.set_abort_on_close(false);
             ctx.awaiting_id = Some(std::time::Instant::now());
         }
-        ctx.lease_ext = activates_lease(session.req_header())
-            || crate::a2a::extensions::names(
-                &route
-                    .cfg
-                    .headers
-                    .inject_extensions
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
-                policies::lease::LEASE_EXTENSION_URI,
-            );
+        ctx.lease_ext = route.injects_lease_extension || activates_lease(session.req_header());
         let budgeted = route.cfg.budget.is_active();
         ctx.call = Some(call);
         ctx.route = Some(route);
@@ -974,12 +964,33 @@ impl ProxyHttp for Gateway {
         Ok(false)
     }
 
+    /// The route's worker, at the address last looked up for its name; a name
+    /// that cannot be resolved is answered 502 with why.
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let Some(route) = &ctx.route else {
+        let Some(route) = ctx.route.clone() else {
             return Err(Error::explain(ErrorType::InternalError, "no route chosen"));
         };
+        let addr = match route.addr.get().await {
+            Ok(a) => a,
+            Err(why) => {
+                // JSON-RPC callers get a JSON-RPC error; everything else
+                // (REST, cards, upgrades, unknown traffic) an HTTP 502.
+                if ctx.binding != Some(Binding::JsonRpc) {
+                    ctx.binding = Some(Binding::Rest);
+                }
+                ctx.refusal = Some(Refusal {
+                    code: -32603,
+                    http: (502, "UNAVAILABLE"),
+                    message: why.clone(),
+                    reason: "worker_unresolvable",
+                    data: None,
+                    retry_after: None,
+                });
+                return Err(Error::explain(ErrorType::ConnectNoRoute, why));
+            }
+        };
         let w = &route.cfg.worker;
-        let mut peer = HttpPeer::new(w.authority(), w.tls, w.host.clone());
+        let mut peer = HttpPeer::new(addr, w.tls, w.host.clone());
         peer.options.connection_timeout = Some(self.timeouts.connect);
         if !matches!(ctx.call, Some(Call::Upgrade)) {
             peer.options.read_timeout = self.timeouts.upstream_idle;
@@ -1003,7 +1014,7 @@ impl ProxyHttp for Gateway {
             .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
         upstream.set_uri(uri);
         if let Some(route) = &ctx.route {
-            upstream.insert_header("host", route.cfg.worker.authority())?;
+            upstream.insert_header("host", route.addr.authority())?;
         }
         let reads_answer = matches!(ctx.call, Some(Call::AgentCard))
             || (matches!(ctx.call, Some(Call::JsonRpcCandidate)) && ctx.method.is_none())

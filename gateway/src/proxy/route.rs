@@ -1,12 +1,20 @@
 //! Choosing a route by host and path prefix.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use crate::resolve::{WorkerAddr, WorkerAddrs};
 
 /// A configured route, ready for the hot path.
 #[derive(Debug)]
 pub struct Route {
     pub name: Arc<str>,
     pub cfg: config::Route,
+    /// Where the worker is reached (looked up off the request path).
+    pub addr: Arc<WorkerAddr>,
+    /// The route's `inject_extensions` include the lease extension: every
+    /// request it forwards activates it.
+    pub injects_lease_extension: bool,
     /// The worker's agent card (seen passing through) declares the lease
     /// extension: with `worker_leases = "auto"` the worker enforces grants.
     pub card_declares_lease: std::sync::atomic::AtomicBool,
@@ -30,6 +38,7 @@ impl Route {
 #[derive(Debug)]
 pub struct Routes {
     routes: Vec<Arc<Route>>,
+    addrs: Arc<WorkerAddrs>,
 }
 
 /// A route and the request path as the worker's interface sees it.
@@ -57,13 +66,26 @@ impl Route {
 }
 
 impl Routes {
-    pub fn new(cfg: &[config::Route]) -> Self {
+    /// `dns_refresh`: how long a worker name's looked-up address is used.
+    pub fn new(cfg: &[config::Route], dns_refresh: Duration) -> Self {
+        let addrs = Arc::new(WorkerAddrs::new(cfg.iter().map(|r| &r.worker), dns_refresh));
         let mut routes: Vec<Arc<Route>> = cfg
             .iter()
             .map(|r| {
+                let injected: Vec<&str> = r
+                    .headers
+                    .inject_extensions
+                    .iter()
+                    .map(String::as_str)
+                    .collect();
                 Arc::new(Route {
                     name: r.name.as_str().into(),
                     cfg: r.clone(),
+                    addr: addrs.get(&r.worker),
+                    injects_lease_extension: crate::a2a::extensions::names(
+                        &injected,
+                        policies::lease::LEASE_EXTENSION_URI,
+                    ),
                     card_declares_lease: std::sync::atomic::AtomicBool::new(false),
                 })
             })
@@ -76,7 +98,12 @@ impl Routes {
                 std::cmp::Reverse(r.cfg.host.is_some()),
             )
         });
-        Routes { routes }
+        Routes { routes, addrs }
+    }
+
+    /// The workers' addresses, shared with the gateway's own cancels.
+    pub fn worker_addrs(&self) -> Arc<WorkerAddrs> {
+        self.addrs.clone()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
@@ -139,13 +166,16 @@ mod tests {
 
     #[test]
     fn match_table() {
-        let routes = Routes::new(&[
-            route("catch", None, None),
-            route("a", None, Some("/a")),
-            route("ab", None, Some("/a/b")),
-            route("h", Some("h.example"), None),
-            route("ha", Some("h.example"), Some("/a")),
-        ]);
+        let routes = Routes::new(
+            &[
+                route("catch", None, None),
+                route("a", None, Some("/a")),
+                route("ab", None, Some("/a/b")),
+                route("h", Some("h.example"), None),
+                route("ha", Some("h.example"), Some("/a")),
+            ],
+            Duration::from_secs(30),
+        );
         let table = [
             (None, "/x", "catch", "/x"),
             (None, "/a", "a", "/"),
@@ -160,7 +190,7 @@ mod tests {
             let m = routes.find(host, path).unwrap();
             assert_eq!((&*m.route.name, m.rel), (name, rest), "{host:?} {path}");
         }
-        let no_catch = Routes::new(&[route("a", None, Some("/a"))]);
+        let no_catch = Routes::new(&[route("a", None, Some("/a"))], Duration::from_secs(30));
         assert!(no_catch.find(None, "/b").is_none());
     }
 

@@ -1,0 +1,284 @@
+//! Worker addresses, looked up off the request path.
+//!
+//! pingora's `HttpPeer::new("host:port", ..)` resolves the name with the
+//! blocking system resolver on every call and panics when that fails. Per
+//! request, that would hold a proxy thread on DNS for every call to a named
+//! worker, and a name that stops resolving would drop every caller's
+//! connection without an answer (and a cancel to that worker would vanish
+//! uncounted). Here a worker's address is looked up asynchronously, kept for
+//! `timeouts.dns_refresh`, then looked up again in the background while
+//! requests keep the last address. A worker given as an IP address is never
+//! looked up.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::metrics;
+
+/// One worker's address (shared by every route and cancel that names the
+/// same `host:port`).
+#[derive(Debug)]
+pub struct WorkerAddr {
+    /// `host:port` as configured, for messages and the metric label.
+    authority: String,
+    /// The name to look up (an IPv6 literal without its brackets).
+    host: String,
+    port: u16,
+    /// Set when the host is an IP address: nothing to look up.
+    literal: Option<SocketAddr>,
+    refresh: Duration,
+    last: RwLock<Option<Resolved>>,
+    refreshing: AtomicBool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Resolved {
+    addr: SocketAddr,
+    at: Instant,
+}
+
+impl WorkerAddr {
+    /// `refresh`: how long a looked-up address is used before the next
+    /// lookup starts.
+    pub fn new(worker: &config::WorkerUrl, refresh: Duration) -> Self {
+        let host = worker
+            .host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(&worker.host)
+            .to_owned();
+        let literal = host
+            .parse::<IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, worker.port));
+        WorkerAddr {
+            authority: worker.authority(),
+            host,
+            port: worker.port,
+            literal,
+            refresh,
+            last: RwLock::new(None),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// `host:port` as configured.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The address to connect to now. Never blocks the thread: an IP address
+    /// is returned as is; a name's last address is returned while it is
+    /// fresh, and while a background lookup replaces a stale one; only a
+    /// name never resolved yet (or whose every lookup failed) is looked up
+    /// here, and its failure is the error.
+    pub async fn get(self: &Arc<Self>) -> Result<SocketAddr, String> {
+        if let Some(a) = self.literal {
+            return Ok(a);
+        }
+        let last = self.last.read().ok().and_then(|l| *l);
+        match last {
+            Some(r) if r.at.elapsed() < self.refresh => Ok(r.addr),
+            Some(r) => {
+                self.refresh_in_background();
+                Ok(r.addr)
+            }
+            None => self.lookup().await,
+        }
+    }
+
+    /// Looks the name up and keeps the first address (the system resolver's
+    /// order, as pingora would have used).
+    async fn lookup(&self) -> Result<SocketAddr, String> {
+        let found = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|mut addrs| addrs.next().ok_or_else(|| "no addresses".to_owned()));
+        match found {
+            Ok(addr) => {
+                if let Ok(mut l) = self.last.write() {
+                    *l = Some(Resolved {
+                        addr,
+                        at: Instant::now(),
+                    });
+                }
+                Ok(addr)
+            }
+            Err(e) => {
+                metrics::WORKER_RESOLVE_ERRORS
+                    .with_label_values(&[&self.authority])
+                    .inc();
+                Err(format!(
+                    "the worker host {:?} could not be resolved: {e}",
+                    self.host
+                ))
+            }
+        }
+    }
+
+    /// One lookup at a time; a failed one keeps the last address for another
+    /// `refresh` (a resolver that is down is not asked once per request).
+    fn refresh_in_background(self: &Arc<Self>) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.lookup().await {
+                tracing::warn!(worker = %me.authority, error = %e, "keeping the worker's last address");
+                if let Ok(mut l) = me.last.write() {
+                    if let Some(r) = l.as_mut() {
+                        r.at = Instant::now();
+                    }
+                }
+            }
+            me.refreshing.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Every configured worker's address, one per distinct `host:port`.
+#[derive(Debug, Default)]
+pub struct WorkerAddrs {
+    by_authority: HashMap<String, Arc<WorkerAddr>>,
+    refresh: Duration,
+}
+
+impl WorkerAddrs {
+    pub fn new<'a>(
+        workers: impl IntoIterator<Item = &'a config::WorkerUrl>,
+        refresh: Duration,
+    ) -> Self {
+        let mut by_authority = HashMap::new();
+        for w in workers {
+            by_authority
+                .entry(w.authority())
+                .or_insert_with(|| Arc::new(WorkerAddr::new(w, refresh)));
+        }
+        WorkerAddrs {
+            by_authority,
+            refresh,
+        }
+    }
+
+    /// The shared address of a configured worker; an unconfigured one gets
+    /// an address of its own (looked up on first use).
+    pub fn get(&self, worker: &config::WorkerUrl) -> Arc<WorkerAddr> {
+        self.by_authority
+            .get(&worker.authority())
+            .cloned()
+            .unwrap_or_else(|| Arc::new(WorkerAddr::new(worker, self.refresh)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> config::WorkerUrl {
+        config::WorkerUrl::parse(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn ip_addresses_are_never_looked_up() {
+        for (u, want) in [
+            ("http://127.0.0.1:9000", "127.0.0.1:9000"),
+            ("http://[::1]:9000/x", "[::1]:9000"),
+            ("https://10.0.0.7", "10.0.0.7:443"),
+        ] {
+            let a = Arc::new(WorkerAddr::new(&url(u), Duration::from_secs(30)));
+            assert_eq!(a.get().await.unwrap().to_string(), want, "{u}");
+            assert!(a.last.read().unwrap().is_none(), "{u}: nothing cached");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_is_looked_up_once_and_kept() {
+        let a = Arc::new(WorkerAddr::new(
+            &url("http://localhost:9000"),
+            Duration::from_secs(30),
+        ));
+        let first = a.get().await.unwrap();
+        assert!(first.ip().is_loopback() && first.port() == 9000, "{first}");
+        let at = a.last.read().unwrap().unwrap().at;
+        assert_eq!(a.get().await.unwrap(), first);
+        assert_eq!(
+            a.last.read().unwrap().unwrap().at,
+            at,
+            "fresh: not looked up again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_address_is_served_while_it_is_looked_up_again() {
+        let a = Arc::new(WorkerAddr::new(
+            &url("http://localhost:9000"),
+            Duration::from_millis(1),
+        ));
+        let first = a.get().await.unwrap();
+        let at = a.last.read().unwrap().unwrap().at;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(a.get().await.unwrap(), first, "the stale address, at once");
+        for _ in 0..200 {
+            if a.last.read().unwrap().unwrap().at > at {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the background lookup never replaced the stale address");
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_an_error_not_a_panic() {
+        let a = Arc::new(WorkerAddr::new(
+            &url("http://no-such-host.invalid:9000"),
+            Duration::from_secs(30),
+        ));
+        let e = a.get().await.unwrap_err();
+        assert!(
+            e.contains("\"no-such-host.invalid\" could not be resolved"),
+            "{e}"
+        );
+        assert!(a.last.read().unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_failed_refresh_keeps_the_last_address() {
+        let a = Arc::new(WorkerAddr::new(
+            &url("http://no-such-host.invalid:9000"),
+            Duration::from_millis(1),
+        ));
+        let kept: SocketAddr = "10.1.2.3:9000".parse().unwrap();
+        let at = Instant::now();
+        *a.last.write().unwrap() = Some(Resolved { addr: kept, at });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(a.get().await.unwrap(), kept);
+        for _ in 0..400 {
+            if !a.refreshing.load(Ordering::Acquire) {
+                let last = a.last.read().unwrap().unwrap();
+                if last.at > at {
+                    assert_eq!(last.addr, kept, "kept after the failed lookup");
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the failed lookup never finished");
+    }
+
+    #[test]
+    fn workers_with_the_same_authority_share_one_address() {
+        let (w1, w2, w3) = (
+            url("http://localhost:9000/a"),
+            url("http://localhost:9000/b"),
+            url("http://localhost:9001"),
+        );
+        let addrs = WorkerAddrs::new([&w1, &w2, &w3], Duration::from_secs(30));
+        assert!(Arc::ptr_eq(&addrs.get(&w1), &addrs.get(&w2)));
+        assert!(!Arc::ptr_eq(&addrs.get(&w1), &addrs.get(&w3)));
+        assert_eq!(addrs.by_authority.len(), 2);
+    }
+}
