@@ -436,7 +436,7 @@ fn request_facts(c: &mut Criterion) {
         );
         let f = jsonrpc_facts(&body).expect("a JSON-RPC request");
         assert_eq!(f.method, A2aMethod::from_jsonrpc(method), "{name}");
-        assert!(f.method.is_some() && f.message_id.is_some(), "{name}");
+        assert!(f.method.is_some(), "{name}");
         assert_eq!(f.lease.is_some(), grants, "{name}");
         assert_eq!(matches!(f.budget, Some(Ok(_))), grants, "{name}");
         g.throughput(Throughput::Bytes(body.len() as u64));
@@ -447,7 +447,10 @@ fn request_facts(c: &mut Criterion) {
     for (name, grants) in [("send_message", false), ("send_message_grants", true)] {
         let body = rest_request(grants);
         let f = rest_facts(&body);
-        assert!(f.message_id.is_some() && f.context_id.is_some(), "{name}");
+        assert!(
+            serde_json::from_slice::<serde_json::Value>(&body).is_ok(),
+            "{name}"
+        );
         assert_eq!(matches!(f.lease, Some(Ok(30000))), grants, "{name}");
         assert_eq!(matches!(f.budget, Some(Ok(_))), grants, "{name}");
         g.throughput(Throughput::Bytes(body.len() as u64));

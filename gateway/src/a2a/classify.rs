@@ -40,6 +40,21 @@ pub enum A2aMethod {
 }
 
 impl A2aMethod {
+    /// Every method, in the spec's order.
+    pub const ALL: [A2aMethod; 11] = [
+        A2aMethod::SendMessage,
+        A2aMethod::SendStreamingMessage,
+        A2aMethod::GetTask,
+        A2aMethod::ListTasks,
+        A2aMethod::CancelTask,
+        A2aMethod::SubscribeToTask,
+        A2aMethod::CreateTaskPushNotificationConfig,
+        A2aMethod::GetTaskPushNotificationConfig,
+        A2aMethod::ListTaskPushNotificationConfigs,
+        A2aMethod::DeleteTaskPushNotificationConfig,
+        A2aMethod::GetExtendedAgentCard,
+    ];
+
     /// Reads a JSON-RPC method name. v0.3 names (`message/send`) are not
     /// v1.0 methods and read as `None`: such calls are proxied untracked.
     pub fn from_jsonrpc(name: &str) -> Option<A2aMethod> {
@@ -233,6 +248,17 @@ pub fn percent_encode_segment(s: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    use super::A2aMethod as M;
+
+    #[test]
+    fn all_methods_read_back_from_their_names() {
+        for m in M::ALL {
+            assert_eq!(M::from_jsonrpc(m.as_str()), Some(m));
+        }
+        let names: std::collections::HashSet<_> = M::ALL.iter().map(|m| m.as_str()).collect();
+        assert_eq!(names.len(), M::ALL.len(), "no method listed twice");
+    }
+
     use super::*;
     use http::Method;
 

@@ -20,9 +20,6 @@ pub struct RequestFacts {
     /// `params.id` (GetTask, CancelTask, SubscribeToTask), or the sent
     /// message's `taskId` (a continuation of an existing task).
     pub task_id: Option<String>,
-    /// The sent message's `contextId` and `messageId`.
-    pub context_id: Option<String>,
-    pub message_id: Option<String>,
     /// The sent message's lease grant (`metadata["a2a-rust.com/lease"]`):
     /// its TTL in ms, or why it is malformed.
     pub lease: Option<Result<u64, String>>,
@@ -57,10 +54,6 @@ struct Params<'a> {
 struct Message<'a> {
     #[serde(borrow, default, rename = "taskId")]
     task_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "contextId")]
-    context_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "messageId")]
-    message_id: Option<Cow<'a, str>>,
     #[serde(default)]
     metadata: Option<Metadata>,
 }
@@ -156,7 +149,7 @@ fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
 
 impl Params<'_> {
     fn into_facts(self, method: Option<A2aMethod>, is_jsonrpc: bool) -> RequestFacts {
-        let (m_task, context_id, message_id, lease, budget) = match self.message {
+        let (m_task, lease, budget) = match self.message {
             Some(m) => {
                 let (lease, budget) = match m.metadata {
                     Some(md) => (
@@ -165,23 +158,15 @@ impl Params<'_> {
                     ),
                     None => (None, None),
                 };
-                (
-                    owned(m.task_id),
-                    owned(m.context_id),
-                    owned(m.message_id),
-                    lease,
-                    budget,
-                )
+                (owned(m.task_id), lease, budget)
             }
-            None => (None, None, None, None, None),
+            None => (None, None, None),
         };
         RequestFacts {
             method,
             is_jsonrpc,
             tenant: owned(self.tenant),
             task_id: owned(self.id).or(m_task),
-            context_id,
-            message_id,
             lease,
             budget,
             rpc_id: None,
@@ -232,7 +217,6 @@ mod tests {
                     method: Some(A2aMethod::SendStreamingMessage),
                     is_jsonrpc: true,
                     tenant: Some("acme".into()),
-                    message_id: Some("m1".into()),
                     ..Default::default()
                 }),
             ),
@@ -242,8 +226,6 @@ mod tests {
                     method: Some(A2aMethod::SendMessage),
                     is_jsonrpc: true,
                     task_id: Some("t1".into()),
-                    context_id: Some("c1".into()),
-                    message_id: Some("m2".into()),
                     ..Default::default()
                 }),
             ),
@@ -392,7 +374,6 @@ mod tests {
             RequestFacts {
                 tenant: Some("acme".into()),
                 task_id: Some("t".into()),
-                message_id: Some("m".into()),
                 ..Default::default()
             }
         );

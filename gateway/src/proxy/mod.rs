@@ -855,19 +855,7 @@ impl ProxyHttp for Gateway {
             Call::Upgrade => "upgrade",
             Call::Other => "other",
         };
-        metrics::REQUESTS
-            .with_label_values(&[&route.name, kind])
-            .inc();
-        let inspect_cap = |session: &Session| {
-            let len = session
-                .req_header()
-                .headers
-                .get("content-length")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(1024);
-            Vec::with_capacity(len.min(self.limits.max_inspect_body))
-        };
+        route.count_request(kind);
         match &call {
             Call::Rest {
                 method,
@@ -884,10 +872,10 @@ impl ProxyHttp for Gateway {
                     method,
                     A2aMethod::SendMessage | A2aMethod::SendStreamingMessage
                 ) {
-                    ctx.req_body = Some(inspect_cap(session));
+                    ctx.req_body = Some(Vec::new());
                 }
             }
-            Call::JsonRpcCandidate => ctx.req_body = Some(inspect_cap(session)),
+            Call::JsonRpcCandidate => ctx.req_body = Some(Vec::new()),
             _ => {}
         }
         let may_start_stream = match &call {
@@ -944,22 +932,41 @@ impl ProxyHttp for Gateway {
             content_length.is_some_and(|n| n <= PRE_READ_LIMIT.min(self.limits.max_inspect_body));
         if ctx.req_body.is_some() && small {
             session.downstream_session.enable_retry_buffering();
-            let mut buf = ctx.req_body.take().unwrap_or_default();
+            ctx.req_body = None;
+            // Usually one chunk, read in place; copied only when it is not.
+            let mut first: Option<Bytes> = None;
+            let mut joined = Vec::new();
             while let Some(chunk) = session.read_request_body().await? {
-                buf.extend_from_slice(&chunk);
+                match first.take() {
+                    None if joined.is_empty() => first = Some(chunk),
+                    earlier => {
+                        if let Some(e) = earlier {
+                            joined.extend_from_slice(&e);
+                        }
+                        joined.extend_from_slice(&chunk);
+                    }
+                }
             }
-            self.inspect_body(ctx, &buf);
-            self.admit_budget(ctx, &buf).await;
+            let body: &[u8] = first.as_deref().unwrap_or(&joined);
+            self.inspect_body(ctx, body);
+            self.admit_budget(ctx, body).await;
             if let Some(r) = ctx.refusal.clone() {
                 return self.refuse(session, ctx, &r).await;
             }
             self.after_inspection(session, ctx).await;
-        } else if ctx.req_body.is_some()
-            && ctx.route.as_ref().is_some_and(|r| r.cfg.budget.is_active())
-        {
-            // Too large to read before connecting: held whole (bounded) and
-            // admitted at its end, so its grant can still be re-written.
-            ctx.hold_request = true;
+        } else if let Some(buf) = ctx.req_body.as_mut() {
+            // Copied as it passes (request_body_filter), up to the limit.
+            buf.reserve(
+                content_length
+                    .unwrap_or(1024)
+                    .min(self.limits.max_inspect_body),
+            );
+            if ctx.route.as_ref().is_some_and(|r| r.cfg.budget.is_active()) {
+                // Too large to read before connecting: held whole (bounded)
+                // and admitted at its end, so its grant can still be
+                // re-written.
+                ctx.hold_request = true;
+            }
         }
         Ok(false)
     }
@@ -1008,13 +1015,22 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        let uri: http::Uri = ctx
-            .upstream_path
-            .parse()
-            .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
-        upstream.set_uri(uri);
+        // The caller's own origin-form target, when it is already the
+        // worker's path (no base path, no stripped prefix), is kept as is.
+        let unchanged = upstream.uri.authority().is_none()
+            && upstream
+                .uri
+                .path_and_query()
+                .is_some_and(|pq| pq.as_str() == ctx.upstream_path);
+        if !unchanged {
+            let uri: http::Uri = ctx
+                .upstream_path
+                .parse()
+                .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
+            upstream.set_uri(uri);
+        }
         if let Some(route) = &ctx.route {
-            upstream.insert_header("host", route.addr.authority())?;
+            upstream.insert_header("host", route.host_header.clone())?;
         }
         let reads_answer = matches!(ctx.call, Some(Call::AgentCard))
             || (matches!(ctx.call, Some(Call::JsonRpcCandidate)) && ctx.method.is_none())

@@ -1,5 +1,6 @@
 //! Choosing a route by host and path prefix.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,12 +16,29 @@ pub struct Route {
     /// The route's `inject_extensions` include the lease extension: every
     /// request it forwards activates it.
     pub injects_lease_extension: bool,
+    /// `Host` for the worker (its configured `host:port`).
+    pub host_header: http::HeaderValue,
+    /// `a2agw_requests_total{route}` by call kind, resolved once.
+    requests: HashMap<&'static str, prometheus::IntCounter>,
     /// The worker's agent card (seen passing through) declares the lease
     /// extension: with `worker_leases = "auto"` the worker enforces grants.
     pub card_declares_lease: std::sync::atomic::AtomicBool,
 }
 
+/// Every `call` label of `a2agw_requests_total` (see `request_filter`).
+const CALL_KINDS: [&str; 4] = ["agent_card", "jsonrpc", "upgrade", "other"];
+
 impl Route {
+    /// Counts one request of this kind (`agent_card`, a REST method name, …).
+    pub fn count_request(&self, kind: &'static str) {
+        match self.requests.get(kind) {
+            Some(c) => c.inc(),
+            None => crate::metrics::REQUESTS
+                .with_label_values(&[&self.name, kind])
+                .inc(),
+        }
+    }
+
     /// Whether the gateway enforces lease grants for this route's worker.
     pub fn gateway_enforces_leases(&self) -> bool {
         match self.cfg.lease.worker_leases {
@@ -78,10 +96,20 @@ impl Routes {
                     .iter()
                     .map(String::as_str)
                     .collect();
+                let kinds = CALL_KINDS
+                    .into_iter()
+                    .chain(crate::a2a::A2aMethod::ALL.iter().map(|m| m.as_str()));
+                let requests = kinds
+                    .map(|k| (k, crate::metrics::REQUESTS.with_label_values(&[&r.name, k])))
+                    .collect();
+                let addr = addrs.get(&r.worker);
                 Arc::new(Route {
                     name: r.name.as_str().into(),
                     cfg: r.clone(),
-                    addr: addrs.get(&r.worker),
+                    host_header: http::HeaderValue::from_str(addr.authority())
+                        .expect("a validated worker authority is a header value"),
+                    requests,
+                    addr,
                     injects_lease_extension: crate::a2a::extensions::names(
                         &injected,
                         policies::lease::LEASE_EXTENSION_URI,
