@@ -248,19 +248,18 @@ pub fn percent_encode_segment(s: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::A2aMethod as M;
+    use super::*;
+    use http::Method;
 
     #[test]
     fn all_methods_read_back_from_their_names() {
-        for m in M::ALL {
-            assert_eq!(M::from_jsonrpc(m.as_str()), Some(m));
+        for m in A2aMethod::ALL {
+            assert_eq!(A2aMethod::from_jsonrpc(m.as_str()), Some(m));
         }
-        let names: std::collections::HashSet<_> = M::ALL.iter().map(|m| m.as_str()).collect();
-        assert_eq!(names.len(), M::ALL.len(), "no method listed twice");
+        let names: std::collections::HashSet<_> =
+            A2aMethod::ALL.iter().map(|m| m.as_str()).collect();
+        assert_eq!(names.len(), A2aMethod::ALL.len(), "no method listed twice");
     }
-
-    use super::*;
-    use http::Method;
 
     fn rest(method: A2aMethod, tenant: Option<&str>, id: Option<&str>) -> Call {
         Call::Rest {
