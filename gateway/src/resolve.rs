@@ -164,6 +164,23 @@ impl WorkerAddrs {
         }
     }
 
+    /// Looks up every worker host name once, so that the first requests
+    /// find an address waiting; a name that fails is logged and looked up
+    /// again by the first request that needs it.
+    pub async fn warm_up(&self) {
+        for a in self.by_authority.values() {
+            if a.literal.is_some() {
+                continue;
+            }
+            match a.get().await {
+                Ok(addr) => tracing::info!(worker = %a.authority, %addr, "worker address"),
+                Err(e) => {
+                    tracing::warn!(worker = %a.authority, error = %e, "worker address not found yet")
+                }
+            }
+        }
+    }
+
     /// The shared address of a configured worker; an unconfigured one gets
     /// an address of its own (looked up on first use).
     pub fn get(&self, worker: &config::WorkerUrl) -> Arc<WorkerAddr> {

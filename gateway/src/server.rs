@@ -38,6 +38,16 @@ impl BackgroundService for TrackerLoop {
     }
 }
 
+/// Looks up the workers' host names once at start.
+struct WarmAddrs(Arc<crate::resolve::WorkerAddrs>);
+
+#[async_trait]
+impl BackgroundService for WarmAddrs {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        self.0.warm_up().await;
+    }
+}
+
 /// The runtime that drives the Redis connection for the life of the process
 /// (pingora's services each run their own runtimes; the connection's driver
 /// must outlive them all).
@@ -92,10 +102,11 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     let store_kind = store.kind();
     let (tracker, tracker_run) = Tracker::new(store.clone());
     let routes = Arc::new(Routes::new(&cfg.routes, cfg.timeouts.dns_refresh));
+    let worker_addrs = routes.worker_addrs();
     let canceller = Canceller::new(
         cfg.cancel.clone(),
         cfg.timeouts.connect,
-        routes.worker_addrs(),
+        worker_addrs.clone(),
     );
     let cascade = Arc::new(Cascade::new(store.clone(), tracker, canceller.clone()));
     let replica_id = cfg
@@ -139,6 +150,10 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);
+    server.add_service(background_service(
+        "worker addresses",
+        WarmAddrs(worker_addrs),
+    ));
     server.add_service(background_service(
         "tracker",
         TrackerLoop(Mutex::new(Some(Box::pin(tracker_run)))),
