@@ -1626,11 +1626,10 @@ impl Gateway {
     fn rewrite_card(&self, session: &Session, ctx: &Ctx, held: Vec<u8>, jsonrpc: bool) -> Vec<u8> {
         let Some(route) = &ctx.route else { return held };
         let base = self.gateway_base(session, ctx);
-        let authority = route.cfg.worker.authority();
         let rw = CardRewrite {
             worker_base_path: &ctx.worker_root,
             gateway_base: &base,
-            worker_authority: &authority,
+            worker_authority: route.addr.authority(),
         };
         let mut doc: serde_json::Value =
             serde_json::from_slice(&held).unwrap_or(serde_json::Value::Null);
