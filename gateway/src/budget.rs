@@ -208,6 +208,11 @@ impl Budgets {
         sent: Option<Result<SentGrant, BudgetRefusal>>,
         received_ms: u64,
     ) -> Result<Option<ChildBudget>, BudgetError> {
+        // Nothing sent and nothing to impose: what the caps below would
+        // conclude, without building them (every plain send comes here).
+        if sent.is_none() && !policy.is_active() {
+            return Ok(None);
+        }
         let sent = match sent {
             Some(Err(r)) => return Err(BudgetError::Refused(r)),
             Some(Ok(g)) => Some(g),
