@@ -55,31 +55,24 @@ pub const L4_READ_BUFFER: &str = "--l4-read-buffer";
 /// (threads, pingora's work-stealing runtime), for trying pingora settings
 /// by hand against the one the benches use; the benches pass neither.
 pub fn run(args: &[String]) -> ! {
-    let value = |name: &str| -> String {
+    // The argument after `name`, if `name` is given.
+    let after = |name: &str| {
         args.iter()
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| {
-                eprintln!("usage: {FLAG} --listen ADDR --upstream HOST:PORT");
-                std::process::exit(2)
-            })
+    };
+    let value = |name: &str| -> String {
+        after(name).cloned().unwrap_or_else(|| {
+            eprintln!("usage: {FLAG} --listen ADDR --upstream HOST:PORT");
+            std::process::exit(2)
+        })
     };
     let listen = value("--listen");
     let upstream = value("--upstream");
-    let l4_read_buffer = args
-        .iter()
-        .position(|a| a == L4_READ_BUFFER)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse::<usize>().ok());
+    let l4_read_buffer = after(L4_READ_BUFFER).and_then(|v| v.parse::<usize>().ok());
 
     let mut conf = a2a_gateway::server::server_conf(THREADS);
-    if let Some(t) = args
-        .iter()
-        .position(|a| a == "--threads")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(t) = after("--threads").and_then(|v| v.parse().ok()) {
         conf.threads = t;
     }
     if args.iter().any(|a| a == "--no-steal") {

@@ -190,7 +190,8 @@ impl Canceller {
         let (path, body) = self.request(job);
         let body = Bytes::from(body.to_string());
         let w = &job.worker;
-        let addr = match self.addrs.get(w).get().await {
+        let worker_addr = self.addrs.get(w);
+        let addr = match worker_addr.get().await {
             Ok(a) => a,
             Err(why) => return Attempt::Retry(why),
         };
@@ -204,7 +205,7 @@ impl Canceller {
             Err(e) => return Attempt::Refused(format!("bad cancel path {path}: {e}")),
         };
         let headers: [(&str, &str); 4] = [
-            ("host", &w.authority()),
+            ("host", worker_addr.authority()),
             ("content-type", "application/json"),
             ("a2a-version", "1.0"),
             ("content-length", &body.len().to_string()),

@@ -199,6 +199,14 @@ mod tests {
         config::WorkerUrl::parse(s).unwrap()
     }
 
+    fn addr(u: &str, refresh: Duration) -> Arc<WorkerAddr> {
+        Arc::new(WorkerAddr::new(&url(u), refresh))
+    }
+
+    fn last(a: &WorkerAddr) -> Option<Resolved> {
+        *a.last.read().unwrap()
+    }
+
     #[tokio::test]
     async fn ip_addresses_are_never_looked_up() {
         for (u, want) in [
@@ -206,41 +214,31 @@ mod tests {
             ("http://[::1]:9000/x", "[::1]:9000"),
             ("https://10.0.0.7", "10.0.0.7:443"),
         ] {
-            let a = Arc::new(WorkerAddr::new(&url(u), Duration::from_secs(30)));
+            let a = addr(u, Duration::from_secs(30));
             assert_eq!(a.get().await.unwrap().to_string(), want, "{u}");
-            assert!(a.last.read().unwrap().is_none(), "{u}: nothing cached");
+            assert!(last(&a).is_none(), "{u}: nothing cached");
         }
     }
 
     #[tokio::test]
     async fn a_name_is_looked_up_once_and_kept() {
-        let a = Arc::new(WorkerAddr::new(
-            &url("http://localhost:9000"),
-            Duration::from_secs(30),
-        ));
+        let a = addr("http://localhost:9000", Duration::from_secs(30));
         let first = a.get().await.unwrap();
         assert!(first.ip().is_loopback() && first.port() == 9000, "{first}");
-        let at = a.last.read().unwrap().unwrap().at;
+        let at = last(&a).unwrap().at;
         assert_eq!(a.get().await.unwrap(), first);
-        assert_eq!(
-            a.last.read().unwrap().unwrap().at,
-            at,
-            "fresh: not looked up again"
-        );
+        assert_eq!(last(&a).unwrap().at, at, "fresh: not looked up again");
     }
 
     #[tokio::test]
     async fn a_stale_address_is_served_while_it_is_looked_up_again() {
-        let a = Arc::new(WorkerAddr::new(
-            &url("http://localhost:9000"),
-            Duration::from_millis(1),
-        ));
+        let a = addr("http://localhost:9000", Duration::from_millis(1));
         let first = a.get().await.unwrap();
-        let at = a.last.read().unwrap().unwrap().at;
+        let at = last(&a).unwrap().at;
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(a.get().await.unwrap(), first, "the stale address, at once");
         for _ in 0..200 {
-            if a.last.read().unwrap().unwrap().at > at {
+            if last(&a).unwrap().at > at {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -250,24 +248,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_that_does_not_resolve_is_an_error_not_a_panic() {
-        let a = Arc::new(WorkerAddr::new(
-            &url("http://no-such-host.invalid:9000"),
-            Duration::from_secs(30),
-        ));
+        let a = addr("http://no-such-host.invalid:9000", Duration::from_secs(30));
         let e = a.get().await.unwrap_err();
         assert!(
             e.contains("\"no-such-host.invalid\" could not be resolved"),
             "{e}"
         );
-        assert!(a.last.read().unwrap().is_none());
+        assert!(last(&a).is_none());
     }
 
     #[tokio::test]
     async fn a_failed_refresh_keeps_the_last_address() {
-        let a = Arc::new(WorkerAddr::new(
-            &url("http://no-such-host.invalid:9000"),
-            Duration::from_millis(1),
-        ));
+        let a = addr("http://no-such-host.invalid:9000", Duration::from_millis(1));
         let kept: SocketAddr = "10.1.2.3:9000".parse().unwrap();
         let at = Instant::now();
         *a.last.write().unwrap() = Some(Resolved { addr: kept, at });
@@ -275,9 +267,9 @@ mod tests {
         assert_eq!(a.get().await.unwrap(), kept);
         for _ in 0..400 {
             if !a.refreshing.load(Ordering::Acquire) {
-                let last = a.last.read().unwrap().unwrap();
-                if last.at > at {
-                    assert_eq!(last.addr, kept, "kept after the failed lookup");
+                let now = last(&a).unwrap();
+                if now.at > at {
+                    assert_eq!(now.addr, kept, "kept after the failed lookup");
                     return;
                 }
             }
