@@ -43,3 +43,30 @@ pub fn cpus() -> String {
 pub fn utc_now() -> String {
     sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
 }
+
+/// CPU time of the whole machine so far, from `/proc/stat`: (all, stolen),
+/// in clock ticks. "Stolen" is time the hypervisor ran something else while
+/// this machine's vCPUs had work: on a shared host it stalls every process
+/// here at once, which is what makes tail latencies jump between runs.
+pub fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is in user)
+    Some((f.iter().take(8).sum(), *f.get(7)?))
+}
+
+/// The share of CPU time stolen by the host between two [`machine_ticks`].
+pub fn steal_pct(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> String {
+    match (before, after) {
+        (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => {
+            format!("{:.1}%", (s1 - s0) as f64 * 100.0 / (t1 - t0) as f64)
+        }
+        _ => "unknown".to_string(),
+    }
+}

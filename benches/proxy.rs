@@ -25,7 +25,9 @@
 //!   `redis-server`), which depends far less on what else the machine does
 //!   than requests/s.
 //! - `SendMessage` at a fixed rate, half of bare pingora's saturation, from
-//!   an in-repo open-loop driver: p50, p99.
+//!   an in-repo open-loop driver: p50, p99, each column paired with bare
+//!   pingora at the same moments (half of the rate to each side), and the
+//!   column's p99 minus bare's from those pairs.
 //! - SSE: `SendStreamingMessage` of a task that emits N status updates at
 //!   once, 8 streams at a time: events/s, with task tracking on.
 //! - WebSocket: `SendMessage` `quick` request/response loops over 16 sockets
@@ -39,8 +41,9 @@
 //! the best throughput), since load generator, proxies and worker share two
 //! cores and single runs vary by 15-20%. The first round warms each target
 //! up first. Then the fixed-rate latency rows: [`FIXED_SLICES`] short
-//! slices, every column once per slice in turn, all slices pooled per column;
-//! the summary also gives the median of the per-slice differences to bare.
+//! slices, every column once per slice in turn, each run at the same time as
+//! one against bare pingora, all slices pooled per column; the summary also
+//! gives the median of the per-slice differences to bare.
 //! About five minutes in all.
 //!
 //! `--serve` (after `--`) instead starts the worker, bare pingora and a
@@ -63,7 +66,7 @@ mod bare_pingora;
 
 #[path = "machine.rs"]
 mod machine;
-use machine::{cpus, loadavg, sh, utc_now};
+use machine::{cpus, loadavg, machine_ticks, sh, steal_pct, utc_now};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -165,16 +168,20 @@ fn wrk_send(url: &str, seconds: u32) -> Option<Send> {
 /// timer granularity), and that lateness is the driver's, not the proxy's.
 struct Fixed {
     offered: f64,
-    achieved: f64,
     p50_ms: f64,
     p99_ms: f64,
 }
 
 const FIXED_CONNS: usize = 16;
-/// The fixed-rate runs are interleaved: [`FIXED_SLICES`] slices of
-/// [`FIXED_SLICE_SECONDS`] each, every target once per slice in turn, so a
-/// disturbance of the shared machine (the p99 of one target moves by
-/// milliseconds between runs here) lands on every column alike.
+/// The fixed-rate runs are paired and interleaved: [`FIXED_SLICES`] slices
+/// of [`FIXED_SLICE_SECONDS`] each, every column once per slice in turn, and
+/// each of those runs at the same time as a run against bare pingora, each
+/// offered half of the rate. Taken one after the other, a column's p99 moved
+/// by up to 100 ms between two slices seconds apart on this machine (direct
+/// included: the shared cores stall the worker now and then), a thousand
+/// times the 0.2 ms to be shown; run at the same moments against the same
+/// worker, the two sides of a pair meet the same stalls, and bare pingora
+/// paired with itself shows what is left of the noise.
 const FIXED_SLICES: usize = 10;
 const FIXED_SLICE_SECONDS: f64 = 1.5;
 
@@ -237,14 +244,12 @@ async fn fixed_rate(url: &str, rate: f64, seconds: f64) -> Result<Vec<Duration>,
     Ok(all)
 }
 
-/// Percentiles of latencies (sorted in place) at a rate offered for
-/// `seconds`.
-fn summarise(lat: &mut [Duration], rate: f64, seconds: f64) -> Fixed {
+/// Percentiles of latencies (sorted in place) at a rate offered.
+fn summarise(lat: &mut [Duration], rate: f64) -> Fixed {
     lat.sort_unstable();
     let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
     Fixed {
         offered: rate,
-        achieved: lat.len() as f64 / seconds,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
     }
@@ -608,9 +613,12 @@ struct Column {
     send: Option<Send>,
     sse: Option<f64>,
     ws: Option<Ws>,
+    /// At a fixed rate, this column's side of its pairs with bare pingora.
     fixed: Option<Fixed>,
-    /// The p99 (ms) of each fixed-rate slice, in slice order.
-    slice_p99: Vec<f64>,
+    /// Bare pingora's side of the same pairs.
+    fixed_bare: Option<Fixed>,
+    /// Per slice: this column's p99 minus bare pingora's in the same pair (ms).
+    slice_p99_diff: Vec<f64>,
 }
 
 fn ws_of(base: &str) -> String {
@@ -655,7 +663,7 @@ async fn wrk_target(t: &Target, seconds: u32) -> Option<Send> {
 /// Every scenario against every target, scenario by scenario (so the
 /// columns of a row are measured within seconds of each other), `ROUNDS`
 /// times; the first round starts with a warm-up of each.
-async fn run_rounds(targets: &[Option<&Target>]) -> Vec<Column> {
+async fn run_rounds(targets: &[Option<&Target>]) -> (Vec<Column>, String) {
     let mut cols: Vec<Column> = targets.iter().map(|_| Column::default()).collect();
     for round in 0..ROUNDS {
         let warm = round == 0;
@@ -698,39 +706,73 @@ async fn run_rounds(targets: &[Option<&Target>]) -> Vec<Column> {
             }
         }
     }
-    // Latency at half of the bare pass-through's saturation (the same
-    // offered load for every column), in interleaved slices.
+    // Latency at half of the bare pass-through's saturation, each column
+    // paired with bare pingora (see FIXED_SLICES).
     let bare_rps = cols.get(2).and_then(|c| c.send.as_ref()).map(|s| s.rps);
-    if let Some(rate) = bare_rps.map(|r| (r / 2.0).floor()) {
-        eprintln!("fixed rate: {rate} SendMessage/s, {FIXED_SLICES} slices");
-        let mut lat: Vec<Vec<Duration>> = targets.iter().map(|_| Vec::new()).collect();
-        let mut slice_p99: Vec<Vec<f64>> = targets.iter().map(|_| Vec::new()).collect();
-        for _ in 0..FIXED_SLICES {
-            for (i, t) in targets.iter().enumerate() {
-                let Some(t) = t else { continue };
-                match fixed_rate(&t.http, rate, FIXED_SLICE_SECONDS).await {
-                    Ok(mut l) => {
-                        slice_p99[i].push(summarise(&mut l, rate, FIXED_SLICE_SECONDS).p99_ms);
-                        lat[i].extend(l);
-                    }
-                    Err(e) => eprintln!("fixed rate against {}: {e}", t.http),
+    let mut steal = "not run".to_string();
+    if let (Some(rate), Some(Some(bare))) = (bare_rps.map(|r| (r / 2.0).floor()), targets.get(2)) {
+        let before = machine_ticks();
+        fixed_rate_pairs(targets, bare, rate, &mut cols).await;
+        steal = steal_pct(before, machine_ticks());
+    }
+    (cols, steal)
+}
+
+/// Offers `rate` SendMessage/s in all, half to a column and half to bare
+/// pingora at the same time, slice by slice and column by column; fills the
+/// columns' `fixed`, `fixed_bare` and `slice_p99_diff`.
+async fn fixed_rate_pairs(
+    targets: &[Option<&Target>],
+    bare: &Target,
+    rate: f64,
+    cols: &mut [Column],
+) {
+    let half = rate / 2.0;
+    eprintln!(
+        "fixed rate: {rate} SendMessage/s, {half} to each side of a pair, {FIXED_SLICES} slices"
+    );
+    let mut lat: Vec<[Vec<Duration>; 2]> = targets.iter().map(|_| Default::default()).collect();
+    for _ in 0..FIXED_SLICES {
+        for (i, t) in targets.iter().enumerate() {
+            let Some(t) = t else { continue };
+            let (col, base) = tokio::join!(
+                fixed_rate(&t.http, half, FIXED_SLICE_SECONDS),
+                fixed_rate(&bare.http, half, FIXED_SLICE_SECONDS)
+            );
+            match (col, base) {
+                (Ok(mut c), Ok(mut b)) => {
+                    let d = summarise(&mut c, half).p99_ms - summarise(&mut b, half).p99_ms;
+                    cols[i].slice_p99_diff.push(d);
+                    lat[i][0].extend(c);
+                    lat[i][1].extend(b);
                 }
-            }
-        }
-        let seconds = FIXED_SLICES as f64 * FIXED_SLICE_SECONDS;
-        for ((l, p), col) in lat.iter_mut().zip(slice_p99).zip(&mut cols) {
-            if !l.is_empty() {
-                col.fixed = Some(summarise(l, rate, seconds));
-                col.slice_p99 = p;
+                (Err(e), _) => eprintln!("fixed rate against {}: {e}", t.http),
+                (_, Err(e)) => eprintln!("fixed rate against {}: {e}", bare.http),
             }
         }
     }
-    cols
+    for ([c, b], col) in lat.iter_mut().zip(cols) {
+        if !c.is_empty() {
+            col.fixed = Some(summarise(c, half));
+            col.fixed_bare = Some(summarise(b, half));
+        }
+    }
 }
 
-/// Median, least and greatest of `a[i] - b[i]`.
-fn paired_median(a: &[f64], b: &[f64]) -> Option<(f64, f64, f64)> {
-    let mut d: Vec<f64> = a.iter().zip(b).map(|(a, b)| a - b).collect();
+/// A column's p50 at the fixed rate minus bare pingora's at the same
+/// moments, all slices pooled (ms).
+fn added_p50(c: &Column) -> Option<f64> {
+    Some(c.fixed.as_ref()?.p50_ms - c.fixed_bare.as_ref()?.p50_ms)
+}
+
+/// The same for the p99.
+fn added_p99(c: &Column) -> Option<f64> {
+    Some(c.fixed.as_ref()?.p99_ms - c.fixed_bare.as_ref()?.p99_ms)
+}
+
+/// Median, least and greatest of `d`.
+fn median_range(d: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut d = d.to_vec();
     if d.is_empty() {
         return None;
     }
@@ -761,59 +803,82 @@ fn print_table(cols: &[(&str, &Cell)]) {
     println!("|{}", "---|".repeat(cols.len() + 5));
 
     type Get = fn(&Column) -> Option<f64>;
-    let rows: Vec<(String, Get, usize)> = vec![
+    // (label, figure, decimals, whether ratios of it mean anything)
+    let rows: Vec<(String, Get, usize, bool)> = vec![
         (
             format!("SendMessage req/s (JSON-RPC ~1 KB, wrk -t2 -c32, {SEND_SECONDS}s)"),
             |c| c.send.as_ref().map(|s| s.rps),
             0,
+            true,
         ),
         (
             "SendMessage p50 (ms)".into(),
             |c| c.send.as_ref().map(|s| s.p50_ms),
             2,
+            true,
         ),
         (
             "SendMessage p99 (ms)".into(),
             |c| c.send.as_ref().map(|s| s.p99_ms),
             2,
+            true,
         ),
         (
             "SendMessage: the proxy's CPU per request (µs, user + system)".into(),
             |c| c.send.as_ref().and_then(|s| s.cpu_us),
             0,
+            true,
         ),
         (
-            format!("SendMessage at half of bare's saturation, p50 (ms; {FIXED_CONNS} conns, open loop, {FIXED_SLICES} interleaved slices of {FIXED_SLICE_SECONDS}s)"),
+            format!("SendMessage at half of bare's saturation, p50 (ms; open loop, half the rate to the column and half to bare pingora at the same moments, {FIXED_CONNS} conns each, {FIXED_SLICES} slices of {FIXED_SLICE_SECONDS}s)"),
             |c| c.fixed.as_ref().map(|f| f.p50_ms),
             2,
+            true,
+        ),
+        (
+            "… p50 minus bare pingora's p50 at the same moments (ms; bare column: bare against itself)".into(),
+            added_p50,
+            2,
+            false,
         ),
         (
             "SendMessage at half of bare's saturation, p99 (ms)".into(),
             |c| c.fixed.as_ref().map(|f| f.p99_ms),
             2,
+            true,
+        ),
+        (
+            "… p99 minus bare pingora's p99 at the same moments (ms; bare column: bare against itself, the method's own noise)".into(),
+            added_p99,
+            2,
+            false,
         ),
         (
             format!("SSE events/s ({STREAMS} streams x {BURST} events, tracked)"),
             |c| c.sse,
             0,
+            true,
         ),
         (
             format!("WebSocket SendMessage round trips/s ({WS_SOCKETS} sockets, 1 in flight, {WS_SECONDS}s)"),
             |c| c.ws.as_ref().map(|w| w.per_sec),
             0,
+            true,
         ),
         (
             "WebSocket round trip p50 (ms)".into(),
             |c| c.ws.as_ref().map(|w| w.p50_ms),
             2,
+            true,
         ),
         (
             "WebSocket round trip p99 (ms)".into(),
             |c| c.ws.as_ref().map(|w| w.p99_ms),
             2,
+            true,
         ),
     ];
-    for (label, get, digits) in &rows {
+    for (label, get, digits, ratios) in &rows {
         let val = |cell: &Cell| cell.as_ref().ok().and_then(get);
         let mut line = format!("| {label} |");
         for (_, cell) in cols {
@@ -824,7 +889,7 @@ fn print_table(cols: &[(&str, &Cell)]) {
             }
         }
         let ratio = |a: &Cell, b: &Cell| match (val(a), val(b)) {
-            (Some(a), Some(b)) if b > 0.0 => format!(" {:.2} |", a / b),
+            (Some(a), Some(b)) if *ratios && b > 0.0 => format!(" {:.2} |", a / b),
             _ => " - |".to_string(),
         };
         line.push_str(&ratio(mem.1, bare.1));
@@ -909,8 +974,9 @@ fn main() {
     // ... and the load drivers and process handles on this thread.
     let rt = driver_runtime();
     let load_before = loadavg();
+    let ticks_before = machine_ticks();
     let started = Instant::now();
-    let (cells, tracked) = rt.block_on(async {
+    let (cells, tracked, fixed_steal) = rt.block_on(async {
         let http_url = worker.url();
         let ws_url = worker.ws_url().expect("the worker's WebSocket listener");
         let http_up = authority(&http_url);
@@ -968,7 +1034,7 @@ fn main() {
             Some(&mem),
             Some(&red),
         ];
-        let cols = run_rounds(&targets).await;
+        let (cols, fixed_steal) = run_rounds(&targets).await;
         let Ok([d, n, b, m, r]) = <[Column; 5]>::try_from(cols) else {
             unreachable!("a column per target")
         };
@@ -997,9 +1063,10 @@ fn main() {
             gw.kill().await;
         }
         redis.kill().await;
-        (cells, tracked)
+        (cells, tracked, fixed_steal)
     });
     let load_after = loadavg();
+    let steal = steal_pct(ticks_before, machine_ticks());
     {
         let _in_runtime = worker_rt.enter();
         drop(worker);
@@ -1007,7 +1074,7 @@ fn main() {
 
     println!();
     println!(
-        "proxy bench, {} — {}; load average {load_before} before, {load_after} after; {:.0} s",
+        "proxy bench, {} — {}; load average {load_before} before, {load_after} after; {:.0} s; CPU time stolen by the host {steal} (during the fixed-rate slices {fixed_steal})",
         utc_now(),
         cpus(),
         started.elapsed().as_secs_f64()
@@ -1030,13 +1097,13 @@ fn main() {
     print_table(&cols);
     println!();
     if let (Ok(b), Ok(m), Ok(r)) = (&cells[2], &cells[3], &cells[4]) {
-        if let (Some(bf), Some(mf), Some(rf)) = (&b.fixed, &m.fixed, &r.fixed) {
+        if let (Some(bf), Some(noise), Some(am), Some(ar)) =
+            (&b.fixed, added_p99(b), added_p99(m), added_p99(r))
+        {
             println!(
-                "added p99 over bare pingora at {:.0} SendMessage/s offered ({:.0} achieved by bare), all slices pooled: gateway (memory) {:+.2} ms, gateway (Redis) {:+.2} ms",
+                "added p99 over bare pingora at the same moments, {:.0} SendMessage/s offered in all ({:.0} to each side), all slices pooled: gateway (memory) {am:+.2} ms, gateway (Redis) {ar:+.2} ms; bare pingora against itself {noise:+.2} ms",
+                bf.offered * 2.0,
                 bf.offered,
-                bf.achieved,
-                mf.p99_ms - bf.p99_ms,
-                rf.p99_ms - bf.p99_ms
             );
             let show = |d: Option<(f64, f64, f64)>| {
                 d.map_or("-".to_string(), |(med, lo, hi)| {
@@ -1044,9 +1111,10 @@ fn main() {
                 })
             };
             println!(
-                "added p99 slice by slice (each slice's gateway p99 minus bare's p99 in the same slice), median: gateway (memory) {}, gateway (Redis) {}",
-                show(paired_median(&m.slice_p99, &b.slice_p99)),
-                show(paired_median(&r.slice_p99, &b.slice_p99)),
+                "added p99 slice by slice (each pair's column p99 minus bare's), median: gateway (memory) {}, gateway (Redis) {}, bare against itself {}",
+                show(median_range(&m.slice_p99_diff)),
+                show(median_range(&r.slice_p99_diff)),
+                show(median_range(&b.slice_p99_diff)),
             );
         }
     }

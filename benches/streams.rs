@@ -69,7 +69,7 @@ mod bare_pingora;
 
 #[path = "machine.rs"]
 mod machine;
-use machine::{cpus, loadavg, sh, utc_now};
+use machine::{cpus, loadavg, machine_ticks, sh, steal_pct, utc_now};
 
 /// The L4 read buffer of the "small L4" bare pingora column, instead of
 /// pingora's 64 KiB (`DEFAULT_L4_READ_BUFFER_SIZE`, allocated zeroed by
@@ -1231,6 +1231,7 @@ fn main() {
         .expect("driver runtime");
     let sources = source_state();
     let load_before = loadavg();
+    let ticks_before = machine_ticks();
     let started = Instant::now();
     let results = rt.block_on(async {
         eprintln!("memory and cancel latency: gateway");
@@ -1271,10 +1272,11 @@ fn main() {
         }
     });
     let load_after = loadavg();
+    let steal = steal_pct(ticks_before, machine_ticks());
 
     println!();
     println!(
-        "streams bench, {} — {}; load average {load_before} before, {load_after} after; {:.0} s; {sources}",
+        "streams bench, {} — {}; load average {load_before} before, {load_after} after; {:.0} s; CPU time stolen by the host {steal}; {sources}",
         utc_now(),
         cpus(),
         started.elapsed().as_secs_f64()
