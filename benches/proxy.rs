@@ -759,15 +759,15 @@ async fn fixed_rate_pairs(
     }
 }
 
-/// A column's p50 at the fixed rate minus bare pingora's at the same
-/// moments, all slices pooled (ms).
-fn added_p50(c: &Column) -> Option<f64> {
-    Some(c.fixed.as_ref()?.p50_ms - c.fixed_bare.as_ref()?.p50_ms)
+/// A percentile (`pct`) of a column at the fixed rate minus bare pingora's
+/// at the same moments, all slices pooled (ms).
+fn added(c: &Column, pct: fn(&Fixed) -> f64) -> Option<f64> {
+    Some(pct(c.fixed.as_ref()?) - pct(c.fixed_bare.as_ref()?))
 }
 
-/// The same for the p99.
+/// [`added`] for the p99, which the summary lines print too.
 fn added_p99(c: &Column) -> Option<f64> {
-    Some(c.fixed.as_ref()?.p99_ms - c.fixed_bare.as_ref()?.p99_ms)
+    added(c, |f| f.p99_ms)
 }
 
 /// Median, least and greatest of `d`.
@@ -837,7 +837,7 @@ fn print_table(cols: &[(&str, &Cell)]) {
         ),
         (
             "… p50 minus bare pingora's p50 at the same moments (ms; bare column: bare against itself)".into(),
-            added_p50,
+            |c| added(c, |f| f.p50_ms),
             2,
             false,
         ),
