@@ -309,3 +309,71 @@ async fn worker_host_names_are_resolved_off_the_request_path() {
     let card = request("GET", &gw.url, "/n/.well-known/agent-card.json", &[], b"").await;
     assert_eq!(card.status, 200, "{}", card.text());
 }
+
+/// `a2agw_proxy_seconds` holds what the gateway itself kept a request for:
+/// a worker that takes 300 ms to answer does not show in it, a stream is not
+/// counted (its length is the stream's), nor is a request the gateway
+/// answers itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_time_leaves_the_worker_out() {
+    let rust = Worker::start(Kind::Rust).await;
+    let gw = Gateway::start(&format!(
+        "[[routes]]\nname = \"w\"\nworker = \"{}\"\npath_prefix = \"/w\"\n",
+        rust.url()
+    ))
+    .await;
+    let route = ["route=\"w\""];
+    let started = std::time::Instant::now();
+    let rpc = post_json(
+        &gw.url,
+        "/w",
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": crate::harness::worker::message("work:300")}}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(rpc.status, 200, "{}", rpc.text());
+    let id = crate::harness::worker::task_id_of(&rpc.json())
+        .unwrap_or_else(|| panic!("no task in {}", rpc.text()));
+    assert_eq!(
+        rust.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_COMPLETED"),
+        "the worker did not run the task to its end"
+    );
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    // Observed when a request ends, just after its answer was written.
+    let count_reaches = |n: f64| {
+        let gw = &gw;
+        async move {
+            let mut count = 0.0;
+            for _ in 0..40 {
+                count = gw.counter("a2agw_proxy_seconds_count", &route).await;
+                if count >= n {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            count
+        }
+    };
+    assert_eq!(count_reaches(1.0).await, 1.0);
+    let own = gw.counter("a2agw_proxy_seconds_sum", &route).await;
+    assert!(
+        own > 0.0 && own < 0.15,
+        "the gateway's own time {own} s should leave out the worker's 300 ms (the call took {took:?})"
+    );
+    // A stream to its end: not counted.
+    let (mut stream, _) =
+        send_stream(&format!("{}/w", gw.url), Bind::JsonRpc, None, "burst:3").await;
+    stream.rest(Duration::from_secs(10)).await;
+    // Answered by the gateway itself (no route): not counted.
+    assert_eq!(
+        request("GET", &gw.url, "/elsewhere", &[], b"").await.status,
+        404
+    );
+    // The card: counted.
+    let card = request("GET", &gw.url, "/w/.well-known/agent-card.json", &[], b"").await;
+    assert_eq!(card.status, 200, "{}", card.text());
+    assert_eq!(count_reaches(2.0).await, 2.0, "{}", gw.metrics().await);
+}

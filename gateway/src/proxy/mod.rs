@@ -3,10 +3,11 @@
 //! [`Cascade`]. Hooks never await the store on the response path.
 
 pub mod route;
+pub mod timing;
 mod websocket;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -28,6 +29,7 @@ use crate::lease::Leases;
 use crate::metrics;
 use crate::store::{now_ms, CancelTarget, Renewal, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 use route::{host_without_port, Routes};
+use timing::ProxyTimes;
 use websocket::WsSession;
 
 /// The gateway's proxy service.
@@ -131,7 +133,7 @@ pub struct Ctx {
     /// it is tolerated (pingora's `abort_on_close` off) so the worker's
     /// stream is still read until an event names the task, for at most
     /// `id_wait`; then the caller's leaving is acted on with the id known.
-    awaiting_id: Option<std::time::Instant>,
+    awaiting_id: Option<Instant>,
     /// The request's `A2A-Extensions` activates the lease extension.
     lease_ext: bool,
     /// A valid lease grant the sent message carries (TTL in ms).
@@ -167,6 +169,9 @@ pub struct Ctx {
     context_id: Option<String>,
     /// The worker refused the send (an error answer before any task).
     worker_refused: bool,
+    /// Moments that split the request's time between the gateway and the
+    /// worker, for `a2agw_proxy_seconds`.
+    times: ProxyTimes,
 }
 
 impl Ctx {
@@ -808,6 +813,7 @@ impl ProxyHttp for Gateway {
     /// Picks the route, classifies the call, and keeps what the cancel would
     /// need from the request head (tenant from a REST path, credential).
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        ctx.times.head();
         let req = session.req_header();
         let host = request_host(req).map(host_without_port);
         let full_path = req.uri.path().to_string();
@@ -889,7 +895,7 @@ impl ProxyHttp for Gateway {
             && !policy.id_wait.is_zero()
         {
             session.set_abort_on_close(false);
-            ctx.awaiting_id = Some(std::time::Instant::now());
+            ctx.awaiting_id = Some(Instant::now());
         }
         ctx.lease_ext = route.injects_lease_extension || activates_lease(session.req_header());
         let budgeted = route.cfg.budget.is_active();
@@ -1015,6 +1021,7 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        ctx.times.upstream();
         // The caller's own origin-form target, when it is already the
         // worker's path (no base path, no stripped prefix), is kept as is.
         let unchanged = upstream.uri.authority().is_none()
@@ -1126,6 +1133,7 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        ctx.times.answer(resp);
         if matches!(ctx.call, Some(Call::Upgrade)) {
             if resp.status.as_u16() == 101 {
                 ctx.ws = Some(WsSession::new(self.limits.max_inspect_body));
@@ -1279,6 +1287,9 @@ impl ProxyHttp for Gateway {
     /// caller left, or the worker's stream broke or ended early) goes to the
     /// cascade.
     async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        if let (Some(own), Some(route)) = (ctx.times.own(e), &ctx.route) {
+            route.proxy_time.observe(own.as_secs_f64());
+        }
         if ctx.streaming {
             metrics::OPEN_STREAMS.dec();
         }

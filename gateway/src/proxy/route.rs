@@ -20,6 +20,8 @@ pub struct Route {
     pub host_header: http::HeaderValue,
     /// `a2agw_requests_total{route}` by call kind, resolved once.
     requests: HashMap<&'static str, prometheus::IntCounter>,
+    /// `a2agw_proxy_seconds{route}`, resolved once.
+    pub proxy_time: prometheus::Histogram,
     /// The worker's agent card (seen passing through) declares the lease
     /// extension: with `worker_leases = "auto"` the worker enforces grants.
     pub card_declares_lease: std::sync::atomic::AtomicBool,
@@ -109,6 +111,7 @@ impl Routes {
                     host_header: http::HeaderValue::from_str(addr.authority())
                         .expect("a validated worker authority is a header value"),
                     requests,
+                    proxy_time: crate::metrics::PROXY_TIME.with_label_values(&[&r.name]),
                     addr,
                     injects_lease_extension: crate::a2a::extensions::names(
                         &injected,
