@@ -460,15 +460,19 @@ fn authority(url: &str) -> String {
     rest.split('/').next().unwrap_or(rest).to_string()
 }
 
-/// The bare pass-through on a free port in front of `upstream` (`HOST:PORT`).
-async fn start_bare(upstream: &str) -> Result<(Proc, String), String> {
+/// The bare pass-through on a free port in front of `upstream` (`HOST:PORT`),
+/// with its `/metrics` on another: the process, the proxy's address and the
+/// metrics' URL.
+async fn start_bare(upstream: &str) -> Result<(Proc, String, String), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
     let log = scratch_dir("bare").join("bare.log");
     let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
     let child = Command::new(exe)
         .arg(bare_pingora::FLAG)
         .args(["--listen", &listen, "--upstream", upstream])
+        .args([bare_pingora::METRICS, &metrics])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -479,10 +483,10 @@ async fn start_bare(upstream: &str) -> Result<(Proc, String), String> {
         graceful: false,
         log,
     };
-    p.wait_ready(std::slice::from_ref(&listen))
+    p.wait_ready(&[listen.clone(), metrics.clone()])
         .await
         .map_err(|e| format!("bare pingora {e}"))?;
-    Ok((p, listen))
+    Ok((p, listen, format!("http://{metrics}")))
 }
 
 /// nginx with two server blocks: HTTP (buffering off) to `http_up`, and
@@ -578,6 +582,9 @@ struct Target {
     /// The processes serving `http` whose CPU time counts as the proxy's
     /// (nginx: its master, whose workers are found as its children).
     procs: Vec<u32>,
+    /// Where the proxy serves `/metrics` with its `a2agw_proxy_seconds`
+    /// (the gateway's admin endpoint; bare pingora's `--metrics`).
+    metrics: Option<String>,
 }
 
 /// CPU time (user + system, in clock ticks of 1/100 s, Linux's `USER_HZ`)
@@ -619,6 +626,11 @@ struct Column {
     fixed_bare: Option<Fixed>,
     /// Per slice: this column's p99 minus bare pingora's in the same pair (ms).
     slice_p99_diff: Vec<f64>,
+    /// This column's proxy's `a2agw_proxy_seconds` over its fixed-rate
+    /// slices (for bare pingora: both sides of its pairs, one process).
+    own: Option<Hist>,
+    /// Bare pingora's over the same slices.
+    own_bare: Option<Hist>,
 }
 
 fn ws_of(base: &str) -> String {
@@ -636,6 +648,7 @@ async fn gateways(store: &str, http_up: &str, ws_up: &str) -> (Gateway, Gateway,
         http: gw.url.clone(),
         ws: ws_of(&gw_ws.url),
         procs: gw.pid().into_iter().collect(),
+        metrics: Some(gw.admin.clone()),
     };
     (gw, gw_ws, target)
 }
@@ -735,10 +748,14 @@ async fn fixed_rate_pairs(
     for _ in 0..FIXED_SLICES {
         for (i, t) in targets.iter().enumerate() {
             let Some(t) = t else { continue };
+            let before = (proxy_seconds(t).await, proxy_seconds(bare).await);
             let (col, base) = tokio::join!(
                 fixed_rate(&t.http, half, FIXED_SLICE_SECONDS),
                 fixed_rate(&bare.http, half, FIXED_SLICE_SECONDS)
             );
+            let after = (proxy_seconds(t).await, proxy_seconds(bare).await);
+            add_delta(&mut cols[i].own, after.0, before.0);
+            add_delta(&mut cols[i].own_bare, after.1, before.1);
             match (col, base) {
                 (Ok(mut c), Ok(mut b)) => {
                     let d = summarise(&mut c, half).p99_ms - summarise(&mut b, half).p99_ms;
@@ -757,6 +774,94 @@ async fn fixed_rate_pairs(
             col.fixed_bare = Some(summarise(b, half));
         }
     }
+}
+
+/// Cumulative bucket counts of `a2agw_proxy_seconds`, by upper bound (s),
+/// ascending, the last one infinite.
+type Hist = Vec<(f64, f64)>;
+
+/// `a2agw_proxy_seconds` from a proxy's `/metrics`, summed over its labels;
+/// `None` for a proxy without it (direct, nginx) or that did not answer.
+async fn proxy_seconds(t: &Target) -> Option<Hist> {
+    let url = t.metrics.as_deref()?;
+    let text = harness::http::request("GET", url, "/metrics", &[], b"")
+        .await
+        .text();
+    let mut h: Hist = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("a2agw_proxy_seconds_bucket{"))
+    {
+        let le = line.split("le=\"").nth(1)?.split('"').next()?;
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        let n: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        match h.iter_mut().find(|(b, _)| *b == le) {
+            Some(bucket) => bucket.1 += n,
+            None => h.push((le, n)),
+        }
+    }
+    h.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (!h.is_empty()).then_some(h)
+}
+
+/// Adds `after - before` (both from [`proxy_seconds`]) to `acc`.
+fn add_delta(acc: &mut Option<Hist>, after: Option<Hist>, before: Option<Hist>) {
+    let (Some(after), Some(before)) = (after, before) else {
+        return;
+    };
+    let delta = after
+        .iter()
+        .map(|&(le, n)| {
+            let was = before.iter().find(|(b, _)| *b == le).map_or(0.0, |b| b.1);
+            (le, n - was)
+        })
+        .collect::<Hist>();
+    match acc {
+        Some(sum) if sum.len() == delta.len() => {
+            for (s, d) in sum.iter_mut().zip(&delta) {
+                s.1 += d.1;
+            }
+        }
+        _ => *acc = Some(delta),
+    }
+}
+
+/// The `q` quantile of `h` in µs, interpolated linearly inside its bucket
+/// (as Prometheus' `histogram_quantile`); a quantile in the last, unbounded
+/// bucket reads as the last finite bound.
+fn quantile_us(h: &Hist, q: f64) -> Option<f64> {
+    let total = h.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let (mut lo, mut below) = (0.0, 0.0);
+    for &(le, n) in h {
+        if n >= rank {
+            if le.is_infinite() {
+                return Some(lo * 1e6);
+            }
+            let frac = if n > below {
+                (rank - below) / (n - below)
+            } else {
+                0.0
+            };
+            return Some((lo + (le - lo) * frac) * 1e6);
+        }
+        (lo, below) = (le, n);
+    }
+    None
+}
+
+/// The share of `h` (%) at or under `bound` seconds, one of its bounds.
+fn share_within(h: &Hist, bound: f64) -> Option<f64> {
+    let total = h.last()?.1;
+    let n = h.iter().find(|(le, _)| (*le - bound).abs() < 1e-9)?.1;
+    (total > 0.0).then(|| 100.0 * n / total)
 }
 
 /// A percentile (`pct`) of a column at the fixed rate minus bare pingora's
@@ -854,6 +959,24 @@ fn print_table(cols: &[(&str, &Cell)]) {
             false,
         ),
         (
+            "… time inside the proxy per SendMessage at that rate, p50 (µs; pingora included, the worker's time left out: the proxy's own `a2agw_proxy_seconds`, interpolated in its buckets)".into(),
+            |c| quantile_us(c.own.as_ref()?, 0.5),
+            0,
+            true,
+        ),
+        (
+            "… time inside the proxy, p99 (µs)".into(),
+            |c| quantile_us(c.own.as_ref()?, 0.99),
+            0,
+            true,
+        ),
+        (
+            "… time inside the proxy, p99 minus bare pingora's over the same slices (µs; bare column: one process, so 0)".into(),
+            |c| Some(quantile_us(c.own.as_ref()?, 0.99)? - quantile_us(c.own_bare.as_ref()?, 0.99)?),
+            0,
+            false,
+        ),
+        (
             format!("SSE events/s ({STREAMS} streams x {BURST} events, tracked)"),
             |c| c.sse,
             0,
@@ -931,12 +1054,18 @@ fn serve() -> ! {
     let rt = driver_runtime();
     rt.block_on(async {
         let url = worker.url();
-        let (bare_proc, bare) = start_bare(&authority(&url)).await.expect("bare pingora");
+        let (bare_proc, bare, bare_metrics) =
+            start_bare(&authority(&url)).await.expect("bare pingora");
         let mut gw =
             Gateway::start(&format!("[[routes]]\nname = \"w\"\nworker = \"{url}\"\n")).await;
         println!("worker       {url}");
-        println!("bare pingora http://{bare}");
-        println!("gateway      {} (pid {:?})", gw.url, gw.pid());
+        println!("bare pingora http://{bare} (metrics {bare_metrics})");
+        println!(
+            "gateway      {} (pid {:?}, admin {})",
+            gw.url,
+            gw.pid(),
+            gw.admin
+        );
         println!("SendMessage body: {}", send_body(1));
         // Until SIGINT or SIGTERM; then the children go too.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -989,22 +1118,25 @@ fn main() {
             http: http_url.clone(),
             ws: ws_url.clone(),
             procs: Vec::new(),
+            metrics: None,
         };
         let nginx = start_nginx(&http_up, &ws_up).await.map(|(p, h, w)| {
             let t = Target {
                 http: format!("http://{h}"),
                 ws: format!("ws://{w}/ws"),
                 procs: vec![p.child.id()],
+                metrics: None,
             };
             (p, t)
         });
         let bare = match (start_bare(&http_up).await, start_bare(&ws_up).await) {
-            (Ok((p1, h)), Ok((p2, w))) => {
+            (Ok((p1, h, metrics)), Ok((p2, w, _))) => {
                 let procs = vec![p1.child.id()];
                 let t = Target {
                     http: format!("http://{h}"),
                     ws: format!("ws://{w}/ws"),
                     procs,
+                    metrics: Some(metrics),
                 };
                 Ok(([p1, p2], t))
             }
@@ -1118,6 +1250,32 @@ fn main() {
             );
         }
     }
+    let own = |cell: &Cell| {
+        let c = cell.as_ref().ok()?;
+        let (h, hb) = (c.own.as_ref()?, c.own_bare.as_ref()?);
+        Some(format!(
+            "{:.1}% within 0.2 ms, p99 {:.0} µs ({:+.0} µs over bare pingora's {:.0} over the same slices)",
+            share_within(h, 0.0002)?,
+            quantile_us(h, 0.99)?,
+            quantile_us(h, 0.99)? - quantile_us(hb, 0.99)?,
+            quantile_us(hb, 0.99)?,
+        ))
+    };
+    let none = || "-".to_string();
+    println!(
+        "time inside the proxy per SendMessage at the fixed rate (a2agw_proxy_seconds; the worker's time left out): bare pingora {}; gateway (memory) {}; gateway (Redis) {}",
+        cells[2]
+            .as_ref()
+            .ok()
+            .and_then(|c| Some(format!(
+                "{:.1}% within 0.2 ms, p99 {:.0} µs",
+                share_within(c.own.as_ref()?, 0.0002)?,
+                quantile_us(c.own.as_ref()?, 0.99)?
+            )))
+            .unwrap_or_else(none),
+        own(&cells[3]).unwrap_or_else(none),
+        own(&cells[4]).unwrap_or_else(none),
+    );
     println!(
         "tasks tracked during the run: gateway (memory) {}, gateway (Redis) {}",
         tracked.0, tracked.1
