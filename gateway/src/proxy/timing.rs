@@ -5,8 +5,10 @@
 //! stalls for 50 ms hides anything the gateway adds. The moments kept here
 //! take the worker's part out: what is left is what the gateway itself
 //! (pingora included) held the request for, on the caller's side of the
-//! worker and on the way back. The benches time their bare pingora
-//! pass-through with the same type, so the two compare like for like.
+//! worker and on the way back. Bytes waiting in a socket for pingora to read
+//! them are not in it: the marks start at the heads pingora has read. The
+//! benches time their bare pingora pass-through with the same type, so the
+//! two compare like for like.
 
 use std::time::{Duration, Instant};
 
