@@ -1309,6 +1309,9 @@ impl ProxyHttp for Gateway {
             b.settle(&self.budgets, refused, running);
         }
         if let Some(ws) = ctx.ws.take() {
+            // Not an error to log (see `suppress_error_log`), but how a
+            // socket ended is what one asks first when a caller saw it cut.
+            tracing::debug!(error = ?e, "WebSocket session ended");
             self.ws_ended(ctx, ws, e);
             return;
         }
