@@ -880,6 +880,12 @@ fn share_within(h: &Hist, bound: f64) -> Option<f64> {
     (total > 0.0).then(|| 100.0 * n / total)
 }
 
+/// The p99 of the time inside a column's proxy minus bare pingora's over
+/// the same slices (µs).
+fn own_added_p99(c: &Column) -> Option<f64> {
+    Some(quantile_us(c.own.as_ref()?, 0.99)? - quantile_us(c.own_bare.as_ref()?, 0.99)?)
+}
+
 /// A percentile (`pct`) of a column at the fixed rate minus bare pingora's
 /// at the same moments, all slices pooled (ms).
 fn added(c: &Column, pct: fn(&Fixed) -> f64) -> Option<f64> {
@@ -988,7 +994,7 @@ fn print_table(cols: &[(&str, &Cell)]) {
         ),
         (
             "… time inside the proxy, p99 minus bare pingora's at the same moments (µs; bare column: a second bare pingora process against the first, the method's own noise)".into(),
-            |c| Some(quantile_us(c.own.as_ref()?, 0.99)? - quantile_us(c.own_bare.as_ref()?, 0.99)?),
+            own_added_p99,
             0,
             false,
         ),
@@ -1283,13 +1289,12 @@ fn main() {
     }
     let own = |cell: &Cell| {
         let c = cell.as_ref().ok()?;
-        let (h, hb) = (c.own.as_ref()?, c.own_bare.as_ref()?);
         Some(format!(
             "{:.1}% within 0.2 ms, p99 {:.0} µs ({:+.0} µs over bare pingora's {:.0} over the same slices)",
-            share_within(h, 0.0002)?,
-            quantile_us(h, 0.99)?,
-            quantile_us(h, 0.99)? - quantile_us(hb, 0.99)?,
-            quantile_us(hb, 0.99)?,
+            share_within(c.own.as_ref()?, 0.0002)?,
+            quantile_us(c.own.as_ref()?, 0.99)?,
+            own_added_p99(c)?,
+            quantile_us(c.own_bare.as_ref()?, 0.99)?,
         ))
     };
     let none = || "-".to_string();
