@@ -472,7 +472,7 @@ fn main() {
         println!("leases bench: skipped (run `cargo bench -p a2a-gateway --bench leases`)");
         return;
     }
-    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
+    harness::gateway::quiet_log_unless_set();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -110,6 +110,10 @@ struct Send {
     /// during the run, in µs; `None` for direct (the worker shares the
     /// bench's process).
     cpu_us: Option<f64>,
+    /// CPU time the worker's runtime threads spent per request, in µs: what
+    /// the worker, the bottleneck, paid for a request as this column
+    /// delivered it.
+    worker_cpu_us: Option<f64>,
 }
 
 /// The `SendMessage` body both bindings send: `quick`, ~1 KB with metadata.
@@ -158,6 +162,7 @@ fn wrk_send(url: &str, seconds: u32) -> Option<Send> {
         p99_ms: num("99%")?,
         requests,
         cpu_us: None,
+        worker_cpu_us: None,
     })
 }
 
@@ -369,8 +374,15 @@ async fn ws_socket(url: String, until: Instant) -> SocketRun {
                     }
                 }
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(format!("read: {e}")),
-                None => return Err("the socket closed".into()),
+                Some(Err(e)) => {
+                    return Err(format!("read: {e} (after {} round trips)", rtts.len()))
+                }
+                None => {
+                    return Err(format!(
+                        "the socket closed after {} round trips",
+                        rtts.len()
+                    ))
+                }
             }
         }
         rtts.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
@@ -591,6 +603,8 @@ struct Target {
     /// Where the proxy serves `/metrics` with its `a2agw_proxy_seconds`
     /// (the gateway's admin endpoint; bare pingora's `--metrics`).
     metrics: Option<String>,
+    /// The log of the gateway serving `ws` (named when a socket fails).
+    ws_log: Option<PathBuf>,
 }
 
 /// CPU time (user + system, in clock ticks of 1/100 s, Linux's `USER_HZ`)
@@ -607,12 +621,32 @@ fn cpu_ticks(pids: &[u32]) -> Option<u64> {
     }
     let mut ticks = 0;
     for p in all {
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        // Fields after the command (which may hold spaces) in parentheses:
-        // utime and stime are the 12th and 13th.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        ticks += f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        ticks += stat_ticks(&std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?)?;
+    }
+    Some(ticks)
+}
+
+/// utime + stime from a `/proc/.../stat` line.
+fn stat_ticks(stat: &str) -> Option<u64> {
+    // Fields after the command (which may hold spaces) in parentheses:
+    // utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// CPU time (clock ticks) of this process's threads named
+/// [`WORKER_THREAD`]: the worker's runtime.
+fn worker_ticks() -> Option<u64> {
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue; // the thread has just exited
+        };
+        if comm.trim_end() == WORKER_THREAD {
+            ticks += stat_ticks(&std::fs::read_to_string(dir.join("stat")).ok()?)?;
+        }
     }
     Some(ticks)
 }
@@ -655,6 +689,7 @@ async fn gateways(store: &str, http_up: &str, ws_up: &str) -> (Gateway, Gateway,
         ws: ws_of(&gw_ws.url),
         procs: gw.pid().into_iter().collect(),
         metrics: Some(gw.admin.clone()),
+        ws_log: Some(gw_ws.log.clone()),
     };
     (gw, gw_ws, target)
 }
@@ -666,15 +701,18 @@ async fn wrk_blocking(url: &str, seconds: u32) -> Option<Send> {
         .expect("wrk")
 }
 
-/// [`wrk_blocking`] against `t`, with the CPU its processes spent.
+/// [`wrk_blocking`] against `t`, with the CPU its processes and the
+/// worker spent.
 async fn wrk_target(t: &Target, seconds: u32) -> Option<Send> {
-    if t.procs.is_empty() {
-        return wrk_blocking(&t.http, seconds).await;
-    }
-    let before = cpu_ticks(&t.procs);
+    let per_request = |ticks: u64, requests: f64| ticks as f64 / USER_HZ * 1e6 / requests.max(1.0);
+    let proxy_before = (!t.procs.is_empty()).then(|| cpu_ticks(&t.procs)).flatten();
+    let worker_before = worker_ticks();
     let mut s = wrk_blocking(&t.http, seconds).await?;
-    if let (Some(b), Some(a)) = (before, cpu_ticks(&t.procs)) {
-        s.cpu_us = Some((a - b) as f64 / USER_HZ * 1e6 / s.requests.max(1.0));
+    if let (Some(b), Some(a)) = (proxy_before, cpu_ticks(&t.procs)) {
+        s.cpu_us = Some(per_request(a - b, s.requests));
+    }
+    if let (Some(b), Some(a)) = (worker_before, worker_ticks()) {
+        s.worker_cpu_us = Some(per_request(a - b, s.requests));
     }
     Some(s)
 }
@@ -727,7 +765,14 @@ async fn run_rounds(
                         col.ws = Some(w);
                     }
                 }
-                Err(e) => eprintln!("WebSocket against {}: {e}", t.ws),
+                Err(e) => match &t.ws_log {
+                    Some(log) => eprintln!(
+                        "WebSocket against {}: {e} (the gateway's log: {})",
+                        t.ws,
+                        log.display()
+                    ),
+                    None => eprintln!("WebSocket against {}: {e}", t.ws),
+                },
             }
         }
     }
@@ -957,6 +1002,12 @@ fn print_table(cols: &[(&str, &Cell)]) {
             true,
         ),
         (
+            "SendMessage: the worker's CPU per request (µs, its runtime's threads, same runs)".into(),
+            |c| c.send.as_ref().and_then(|s| s.worker_cpu_us),
+            0,
+            true,
+        ),
+        (
             format!("SendMessage at half of bare's saturation, p50 (ms; open loop, half the rate to the column and half to bare pingora at the same moments, {FIXED_CONNS} conns each, {FIXED_SLICES} slices of {FIXED_SLICE_SECONDS}s)"),
             |c| c.fixed.as_ref().map(|f| f.p50_ms),
             2,
@@ -1052,10 +1103,15 @@ fn print_table(cols: &[(&str, &Cell)]) {
 /// `cargo bench -p a2a-gateway --bench proxy -- --serve`.
 const SERVE_FLAG: &str = "--serve";
 
+/// The name of the worker runtime's threads, by which the bench finds the
+/// worker's CPU time among its own threads.
+const WORKER_THREAD: &str = "bench-worker";
+
 /// The worker's runtime: one thread of its own.
 fn worker_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        .thread_name(WORKER_THREAD)
         .enable_all()
         .build()
         .expect("worker runtime")
@@ -1070,7 +1126,7 @@ fn driver_runtime() -> tokio::runtime::Runtime {
 }
 
 fn serve() -> ! {
-    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
+    harness::gateway::quiet_log_unless_set();
     let worker_rt = worker_runtime();
     let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions::default()));
     let rt = driver_runtime();
@@ -1115,7 +1171,7 @@ fn main() {
         return;
     }
     // Measure the proxy, not the formatting of its debug logs.
-    std::env::set_var("A2AGW_HARNESS_GATEWAY_LOG", "warn");
+    harness::gateway::quiet_log_unless_set();
     // The worker on a runtime (one thread) of its own ...
     let worker_rt = worker_runtime();
     let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions {
@@ -1141,6 +1197,7 @@ fn main() {
             ws: ws_url.clone(),
             procs: Vec::new(),
             metrics: None,
+            ws_log: None,
         };
         let nginx = start_nginx(&http_up, &ws_up).await.map(|(p, h, w)| {
             let t = Target {
@@ -1148,6 +1205,7 @@ fn main() {
                 ws: format!("ws://{w}/ws"),
                 procs: vec![p.child.id()],
                 metrics: None,
+                ws_log: None,
             };
             (p, t)
         });
@@ -1159,6 +1217,7 @@ fn main() {
                     ws: format!("ws://{w}/ws"),
                     procs,
                     metrics: Some(metrics),
+                    ws_log: None,
                 };
                 Ok(([p1, p2], t))
             }
@@ -1171,6 +1230,7 @@ fn main() {
                 ws: String::new(),
                 procs: vec![p.child.id()],
                 metrics: Some(metrics),
+                ws_log: None,
             };
             (p, t)
         });

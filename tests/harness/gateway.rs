@@ -40,11 +40,24 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// Overrides the gateways' log filter (`A2A_GATEWAY_LOG` syntax).
+const LOG_ENV: &str = "A2AGW_HARNESS_GATEWAY_LOG";
+
 /// The gateway's log filter: debug for tests (their failures print the
 /// log), `$A2AGW_HARNESS_GATEWAY_LOG` when set (benches set `warn`, so that
 /// formatting logs is not measured).
 fn log_filter() -> String {
-    std::env::var("A2AGW_HARNESS_GATEWAY_LOG").unwrap_or_else(|_| "info,a2a_gateway=debug".into())
+    std::env::var(LOG_ENV).unwrap_or_else(|_| "info,a2a_gateway=debug".into())
+}
+
+/// For benches: their gateways log at `warn`, so that formatting debug lines
+/// is not what gets measured, unless `$A2AGW_HARNESS_GATEWAY_LOG` is already
+/// set, e.g. to `warn,a2a_gateway::proxy=debug` to see in each gateway's
+/// `gateway.log` how its WebSocket sessions ended.
+pub fn quiet_log_unless_set() {
+    if std::env::var_os(LOG_ENV).is_none() {
+        std::env::set_var(LOG_ENV, "warn");
+    }
 }
 
 /// A running gateway process; killed on drop.
