@@ -51,7 +51,9 @@
 //! About five minutes in all.
 //!
 //! `--serve` (after `--`) instead starts the worker, bare pingora and a
-//! gateway, prints their addresses and keeps them up, for profiling by hand.
+//! gateway (each also on the worker's WebSocket listener), prints their
+//! addresses and keeps them up, for profiling by hand and for
+//! `benches/ws-upgrade.py`.
 //!
 //! The worker runs on a runtime of one thread; the in-repo load drivers (SSE,
 //! WebSocket) on another of their own, like `wrk` in its own process.
@@ -1128,21 +1130,31 @@ fn driver_runtime() -> tokio::runtime::Runtime {
 fn serve() -> ! {
     harness::gateway::quiet_log_unless_set();
     let worker_rt = worker_runtime();
-    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions::default()));
+    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions {
+        websocket: true,
+        ..RustWorkerOptions::default()
+    }));
     let rt = driver_runtime();
     rt.block_on(async {
         let url = worker.url();
+        let ws_up = authority(&worker.ws_url().expect("the worker's WebSocket listener"));
         let (bare_proc, bare, bare_metrics) =
             start_bare(&authority(&url)).await.expect("bare pingora");
-        let mut gw =
-            Gateway::start(&format!("[[routes]]\nname = \"w\"\nworker = \"{url}\"\n")).await;
-        println!("worker       {url}");
-        println!("bare pingora http://{bare} (metrics {bare_metrics})");
+        let (bare_ws_proc, bare_ws, _) = start_bare(&ws_up).await.expect("bare pingora");
+        let route = |worker: &str| format!("[[routes]]\nname = \"w\"\nworker = \"{worker}\"\n");
+        let mut gw = Gateway::start(&route(&url)).await;
+        let mut gw_ws = Gateway::start(&route(&format!("http://{ws_up}"))).await;
+        println!("worker       {url} (WebSocket ws://{ws_up}/ws)");
         println!(
-            "gateway      {} (pid {:?}, admin {})",
+            "bare pingora http://{bare} (metrics {bare_metrics}; WebSocket ws://{bare_ws}/ws)"
+        );
+        println!(
+            "gateway      {} (pid {:?}, admin {}; WebSocket {}, log {})",
             gw.url,
             gw.pid(),
-            gw.admin
+            gw.admin,
+            ws_of(&gw_ws.url),
+            gw_ws.log.display()
         );
         println!("SendMessage body: {}", send_body(1));
         // Until SIGINT or SIGTERM; then the children go too.
@@ -1153,7 +1165,9 @@ fn serve() -> ! {
             _ = term.recv() => {}
         }
         drop(bare_proc);
+        drop(bare_ws_proc);
         gw.kill().await;
+        gw_ws.kill().await;
     });
     std::process::exit(0)
 }
