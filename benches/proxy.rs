@@ -78,14 +78,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
 
 use harness::gateway::{free_port, scratch_dir, Gateway};
 use harness::redis::RedisServer;
 use harness::rust_worker::{RustWorker, RustWorkerOptions};
 use harness::worker::{send_stream, Bind};
+use harness::ws::round_trip;
 
 const SEND_SECONDS: u32 = 5;
 const SEND_WARMUP_SECONDS: u32 = 1;
@@ -361,31 +360,11 @@ async fn ws_socket(url: String, until: Instant) -> SocketRun {
     while Instant::now() < until {
         id += 1;
         let sent = Instant::now();
-        ws.send(Message::text(send_body(id)))
+        let answer = round_trip(&mut ws, id, send_body(id))
             .await
-            .map_err(|e| format!("send: {e}"))?;
-        loop {
-            match ws.next().await {
-                Some(Ok(Message::Text(t))) => {
-                    let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap_or_default();
-                    if v["id"].as_u64() == Some(id) {
-                        if v.get("error").is_some() {
-                            errors += 1;
-                        }
-                        break;
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    return Err(format!("read: {e} (after {} round trips)", rtts.len()))
-                }
-                None => {
-                    return Err(format!(
-                        "the socket closed after {} round trips",
-                        rtts.len()
-                    ))
-                }
-            }
+            .map_err(|e| format!("{e} (after {} round trips)", rtts.len()))?;
+        if answer.get("error").is_some() {
+            errors += 1;
         }
         rtts.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
     }

@@ -7,6 +7,7 @@ use crate::harness::gateway::Gateway;
 use crate::harness::http::wait_for_state;
 use crate::harness::parent::ParentProcess;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::ws::round_trip;
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
@@ -148,8 +149,7 @@ async fn socket_closed_mid_task_cancels() {
 /// One upgrade through the gateway: connect, send a `quick` SendMessage,
 /// read until its answer. `Err` says how the socket ended instead.
 async fn one_round_trip(url: String, n: usize) -> Result<(), String> {
-    use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let mut req = url
         .as_str()
         .into_client_request()
@@ -162,25 +162,13 @@ async fn one_round_trip(url: String, n: usize) -> Result<(), String> {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "SendMessage",
         "params": {"message": {"messageId": format!("up-{n}"), "role": "ROLE_USER",
             "parts": [{"text": "quick"}]}}});
-    ws.send(Message::text(body.to_string()))
+    let answer = round_trip(&mut ws, n as u64, body.to_string())
         .await
-        .map_err(|e| format!("socket {n}, send: {e}"))?;
-    loop {
-        match ws.next().await {
-            Some(Ok(Message::Text(t))) => {
-                let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap_or_default();
-                if v["id"].as_u64() == Some(n as u64) {
-                    let _ = ws.close(None).await;
-                    return match v.get("result") {
-                        Some(_) => Ok(()),
-                        None => Err(format!("socket {n}: the worker answered {v}")),
-                    };
-                }
-            }
-            Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(format!("socket {n} after its 101: {e}")),
-            None => return Err(format!("socket {n} ended after its 101")),
-        }
+        .map_err(|e| format!("socket {n} after its 101, {e}"))?;
+    let _ = ws.close(None).await;
+    match answer.get("result") {
+        Some(_) => Ok(()),
+        None => Err(format!("socket {n}: the worker answered {answer}")),
     }
 }
 

@@ -10,3 +10,4 @@ pub mod redis;
 pub mod rust_worker;
 pub mod stream;
 pub mod worker;
+pub mod ws;
