@@ -78,13 +78,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
 use harness::gateway::{free_port, scratch_dir, Gateway};
 use harness::redis::RedisServer;
 use harness::rust_worker::{RustWorker, RustWorkerOptions};
 use harness::worker::{send_stream, Bind};
-use harness::ws::round_trip;
+use harness::ws::{connect, round_trip};
 
 const SEND_SECONDS: u32 = 5;
 const SEND_WARMUP_SECONDS: u32 = 1;
@@ -345,15 +343,7 @@ type SocketRun = Result<(Vec<u32>, usize), String>;
 /// One socket: `SendMessage` `quick`, wait for the answer with its id,
 /// again, until `until`.
 async fn ws_socket(url: String, until: Instant) -> SocketRun {
-    let mut req = url
-        .as_str()
-        .into_client_request()
-        .map_err(|e| format!("{url}: {e}"))?;
-    req.headers_mut()
-        .insert("a2a-version", http::HeaderValue::from_static("1.0"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(req)
-        .await
-        .map_err(|e| format!("WebSocket connect {url}: {e}"))?;
+    let mut ws = connect(&url).await?;
     let mut rtts = Vec::new();
     let mut errors = 0;
     let mut id = 0u64;

@@ -7,7 +7,7 @@ use crate::harness::gateway::Gateway;
 use crate::harness::http::wait_for_state;
 use crate::harness::parent::ParentProcess;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
-use crate::harness::ws::round_trip;
+use crate::harness::ws::{connect, round_trip};
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
@@ -149,14 +149,7 @@ async fn socket_closed_mid_task_cancels() {
 /// One upgrade through the gateway: connect, send a `quick` SendMessage,
 /// read until its answer. `Err` says how the socket ended instead.
 async fn one_round_trip(url: String, n: usize) -> Result<(), String> {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut req = url
-        .as_str()
-        .into_client_request()
-        .map_err(|e| e.to_string())?;
-    req.headers_mut()
-        .insert("a2a-version", http::HeaderValue::from_static("1.0"));
-    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+    let mut ws = connect(&url)
         .await
         .map_err(|e| format!("upgrade {n}: {e}"))?;
     let body = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "SendMessage",

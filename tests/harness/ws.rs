@@ -3,8 +3,24 @@
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// Upgrades to `url` (`ws://…`) as an A2A 1.0 client (`A2A-Version: 1.0`,
+/// which a2a-rust's WebSocket binding requires on the upgrade).
+pub async fn connect(url: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>, String> {
+    let mut req = url
+        .into_client_request()
+        .map_err(|e| format!("{url}: {e}"))?;
+    req.headers_mut()
+        .insert("a2a-version", http::HeaderValue::from_static("1.0"));
+    let (ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .map_err(|e| format!("WebSocket connect {url}: {e}"))?;
+    Ok(ws)
+}
 
 /// Sends `body` (a JSON-RPC request whose id is `id`) and reads frames until
 /// the answer with that id, which it returns; other frames (stream events,
