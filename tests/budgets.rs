@@ -780,3 +780,98 @@ async fn callers_get_their_own_caps_and_accounts() {
         "{v}"
     );
 }
+
+/// A grant whose key is written twice is read as a worker that keeps
+/// metadata as a JSON value reads it: the last copy. Before, the gateway
+/// could not read such a body and passed it on unchecked, and the a2a-rust
+/// worker ran with the second, uncapped grant.
+#[tokio::test]
+async fn duplicate_grant_key_is_read_as_the_worker_reads_it() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw =
+        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let m = message("quick");
+    let mid = m["messageId"].as_str().unwrap();
+    // The second key spells the slash as an escape; JSON reads it the same.
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{{"message":{{"messageId":"{mid}","role":"ROLE_USER","parts":[{{"text":"quick"}}],"extensions":["{BUDGET_URI}"],"metadata":{{"{BUDGET_KEY}":{{"meters":{{"tokens":5}}}},"a2a-rust.com\/budget":{{"meters":{{"tokens":1000000}}}}}}}}}}}}"#
+    );
+    let h = [("content-type", "application/json")];
+    let v = request("POST", &gw.url, "/", &h, body.as_bytes())
+        .await
+        .json();
+    let id = v["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {v}"));
+    let fwd = forwarded_message(&worker.url(), None, id).await;
+    assert!(
+        same_numbers(
+            &fwd["metadata"][BUDGET_KEY],
+            &json!({"meters": {"tokens": 100}})
+        ),
+        "{fwd}"
+    );
+    assert_eq!(
+        gw.counter("a2agw_budget_clamps_total", &["field=\"tokens\""])
+            .await,
+        1.0
+    );
+}
+
+/// An a2a-rust worker runs the `SendMessage` calls of a JSON-RPC batch. On a
+/// budgeted route a batch holding a send is refused whole, one error per
+/// call, and the worker starts nothing; a batch of reads passes untouched.
+#[tokio::test]
+async fn batch_with_a_send_is_refused_on_a_budgeted_route() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw =
+        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let send = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "SendMessage",
+            "params": {"message": budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})))}})
+    };
+    // Direct to the worker, such a batch does run: the refusal is the
+    // gateway's doing.
+    let direct = post_json(&worker.url(), "/", &[], &json!([send(1)]))
+        .await
+        .json();
+    let child = direct[0]["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the worker ran the batch: {direct}"))
+        .to_owned();
+    let started = worker.tasks_started();
+
+    let get = json!({"jsonrpc": "2.0", "id": "g", "method": "GetTask", "params": {"id": child}});
+    let v = post_json(&gw.url, "/", &[], &json!([send(2), get, send(3)]))
+        .await
+        .json();
+    let answers = v.as_array().unwrap_or_else(|| panic!("an array: {v}"));
+    let ids: Vec<&Value> = answers.iter().map(|a| &a["id"]).collect();
+    assert_eq!(ids, [&json!(2), &json!("g"), &json!(3)], "{v}");
+    for a in answers {
+        assert_eq!(a["error"]["code"], -32004, "{v}");
+        assert!(
+            a["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("outside JSON-RPC batches"),
+            "{v}"
+        );
+    }
+    assert_eq!(worker.tasks_started(), started, "the worker started a task");
+    assert_eq!(
+        gw.counter("a2agw_refusals_total", &["reason=\"batch_send\""])
+            .await,
+        1.0
+    );
+
+    let reads = json!([get, {"jsonrpc": "2.0", "id": "l", "method": "ListTasks", "params": {}}]);
+    let v = post_json(&gw.url, "/", &[], &reads).await.json();
+    assert_eq!(v[0]["result"]["id"], child.as_str(), "{v}");
+    assert_eq!(v[1]["id"], "l", "{v}");
+    assert_eq!(
+        gw.counter("a2agw_untracked_total", &["reason=\"jsonrpc_batch\""])
+            .await,
+        1.0
+    );
+}

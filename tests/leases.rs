@@ -453,3 +453,28 @@ scenarios! {
     redis_outage_fail_open => redis_outage("fail-open");
     redis_outage_fail_closed => redis_outage("fail-closed");
 }
+
+/// Where the gateway holds the leases, a JSON-RPC batch holding a send with
+/// a lease grant is refused: the a2a-rust worker would run the child, and
+/// the gateway, which reads one send per request, would never hold its
+/// lease. A batch of sends without grants passes.
+#[tokio::test]
+async fn batch_with_a_leased_send_is_refused() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let send = |id: u64, msg: Value| json!({"jsonrpc": "2.0", "id": id, "method": "SendMessage", "params": {"message": msg}});
+    let leased = send(1, leased_message("quick", json!({"ttlMs": 2000})));
+    let v = post_json(&gw.url, "/", &[], &json!([leased])).await.json();
+    assert_eq!(v[0]["id"], 1, "{v}");
+    assert_eq!(v[0]["error"]["code"], -32004, "{v}");
+    assert_eq!(worker.tasks_started(), 0);
+
+    let v = post_json(&gw.url, "/", &[], &json!([send(2, message("quick"))]))
+        .await
+        .json();
+    assert_eq!(
+        v[0]["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{v}"
+    );
+    assert_eq!(worker.tasks_started(), 1);
+}

@@ -2,11 +2,9 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
-
 use policies::budget::{Amount, BudgetRefusal, Grant};
 
-use super::A2aMethod;
+use super::{json, A2aMethod};
 
 /// What a request body says, as far as the gateway cares.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,41 +28,10 @@ pub struct RequestFacts {
     pub rpc_id: Option<serde_json::Value>,
 }
 
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(default)]
-    id: Option<serde_json::Value>,
-    #[serde(borrow, default)]
-    method: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    params: Option<Params<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Params<'a> {
-    #[serde(borrow, default)]
-    tenant: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    message: Option<Message<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow, default, rename = "taskId")]
-    task_id: Option<Cow<'a, str>>,
-    #[serde(default)]
-    metadata: Option<Metadata>,
-}
-
-#[derive(Deserialize)]
-struct Metadata {
-    #[serde(default, rename = "a2a-rust.com/lease")]
-    lease: Option<serde_json::Value>,
-    #[serde(default, rename = "a2a-rust.com/budget")]
-    budget: Option<serde_json::Value>,
-}
+/// The metadata key of a lease grant.
+const LEASE_KEY: &str = "a2a-rust.com/lease";
+/// The metadata key of a budget grant.
+const BUDGET_KEY: &str = "a2a-rust.com/budget";
 
 /// A valid budget grant as the caller sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,65 +110,123 @@ fn lease_grant(v: &serde_json::Value) -> Result<u64, String> {
     }
 }
 
-fn owned(s: Option<Cow<'_, str>>) -> Option<String> {
-    s.map(Cow::into_owned).filter(|s| !s.is_empty())
+/// A member read as text: a string (escapes decoded), or absent when it is
+/// missing, `null` or of another type. A worker reads another type as an
+/// error or ignores the member (a2a-rust ignores `params.id` on a send):
+/// either way no policy should hinge on it.
+fn text(raw: Option<&[u8]>) -> Option<String> {
+    raw.and_then(json::string)
+        .map(Cow::into_owned)
+        .filter(|s| !s.is_empty())
 }
 
-impl Params<'_> {
-    fn into_facts(self, method: Option<A2aMethod>, is_jsonrpc: bool) -> RequestFacts {
-        let (m_task, lease, budget) = match self.message {
-            Some(m) => {
-                let (lease, budget) = match m.metadata {
-                    Some(md) => (
-                        md.lease.map(|v| lease_grant(&v)),
-                        md.budget.map(|v| budget_grant(&v)),
-                    ),
-                    None => (None, None),
-                };
-                (owned(m.task_id), lease, budget)
-            }
-            None => (None, None, None),
-        };
-        RequestFacts {
-            method,
-            is_jsonrpc,
-            tenant: owned(self.tenant),
-            task_id: owned(self.id).or(m_task),
-            lease,
-            budget,
-            rpc_id: None,
-        }
+/// A grant's value, read whole (it is small); `None` for a `null` one.
+/// `Err` when it is not JSON: the body is then no request at all.
+fn grant_value(raw: Option<&[u8]>) -> Result<Option<serde_json::Value>, ()> {
+    match raw {
+        None => Ok(None),
+        Some(raw) => match serde_json::from_slice(raw).map_err(|_| ())? {
+            serde_json::Value::Null => Ok(None),
+            v => Ok(Some(v)),
+        },
     }
 }
 
-/// Reads a JSON-RPC request body. `None` when it is not a JSON-RPC request
-/// object (not JSON, a batch, no `method`): such a request is proxied
-/// verbatim and never tracked.
+/// Reads a `params` object (a JSON-RPC call's, or a REST body). Members are
+/// read last-wins (see [`json`]); `None` when it is malformed.
+fn params_facts(raw: &[u8], method: Option<A2aMethod>, is_jsonrpc: bool) -> Option<RequestFacts> {
+    let (mut tenant, mut id, mut message) = (None, None, None);
+    let end = json::object(raw, |k, v| match k {
+        "tenant" => tenant = Some(v),
+        "id" => id = Some(v),
+        "message" => message = Some(v),
+        _ => {}
+    })?;
+    if !json::is_blank(&raw[end..]) {
+        return None;
+    }
+    let (mut task, mut metadata) = (None, None);
+    // A message that is not an object carries nothing (the worker refuses it).
+    if let Some(m) = message.filter(|m| json::is_object(m)) {
+        json::object(m, |k, v| match k {
+            "taskId" => task = Some(v),
+            "metadata" => metadata = Some(v),
+            _ => {}
+        })?;
+    }
+    let (mut lease, mut budget) = (None, None);
+    // Metadata is any JSON to a worker; only an object holds grants.
+    if let Some(md) = metadata.filter(|m| json::is_object(m)) {
+        json::object(md, |k, v| match k {
+            LEASE_KEY => lease = Some(v),
+            BUDGET_KEY => budget = Some(v),
+            _ => {}
+        })?;
+    }
+    let lease = grant_value(lease).ok()?;
+    let budget = grant_value(budget).ok()?;
+    Some(RequestFacts {
+        method,
+        is_jsonrpc,
+        tenant: text(tenant),
+        task_id: text(id).or_else(|| text(task)),
+        lease: lease.map(|v| lease_grant(&v)),
+        budget: budget.map(|v| budget_grant(&v)),
+        rpc_id: None,
+    })
+}
+
+/// Reads one JSON-RPC request object. `None` when it is not one (not JSON,
+/// a batch, no `method` string): such a request is proxied verbatim and
+/// never tracked. Members are read last-wins (see [`json`]).
 pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
-    let env: Envelope<'_> = serde_json::from_slice(body).ok()?;
-    let name = env.method?;
+    let (mut id, mut method, mut params) = (None, None, None);
+    let end = json::object(body, |k, v| match k {
+        "id" => id = Some(v),
+        "method" => method = Some(v),
+        "params" => params = Some(v),
+        _ => {}
+    })?;
+    if !json::is_blank(&body[end..]) {
+        return None;
+    }
+    let name = json::string(method?)?;
     let method = A2aMethod::from_jsonrpc(&name);
-    let mut facts = match env.params {
-        Some(p) => p.into_facts(method, true),
+    // Params that are not an object: the worker refuses the call.
+    let mut facts = match params.filter(|p| json::is_object(p)) {
+        Some(p) => params_facts(p, method, true)?,
         None => RequestFacts {
             method,
             is_jsonrpc: true,
             ..RequestFacts::default()
         },
     };
-    facts.rpc_id = env.id;
+    facts.rpc_id = match id {
+        None => None,
+        Some(raw) => match serde_json::from_slice(raw).ok()? {
+            serde_json::Value::Null => None,
+            v => Some(v),
+        },
+    };
     Some(facts)
+}
+
+/// Reads a JSON-RPC batch (an array of calls), one entry per element: the
+/// call's facts, or `None` for an element that is no request. `None` when
+/// the body is not an array.
+pub fn jsonrpc_batch(body: &[u8]) -> Option<Vec<Option<RequestFacts>>> {
+    let mut calls = Vec::new();
+    let end = json::array(body, |v| calls.push(jsonrpc_facts(v)))?;
+    json::is_blank(&body[end..]).then_some(calls)
 }
 
 /// Reads a REST request body (the body of `message:send`, `message:stream`,
 /// `tasks/{id}:cancel`, …). An empty or unreadable body gives empty facts.
 pub fn rest_facts(body: &[u8]) -> RequestFacts {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if json::is_blank(body) {
         return RequestFacts::default();
     }
-    serde_json::from_slice::<Params<'_>>(body)
-        .map(|p| p.into_facts(None, false))
-        .unwrap_or_default()
+    params_facts(body, None, false).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -365,6 +390,210 @@ mod tests {
             f.budget.map(|r| r.map_err(|e| e.to_string())),
             bad("malformed budget: 17 meters, more than 16")
         );
+    }
+
+    /// A later duplicate wins, as in `serde_json::Value` (what an a2a-rust
+    /// worker reads metadata into): a grant written twice is read as its
+    /// last copy, not refused and proxied unread.
+    #[test]
+    fn duplicate_keys_last_wins() {
+        let body = r#"{"id":1,"method":"GetTask","method":"SendMessage","params":{"tenant":"a","message":{"metadata":{"a2a-rust.com/budget":{"meters":{"tokens":5}},"a2a-rust.com\/budget":{"meters":{"tokens":1000000}},"a2a-rust.com/lease":{"ttlMs":1},"a2a-rust.com/lease":null}},"tenant":"b"}}"#;
+        let f = jsonrpc_facts(body.as_bytes()).expect("a request");
+        assert_eq!(f.method, Some(A2aMethod::SendMessage));
+        assert_eq!(f.tenant.as_deref(), Some("b"));
+        assert_eq!(f.lease, None);
+        let grant = f.budget.expect("a grant").expect("valid").grant;
+        assert_eq!(grant.meters.get("tokens"), Some(&1_000_000));
+    }
+
+    /// Members of other types than the gateway reads are absent, not a
+    /// reason to leave the request unread.
+    #[test]
+    fn other_types_read_as_absent() {
+        let body = r#"{"id":null,"method":"SendMessage","params":{"id":7,"tenant":5,"message":{"taskId":[1],"metadata":"none"}}}"#;
+        let f = jsonrpc_facts(body.as_bytes()).expect("a request");
+        assert_eq!(
+            f,
+            RequestFacts {
+                method: Some(A2aMethod::SendMessage),
+                is_jsonrpc: true,
+                ..Default::default()
+            }
+        );
+        let f = jsonrpc_facts(br#"{"method":"SendMessage","params":[1]}"#).expect("a request");
+        assert_eq!(f.method, Some(A2aMethod::SendMessage));
+        assert_eq!(jsonrpc_facts(br#"{"method":5}"#), None);
+        assert_eq!(jsonrpc_facts(br#"{"method":"GetTask"} x"#), None);
+    }
+
+    #[test]
+    fn batches() {
+        let b = jsonrpc_batch(
+            br#" [{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"metadata":{"a2a-rust.com/lease":{"ttlMs":5}}}}}, 3, {"method":"GetTask"}] "#,
+        )
+        .expect("a batch");
+        assert_eq!(b.len(), 3);
+        let first = b[0].as_ref().expect("a call");
+        assert_eq!(first.method, Some(A2aMethod::SendMessage));
+        assert_eq!(first.lease, Some(Ok(5)));
+        assert_eq!(first.rpc_id, Some(serde_json::json!(1)));
+        assert_eq!(b[1], None);
+        assert_eq!(
+            b[2].as_ref().and_then(|f| f.method),
+            Some(A2aMethod::GetTask)
+        );
+        assert_eq!(jsonrpc_batch(br#"{"method":"GetTask"}"#), None);
+        assert_eq!(jsonrpc_batch(b"[1,"), None);
+    }
+
+    /// The facts as `serde_json::Value` gives them: what the reader must
+    /// agree with on every valid document.
+    fn reference(body: &[u8]) -> Option<RequestFacts> {
+        use serde_json::Value;
+        let v: Value = serde_json::from_slice(body).ok()?;
+        let obj = v.as_object()?;
+        let method = A2aMethod::from_jsonrpc(obj.get("method")?.as_str()?);
+        let s = |v: Option<&Value>| {
+            v.and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        let p = obj.get("params").and_then(Value::as_object);
+        let m = p.and_then(|p| p.get("message")).and_then(Value::as_object);
+        let md = m.and_then(|m| m.get("metadata")).and_then(Value::as_object);
+        let grant = |k: &str| md.and_then(|md| md.get(k)).filter(|v| !v.is_null());
+        Some(RequestFacts {
+            method,
+            is_jsonrpc: true,
+            tenant: s(p.and_then(|p| p.get("tenant"))),
+            task_id: s(p.and_then(|p| p.get("id"))).or_else(|| s(m.and_then(|m| m.get("taskId")))),
+            lease: grant(LEASE_KEY).map(lease_grant),
+            budget: grant(BUDGET_KEY).map(budget_grant),
+            rpc_id: obj.get("id").filter(|v| !v.is_null()).cloned(),
+        })
+    }
+
+    /// Random JSON-RPC-shaped documents (duplicate keys, escaped keys,
+    /// whitespace, nesting, grants valid and not): the reader agrees with
+    /// `serde_json::Value` on each, and on prefixes of each it never reads a
+    /// request where `serde_json` finds one and disagrees.
+    #[test]
+    fn agrees_with_serde_json_value() {
+        struct Gen(u64);
+        impl Gen {
+            fn next(&mut self) -> u64 {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                self.0
+            }
+            fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+                of[(self.next() % of.len() as u64) as usize]
+            }
+            fn ws(&mut self) -> &'static str {
+                self.pick(&["", "", "", " ", "\n  ", "\t"])
+            }
+            fn key(&mut self, depth: u32) -> &'static str {
+                let keys: &[&str] = match depth {
+                    0 => &[
+                        r#""method""#,
+                        r#""params""#,
+                        r#""id""#,
+                        r#""jsonrpc""#,
+                        r#""m\u0065thod""#,
+                    ],
+                    1 => &[
+                        r#""message""#,
+                        r#""tenant""#,
+                        r#""id""#,
+                        r#""configuration""#,
+                    ],
+                    2 => &[r#""metadata""#, r#""taskId""#, r#""parts""#, r#""role""#],
+                    3 => &[
+                        r#""a2a-rust.com/lease""#,
+                        r#""a2a-rust.com/budget""#,
+                        r#""a2a-rust.com\/budget""#,
+                        r#""pad""#,
+                    ],
+                    _ => &[
+                        r#""ttlMs""#,
+                        r#""remainingMs""#,
+                        r#""meters""#,
+                        r#""tokens""#,
+                        r#""x""#,
+                    ],
+                };
+                self.pick(keys)
+            }
+            fn scalar(&mut self) -> &'static str {
+                self.pick(&[
+                    r#""SendMessage""#,
+                    r#""SendStreamingMessage""#,
+                    r#""GetTask""#,
+                    r#""acme""#,
+                    r#""t-\"1\"""#,
+                    r#""\u00e9\\ ]}""#,
+                    r#""""#,
+                    "2000",
+                    "2000.0",
+                    "-3",
+                    "1e2",
+                    "null",
+                    "true",
+                    "false",
+                ])
+            }
+            fn value(&mut self, depth: u32, out: &mut String) {
+                match self.next() % 6 {
+                    0 | 1 if depth < 6 => self.object(depth, out),
+                    2 if depth < 6 => {
+                        out.push('[');
+                        let n = self.next() % 3;
+                        for i in 0..n {
+                            if i > 0 {
+                                out.push(',');
+                            }
+                            out.push_str(self.ws());
+                            self.value(depth + 1, out);
+                        }
+                        out.push(']');
+                    }
+                    _ => out.push_str(self.scalar()),
+                }
+            }
+            fn object(&mut self, depth: u32, out: &mut String) {
+                out.push('{');
+                let n = self.next() % 5;
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(self.ws());
+                    out.push_str(self.key(depth));
+                    out.push_str(self.ws());
+                    out.push(':');
+                    out.push_str(self.ws());
+                    self.value(depth + 1, out);
+                    out.push_str(self.ws());
+                }
+                out.push('}');
+            }
+        }
+        let mut g = Gen(0x9E37_79B9_7F4A_7C15);
+        let mut read = 0;
+        for _ in 0..20_000 {
+            let mut doc = String::new();
+            g.object(0, &mut doc);
+            let want = reference(doc.as_bytes());
+            read += usize::from(want.is_some());
+            assert_eq!(jsonrpc_facts(doc.as_bytes()), want, "{doc}");
+            let cut = (g.next() as usize) % (doc.len() + 1);
+            let prefix = &doc.as_bytes()[..cut];
+            if let Some(want) = reference(prefix) {
+                assert_eq!(jsonrpc_facts(prefix), Some(want), "{doc}");
+            }
+        }
+        assert!(read > 1_000, "only {read} documents were requests");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use policies::cascade::{Event, Seen};
 
 use crate::a2a::card::CardRewrite;
 use crate::a2a::request::SentGrant;
-use crate::a2a::request::{jsonrpc_facts, rest_facts, RequestFacts};
+use crate::a2a::request::{jsonrpc_batch, jsonrpc_facts, rest_facts, RequestFacts};
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{classify, observe, A2aMethod, Binding, Call, Observation};
 use crate::budget::{BudgetError, Budgets, ChildBudget, Verdict};
@@ -142,6 +142,9 @@ pub struct Ctx {
     held_lease: Option<TaskKey>,
     /// The JSON-RPC request id, for errors the gateway answers itself.
     rpc_id: Option<serde_json::Value>,
+    /// A refused JSON-RPC batch: the ids its answer must name, one error
+    /// per call (`Null` for an element that is no request).
+    batch_ids: Option<Vec<serde_json::Value>>,
     /// Why the request is refused, when it is.
     refusal: Option<Refusal>,
     /// A WebSocket upgraded by the worker: its frames are read both ways.
@@ -219,6 +222,10 @@ impl Gateway {
             Some(Call::JsonRpcCandidate) => {
                 let f = jsonrpc_facts(buf);
                 if f.is_none() {
+                    if let Some(calls) = jsonrpc_batch(buf) {
+                        self.inspect_batch(ctx, &calls);
+                        return;
+                    }
                     metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
                 }
                 f
@@ -296,6 +303,52 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// A JSON-RPC batch is proxied untracked, unless it holds a send whose
+    /// grants this route must read: any send on a budgeted route, a send
+    /// with a lease grant (or a stream that gets one imposed) where the
+    /// gateway enforces leases. The gateway admits sends one per request (a
+    /// batch's answer is one document for many children), so such a batch
+    /// is refused whole rather than let its sends past the caps (an a2a-rust
+    /// worker runs the `SendMessage` calls of a batch).
+    fn inspect_batch(&self, ctx: &mut Ctx, calls: &[Option<RequestFacts>]) {
+        ctx.binding = Some(Binding::JsonRpc);
+        let Some(route) = &ctx.route else { return };
+        let budgeted = route.cfg.budget.is_active();
+        let leases = route.gateway_enforces_leases();
+        let imposes = route.cfg.lease.impose_ttl.is_some();
+        let must_read = calls.iter().flatten().any(|f| match f.method {
+            Some(A2aMethod::SendMessage) => budgeted || (leases && f.lease.is_some()),
+            Some(A2aMethod::SendStreamingMessage) => {
+                budgeted || (leases && (f.lease.is_some() || imposes))
+            }
+            _ => false,
+        });
+        if !must_read {
+            metrics::UNTRACKED
+                .with_label_values(&["jsonrpc_batch"])
+                .inc();
+            return;
+        }
+        ctx.batch_ids = Some(
+            calls
+                .iter()
+                .filter_map(|f| match f {
+                    // A notification (no id) gets no answer.
+                    Some(f) => f.rpc_id.clone(),
+                    None => Some(serde_json::Value::Null),
+                })
+                .collect(),
+        );
+        ctx.refusal = Some(Refusal {
+            code: -32004,
+            http: (400, "INVALID_ARGUMENT"),
+            message: "this route checks each send's budget or lease grant, one send per request: send SendMessage and SendStreamingMessage outside JSON-RPC batches".into(),
+            reason: "batch_send",
+            data: None,
+            retry_after: None,
+        });
     }
 
     /// A `GetTask` whose request activates the lease extension renews the
@@ -419,11 +472,17 @@ impl Gateway {
                 if let Some(d) = &r.data {
                     error["data"] = d.clone();
                 }
-                (
-                    200,
-                    serde_json::json!({"jsonrpc": "2.0", "id": ctx.rpc_id.clone().unwrap_or(serde_json::Value::Null),
-                        "error": error}),
-                )
+                let answer = |id: serde_json::Value| serde_json::json!({"jsonrpc": "2.0", "id": id, "error": error.clone()});
+                match &ctx.batch_ids {
+                    Some(ids) if !ids.is_empty() => (
+                        200,
+                        serde_json::Value::Array(ids.iter().cloned().map(answer).collect()),
+                    ),
+                    _ => (
+                        200,
+                        answer(ctx.rpc_id.clone().unwrap_or(serde_json::Value::Null)),
+                    ),
+                }
             }
         }
     }

@@ -106,8 +106,15 @@ impl Gateway {
                 return;
             };
             let Some(f) = jsonrpc_facts(doc) else {
+                // A batch's calls are not tracked over WebSocket (a frame
+                // cannot be refused without breaking the socket).
+                let batch = doc.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
                 metrics::UNTRACKED
-                    .with_label_values(&["ws_not_jsonrpc"])
+                    .with_label_values(&[if batch {
+                        "ws_jsonrpc_batch"
+                    } else {
+                        "ws_not_jsonrpc"
+                    }])
                     .inc();
                 return;
             };

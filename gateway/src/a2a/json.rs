@@ -1,0 +1,254 @@
+//! A small borrowed reader for the few JSON members policy reads from a
+//! request body: it walks an object member by member, hands over each
+//! member's raw bytes, and skips everything it is not asked about without
+//! building it (strings with `memchr`).
+//!
+//! Two reasons it exists instead of serde's derived structs:
+//! - **Duplicate keys.** A derived struct refuses a duplicate field, so a
+//!   message whose metadata named `a2a-rust.com/budget` twice could not be
+//!   read here and was proxied unread, while a worker that keeps metadata as
+//!   a `serde_json::Value` (a2a-rust does) took the second grant, past the
+//!   route's caps. Here the last occurrence wins, as it does in
+//!   `serde_json::Value`, JavaScript's `JSON.parse` and Go's `encoding/json`:
+//!   the gateway reads what such a worker reads.
+//! - **Cost.** Skipping a kilobyte of message text through serde's
+//!   `IgnoredAny` was the largest single cost the gateway added to a proxied
+//!   `SendMessage` (about 8k instructions).
+//!
+//! It accepts a superset of JSON: it does not check numbers, literals, the
+//! UTF-8 of strings it skips, or that brackets pair by kind. A body it reads
+//! that is not JSON is one the worker refuses; what matters is that it never
+//! refuses a body a worker would accept (the tests compare it with
+//! `serde_json::Value` on generated documents).
+
+use std::borrow::Cow;
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && is_ws(b[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// Whether `b` holds nothing but JSON whitespace.
+pub fn is_blank(b: &[u8]) -> bool {
+    skip_ws(b, 0) == b.len()
+}
+
+/// The end (exclusive) of the string whose opening quote is at `i`.
+fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        let k = j + memchr::memchr2(b'"', b'\\', b.get(j..)?)?;
+        if b[k] == b'"' {
+            return Some(k + 1);
+        }
+        // An escape: the next byte is never the string's end.
+        j = k + 2;
+    }
+}
+
+/// The end (exclusive) of the value that starts at `i` (not whitespace).
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = string_end(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        b'}' | b']' | b',' | b':' => None,
+        // A number or a literal: up to the next delimiter.
+        _ => {
+            let mut j = i;
+            while j < b.len()
+                && !matches!(b[j], b',' | b'}' | b']' | b'"' | b'{' | b'[' | b':')
+                && !is_ws(b[j])
+            {
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// A JSON string token (quotes included) as text; `None` when it is not a
+/// string or not valid. Borrowed unless it holds an escape.
+pub fn string(raw: &[u8]) -> Option<Cow<'_, str>> {
+    if raw.len() < 2 || raw[0] != b'"' || raw[raw.len() - 1] != b'"' {
+        return None;
+    }
+    let inner = &raw[1..raw.len() - 1];
+    if memchr::memchr(b'\\', inner).is_none() {
+        std::str::from_utf8(inner).ok().map(Cow::Borrowed)
+    } else {
+        serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
+    }
+}
+
+/// Calls `f(key, raw value)` for each member of the object `raw` holds (after
+/// optional whitespace), in document order, so a later duplicate overwrites
+/// what an earlier one set. Returns the index just past the closing brace;
+/// `None` when `raw` does not start with an object or the object is
+/// malformed (members seen before the fault have been visited).
+pub fn object<'a>(raw: &'a [u8], mut f: impl FnMut(&str, &'a [u8])) -> Option<usize> {
+    let b = raw;
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(i + 1);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(b, i)?;
+        let key = string(&b[i..key_end])?;
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let end = value_end(b, i)?;
+        f(&key, &b[i..end]);
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// Calls `f(raw element)` for each element of the array `raw` holds (after
+/// optional whitespace). Returns the index just past the closing bracket;
+/// `None` when `raw` does not start with an array or it is malformed.
+pub fn array<'a>(raw: &'a [u8], mut f: impl FnMut(&'a [u8])) -> Option<usize> {
+    let b = raw;
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'[') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b']') {
+        return Some(i + 1);
+    }
+    loop {
+        let end = value_end(b, i)?;
+        f(&b[i..end]);
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b']') => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// Whether the raw value is an object (it starts with `{`).
+pub fn is_object(raw: &[u8]) -> bool {
+    raw.first() == Some(&b'{')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Members = Option<Vec<(String, String)>>;
+
+    fn members(doc: &str) -> Members {
+        let mut out = Vec::new();
+        let end = object(doc.as_bytes(), |k, v| {
+            out.push((k.to_owned(), String::from_utf8(v.to_vec()).unwrap()))
+        })?;
+        is_blank(&doc.as_bytes()[end..]).then_some(out)
+    }
+
+    #[test]
+    fn objects() {
+        let kv = |pairs: &[(&str, &str)]| -> Members {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        let table: Vec<(&str, Members)> = vec![
+            ("{}", kv(&[])),
+            (" { } ", kv(&[])),
+            (r#"{"a":1}"#, kv(&[("a", "1")])),
+            (
+                "{ \"a\" :\t[1, {\"b\": \"]}\"}] ,\n\"c\":null}",
+                kv(&[("a", r#"[1, {"b": "]}"}]"#), ("c", "null")]),
+            ),
+            (
+                r#"{"a\"b":"x\\","c":"\"}"}"#,
+                kv(&[("a\"b", r#""x\\""#), ("c", r#""\"}""#)]),
+            ),
+            (r#"{"\u0061":true}"#, kv(&[("a", "true")])),
+            (r#"{"a":1,"a":2}"#, kv(&[("a", "1"), ("a", "2")])),
+            (r#"{"a":-1.5e3}"#, kv(&[("a", "-1.5e3")])),
+            ("{", None),
+            (r#"{"a"}"#, None),
+            (r#"{"a":}"#, None),
+            (r#"{"a":1,}"#, None),
+            (r#"{"a":"unterminated}"#, None),
+            (r#"{"a":[1,2}"#, None),
+            (r#"{a:1}"#, None),
+            (r#"[{"a":1}]"#, None),
+            ("", None),
+        ];
+        for (doc, want) in table {
+            assert_eq!(members(doc), want, "{doc}");
+        }
+    }
+
+    #[test]
+    fn arrays() {
+        let mut got = Vec::new();
+        let doc = br#" [ {"a":1} , "x", [2,[3]], null ] "#;
+        let end = array(doc, |v| got.push(String::from_utf8(v.to_vec()).unwrap())).unwrap();
+        assert!(is_blank(&doc[end..]));
+        assert_eq!(got, [r#"{"a":1}"#, r#""x""#, "[2,[3]]", "null"]);
+        assert_eq!(array(b"[]", |_| panic!("no element")), Some(2));
+        assert_eq!(array(b"[1,", |_| {}), None);
+        assert_eq!(array(b"{}", |_| {}), None);
+    }
+
+    #[test]
+    fn strings() {
+        assert_eq!(string(br#""abc""#).as_deref(), Some("abc"));
+        assert!(matches!(string(br#""abc""#), Some(Cow::Borrowed(_))));
+        assert_eq!(string(br#""a\nb\u00e9""#).as_deref(), Some("a\nb\u{e9}"));
+        assert_eq!(string(b"12"), None);
+        assert_eq!(string(b"null"), None);
+        assert_eq!(string(b"\""), None);
+        assert_eq!(string(b"\"\xff\""), None);
+        assert_eq!(string(br#""bad \x escape""#), None);
+    }
+}
