@@ -446,7 +446,7 @@ fn request_facts(c: &mut Criterion) {
     }
     for (name, grants) in [("send_message", false), ("send_message_grants", true)] {
         let body = rest_request(grants);
-        let f = rest_facts(&body);
+        let f = rest_facts(&body).expect("a REST body");
         assert!(
             serde_json::from_slice::<serde_json::Value>(&body).is_ok(),
             "{name}"

@@ -875,3 +875,57 @@ async fn batch_with_a_send_is_refused_on_a_budgeted_route() {
         1.0
     );
 }
+
+/// The Python SDK reads JSON bodies in UTF-16 and UTF-8 with a BOM, which
+/// the gateway does not read: a budgeted route refuses a body it cannot
+/// read rather than pass a grant it never checked.
+#[tokio::test]
+async fn unreadable_body_is_refused_on_a_budgeted_route() {
+    let worker = Worker::start(Kind::Python).await;
+    let gw =
+        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let over = || budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})));
+    let call = || json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": over()}});
+    let utf16 = |v: &Value| -> Vec<u8> {
+        let mut b = vec![0xFF, 0xFE];
+        b.extend(v.to_string().encode_utf16().flat_map(u16::to_le_bytes));
+        b
+    };
+    let bom = |v: &Value| -> Vec<u8> {
+        let mut b = vec![0xEF, 0xBB, 0xBF];
+        b.extend(v.to_string().into_bytes());
+        b
+    };
+    let h = [("content-type", "application/json")];
+    // Direct, the worker runs both: the refusals are the gateway's doing.
+    for body in [utf16(&call()), bom(&call())] {
+        let v = request("POST", &worker.url(), "/", &h, &body).await.json();
+        assert!(v["result"]["task"]["id"].is_string(), "{v}");
+    }
+    let started = tasks_started(&worker).await;
+    for body in [utf16(&call()), bom(&call())] {
+        let v = request("POST", &gw.url, "/", &h, &body).await.json();
+        assert_eq!(v["error"]["code"], -32700, "{v}");
+        assert_eq!(v["id"], Value::Null, "{v}");
+    }
+    let r = request(
+        "POST",
+        &gw.url,
+        "/message:send",
+        &h,
+        &bom(&json!({"message": over()})),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["status"], "INVALID_ARGUMENT");
+    assert_eq!(
+        tasks_started(&worker).await,
+        started,
+        "the worker started a task"
+    );
+    assert_eq!(
+        gw.counter("a2agw_refusals_total", &["reason=\"budget_unreadable\""])
+            .await,
+        3.0
+    );
+}

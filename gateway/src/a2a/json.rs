@@ -107,12 +107,25 @@ pub fn string(raw: &[u8]) -> Option<Cow<'_, str>> {
     }
 }
 
+/// A key's text as bytes: its escapes decoded, its UTF-8 not checked (a key
+/// is only compared with the ASCII names policy reads).
+fn key(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+    let inner = &raw[1..raw.len() - 1];
+    if memchr::memchr(b'\\', inner).is_none() {
+        Some(Cow::Borrowed(inner))
+    } else {
+        serde_json::from_slice::<String>(raw)
+            .ok()
+            .map(|s| Cow::Owned(s.into_bytes()))
+    }
+}
+
 /// Calls `f(key, raw value)` for each member of the object `raw` holds (after
 /// optional whitespace), in document order, so a later duplicate overwrites
 /// what an earlier one set. Returns the index just past the closing brace;
 /// `None` when `raw` does not start with an object or the object is
 /// malformed (members seen before the fault have been visited).
-pub fn object<'a>(raw: &'a [u8], mut f: impl FnMut(&str, &'a [u8])) -> Option<usize> {
+pub fn object<'a>(raw: &'a [u8], mut f: impl FnMut(&[u8], &'a [u8])) -> Option<usize> {
     let b = raw;
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
@@ -127,7 +140,7 @@ pub fn object<'a>(raw: &'a [u8], mut f: impl FnMut(&str, &'a [u8])) -> Option<us
             return None;
         }
         let key_end = string_end(b, i)?;
-        let key = string(&b[i..key_end])?;
+        let key = key(&b[i..key_end])?;
         i = skip_ws(b, key_end);
         if b.get(i) != Some(&b':') {
             return None;
@@ -183,7 +196,10 @@ mod tests {
     fn members(doc: &str) -> Members {
         let mut out = Vec::new();
         let end = object(doc.as_bytes(), |k, v| {
-            out.push((k.to_owned(), String::from_utf8(v.to_vec()).unwrap()))
+            out.push((
+                String::from_utf8(k.to_vec()).unwrap(),
+                String::from_utf8(v.to_vec()).unwrap(),
+            ))
         })?;
         is_blank(&doc.as_bytes()[end..]).then_some(out)
     }

@@ -137,9 +137,9 @@ fn grant_value(raw: Option<&[u8]>) -> Result<Option<serde_json::Value>, ()> {
 fn params_facts(raw: &[u8], method: Option<A2aMethod>, is_jsonrpc: bool) -> Option<RequestFacts> {
     let (mut tenant, mut id, mut message) = (None, None, None);
     let end = json::object(raw, |k, v| match k {
-        "tenant" => tenant = Some(v),
-        "id" => id = Some(v),
-        "message" => message = Some(v),
+        b"tenant" => tenant = Some(v),
+        b"id" => id = Some(v),
+        b"message" => message = Some(v),
         _ => {}
     })?;
     if !json::is_blank(&raw[end..]) {
@@ -149,8 +149,8 @@ fn params_facts(raw: &[u8], method: Option<A2aMethod>, is_jsonrpc: bool) -> Opti
     // A message that is not an object carries nothing (the worker refuses it).
     if let Some(m) = message.filter(|m| json::is_object(m)) {
         json::object(m, |k, v| match k {
-            "taskId" => task = Some(v),
-            "metadata" => metadata = Some(v),
+            b"taskId" => task = Some(v),
+            b"metadata" => metadata = Some(v),
             _ => {}
         })?;
     }
@@ -158,8 +158,8 @@ fn params_facts(raw: &[u8], method: Option<A2aMethod>, is_jsonrpc: bool) -> Opti
     // Metadata is any JSON to a worker; only an object holds grants.
     if let Some(md) = metadata.filter(|m| json::is_object(m)) {
         json::object(md, |k, v| match k {
-            LEASE_KEY => lease = Some(v),
-            BUDGET_KEY => budget = Some(v),
+            k if k == LEASE_KEY.as_bytes() => lease = Some(v),
+            k if k == BUDGET_KEY.as_bytes() => budget = Some(v),
             _ => {}
         })?;
     }
@@ -182,9 +182,9 @@ fn params_facts(raw: &[u8], method: Option<A2aMethod>, is_jsonrpc: bool) -> Opti
 pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     let (mut id, mut method, mut params) = (None, None, None);
     let end = json::object(body, |k, v| match k {
-        "id" => id = Some(v),
-        "method" => method = Some(v),
-        "params" => params = Some(v),
+        b"id" => id = Some(v),
+        b"method" => method = Some(v),
+        b"params" => params = Some(v),
         _ => {}
     })?;
     if !json::is_blank(&body[end..]) {
@@ -221,12 +221,13 @@ pub fn jsonrpc_batch(body: &[u8]) -> Option<Vec<Option<RequestFacts>>> {
 }
 
 /// Reads a REST request body (the body of `message:send`, `message:stream`,
-/// `tasks/{id}:cancel`, …). An empty or unreadable body gives empty facts.
-pub fn rest_facts(body: &[u8]) -> RequestFacts {
+/// `tasks/{id}:cancel`, …). An empty body gives empty facts; `None` when it
+/// is not a JSON object.
+pub fn rest_facts(body: &[u8]) -> Option<RequestFacts> {
     if json::is_blank(body) {
-        return RequestFacts::default();
+        return Some(RequestFacts::default());
     }
-    params_facts(body, None, false).unwrap_or_default()
+    params_facts(body, None, false)
 }
 
 #[cfg(test)]
@@ -600,13 +601,14 @@ mod tests {
     fn rest_table() {
         assert_eq!(
             rest_facts(br#"{"tenant":"acme","message":{"messageId":"m","taskId":"t"}}"#),
-            RequestFacts {
+            Some(RequestFacts {
                 tenant: Some("acme".into()),
                 task_id: Some("t".into()),
                 ..Default::default()
-            }
+            })
         );
-        assert_eq!(rest_facts(b""), RequestFacts::default());
-        assert_eq!(rest_facts(b"{"), RequestFacts::default());
+        assert_eq!(rest_facts(b" "), Some(RequestFacts::default()));
+        assert_eq!(rest_facts(b"{"), None);
+        assert_eq!(rest_facts(b"\xef\xbb\xbf{}"), None);
     }
 }

@@ -70,6 +70,20 @@ struct Refusal {
 }
 
 impl Refusal {
+    /// A body a budgeted route cannot read. Such a route checks every send's
+    /// grant, so it does not pass what it cannot read: a worker may read it
+    /// all the same (the Python SDK takes UTF-16 and a UTF-8 BOM).
+    fn unreadable(code: i64) -> Self {
+        Refusal {
+            code,
+            http: (400, "INVALID_ARGUMENT"),
+            message: "this route enforces budgets and checks every call it passes: the body could not be read as a JSON request (UTF-8 JSON, one object)".into(),
+            reason: "budget_unreadable",
+            data: None,
+            retry_after: None,
+        }
+    }
+
     fn invalid_params(message: String, reason: &'static str) -> Self {
         Refusal {
             code: -32602,
@@ -218,6 +232,7 @@ impl Gateway {
 
     /// Reads what the request body says (method, tenant, task, grants).
     fn inspect_body(&self, ctx: &mut Ctx, buf: &[u8]) {
+        let budgeted = ctx.route.as_ref().is_some_and(|r| r.cfg.budget.is_active());
         let facts: Option<RequestFacts> = match ctx.call {
             Some(Call::JsonRpcCandidate) => {
                 let f = jsonrpc_facts(buf);
@@ -226,11 +241,23 @@ impl Gateway {
                         self.inspect_batch(ctx, &calls);
                         return;
                     }
+                    if budgeted {
+                        ctx.binding = Some(Binding::JsonRpc);
+                        ctx.refusal = Some(Refusal::unreadable(-32700));
+                        return;
+                    }
                     metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
                 }
                 f
             }
-            Some(Call::Rest { .. }) => Some(rest_facts(buf)),
+            Some(Call::Rest { .. }) => match rest_facts(buf) {
+                Some(f) => Some(f),
+                None if budgeted => {
+                    ctx.refusal = Some(Refusal::unreadable(-32602));
+                    return;
+                }
+                None => Some(RequestFacts::default()),
+            },
             _ => None,
         };
         let Some(f) = facts else { return };
