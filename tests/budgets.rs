@@ -929,3 +929,23 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
         3.0
     );
 }
+
+/// The Python SDK routes the decoded path, so `/message%3Asend` is a REST
+/// send there: the gateway reads it as one and caps its grant.
+#[tokio::test]
+async fn percent_encoded_rest_send_is_capped() {
+    let worker = Worker::start(Kind::Python).await;
+    let gw = Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let msg = budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})));
+    let v = post_json(&gw.url, "/message%3Asend", &[], &json!({ "message": msg }))
+        .await
+        .json();
+    let id = v["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {v}"));
+    let fwd = forwarded_message(&worker.url(), None, id).await;
+    assert!(
+        same_numbers(&fwd["metadata"][BUDGET_KEY], &json!({"meters": {"tokens": 100}})),
+        "{fwd}"
+    );
+}

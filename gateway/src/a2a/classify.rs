@@ -162,7 +162,14 @@ pub fn classify(method: &http::Method, path: &str, is_upgrade: bool) -> Call {
 }
 
 fn classify_rest(method: &http::Method, path: &str) -> Option<Call> {
-    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    // Segments are matched decoded, as workers route them (Starlette decodes
+    // the path first): `/message%3Asend` is a send.
+    let decoded: Vec<Cow<'_, str>> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let segs: Vec<&str> = decoded.iter().map(|s| s.as_ref()).collect();
     let (tenant, rest): (Option<&str>, &[&str]) = match segs.as_slice() {
         [head, ..] if is_route_head(head) => (None, &segs[..]),
         ["tenants", t, head, ..] if is_route_head(head) => (Some(t), &segs[2..]),
@@ -201,8 +208,8 @@ fn classify_rest(method: &http::Method, path: &str) -> Option<Call> {
     };
     Some(Call::Rest {
         method: a2a,
-        tenant: tenant.map(|t| percent_decode(t).into_owned()),
-        task_id: task_id.map(|t| percent_decode(t).into_owned()),
+        tenant: tenant.map(|t| (*t).to_owned()),
+        task_id: task_id.map(str::to_owned),
     })
 }
 
@@ -304,6 +311,27 @@ mod tests {
                 Method::POST,
                 "/ac%20me/message:stream",
                 rest(SendStreamingMessage, Some("ac me"), None),
+            ),
+            // Workers route the decoded path (the Python SDK does).
+            (
+                Method::POST,
+                "/message%3Asend",
+                rest(SendMessage, None, None),
+            ),
+            (
+                Method::POST,
+                "/acme/message%3astream",
+                rest(SendStreamingMessage, Some("acme"), None),
+            ),
+            (
+                Method::POST,
+                "/tasks/t%2F1%3Acancel",
+                rest(CancelTask, None, Some("t/1")),
+            ),
+            (
+                Method::GET,
+                "/tasks/a%253A",
+                rest(GetTask, None, Some("a%3A")),
             ),
             (Method::GET, "/tasks", rest(ListTasks, None, None)),
             (Method::GET, "/tasks/t1", rest(GetTask, None, Some("t1"))),
