@@ -935,7 +935,8 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
 #[tokio::test]
 async fn percent_encoded_rest_send_is_capped() {
     let worker = Worker::start(Kind::Python).await;
-    let gw = Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let gw =
+        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
     let msg = budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})));
     let v = post_json(&gw.url, "/message%3Asend", &[], &json!({ "message": msg }))
         .await
@@ -945,7 +946,10 @@ async fn percent_encoded_rest_send_is_capped() {
         .unwrap_or_else(|| panic!("a task: {v}"));
     let fwd = forwarded_message(&worker.url(), None, id).await;
     assert!(
-        same_numbers(&fwd["metadata"][BUDGET_KEY], &json!({"meters": {"tokens": 100}})),
+        same_numbers(
+            &fwd["metadata"][BUDGET_KEY],
+            &json!({"meters": {"tokens": 100}})
+        ),
         "{fwd}"
     );
 }

@@ -1,6 +1,7 @@
 //! A small borrowed reader for the few JSON members policy reads from a
-//! request body: it walks an object member by member, hands over each
-//! member's raw bytes, and skips everything it is not asked about without
+//! request body: it walks an object member by member in one pass,
+//! descending into the members it is asked about, handing over the raw
+//! bytes of the ones it reads, and skipping everything else without
 //! building it (strings with `memchr`).
 //!
 //! Two reasons it exists instead of serde's derived structs:
@@ -120,12 +121,31 @@ fn key(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
     }
 }
 
-/// Calls `f(key, raw value)` for each member of the object `raw` holds (after
-/// optional whitespace), in document order, so a later duplicate overwrites
-/// what an earlier one set. Returns the index just past the closing brace;
-/// `None` when `raw` does not start with an object or the object is
-/// malformed (members seen before the fault have been visited).
-pub fn object<'a>(raw: &'a [u8], mut f: impl FnMut(&[u8], &'a [u8])) -> Option<usize> {
+/// The length of the value `rest` starts with; `None` when malformed.
+pub fn skip(rest: &[u8]) -> Option<usize> {
+    value_end(rest, 0)
+}
+
+/// Puts the value `rest` starts with (its raw bytes) in `slot`; its length.
+pub fn take<'a>(rest: &'a [u8], slot: &mut Option<&'a [u8]>) -> Option<usize> {
+    let n = skip(rest)?;
+    *slot = Some(&rest[..n]);
+    Some(n)
+}
+
+/// Walks the object `raw` holds (after optional whitespace) in one pass:
+/// calls `f(key, rest)` for each member in document order, `rest` starting
+/// at the member's value, and `f` returns that value's length, having read
+/// it with [`take`], skipped it with [`skip`] or descended into it with
+/// `object` itself (which returns the length of what it read). So a value
+/// is scanned once however deep the reader goes, and a later duplicate key
+/// overwrites what an earlier one set. Returns the index just past the
+/// closing brace; `None` when `raw` does not start with an object or the
+/// object is malformed (members seen before the fault have been visited).
+pub fn object<'a>(
+    raw: &'a [u8],
+    mut f: impl FnMut(&[u8], &'a [u8]) -> Option<usize>,
+) -> Option<usize> {
     let b = raw;
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
@@ -146,9 +166,8 @@ pub fn object<'a>(raw: &'a [u8], mut f: impl FnMut(&[u8], &'a [u8])) -> Option<u
             return None;
         }
         i = skip_ws(b, i + 1);
-        let end = value_end(b, i)?;
-        f(&key, &b[i..end]);
-        i = skip_ws(b, end);
+        let n = f(&key, &b[i..])?;
+        i = skip_ws(b, i + n);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
             Some(b'}') => return Some(i + 1),
@@ -195,11 +214,14 @@ mod tests {
 
     fn members(doc: &str) -> Members {
         let mut out = Vec::new();
-        let end = object(doc.as_bytes(), |k, v| {
+        let end = object(doc.as_bytes(), |k, rest| {
+            let mut v = None;
+            let n = take(rest, &mut v)?;
             out.push((
                 String::from_utf8(k.to_vec()).unwrap(),
-                String::from_utf8(v.to_vec()).unwrap(),
-            ))
+                String::from_utf8(v?.to_vec()).unwrap(),
+            ));
+            Some(n)
         })?;
         is_blank(&doc.as_bytes()[end..]).then_some(out)
     }

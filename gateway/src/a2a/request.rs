@@ -132,75 +132,91 @@ fn grant_value(raw: Option<&[u8]>) -> Result<Option<serde_json::Value>, ()> {
     }
 }
 
-/// Reads a `params` object (a JSON-RPC call's, or a REST body). Members are
-/// read last-wins (see [`json`]); `None` when it is malformed.
-fn params_facts(raw: &[u8], method: Option<A2aMethod>, is_jsonrpc: bool) -> Option<RequestFacts> {
-    let (mut tenant, mut id, mut message) = (None, None, None);
-    let end = json::object(raw, |k, v| match k {
-        b"tenant" => tenant = Some(v),
-        b"id" => id = Some(v),
-        b"message" => message = Some(v),
-        _ => {}
-    })?;
-    if !json::is_blank(&raw[end..]) {
-        return None;
-    }
-    let (mut task, mut metadata) = (None, None);
-    // A message that is not an object carries nothing (the worker refuses it).
-    if let Some(m) = message.filter(|m| json::is_object(m)) {
-        json::object(m, |k, v| match k {
-            b"taskId" => task = Some(v),
-            b"metadata" => metadata = Some(v),
-            _ => {}
-        })?;
-    }
-    let (mut lease, mut budget) = (None, None);
-    // Metadata is any JSON to a worker; only an object holds grants.
-    if let Some(md) = metadata.filter(|m| json::is_object(m)) {
-        json::object(md, |k, v| match k {
-            k if k == LEASE_KEY.as_bytes() => lease = Some(v),
-            k if k == BUDGET_KEY.as_bytes() => budget = Some(v),
-            _ => {}
-        })?;
-    }
-    let lease = grant_value(lease).ok()?;
-    let budget = grant_value(budget).ok()?;
-    Some(RequestFacts {
-        method,
-        is_jsonrpc,
-        tenant: text(tenant),
-        task_id: text(id).or_else(|| text(task)),
-        lease: lease.map(|v| lease_grant(&v)),
-        budget: budget.map(|v| budget_grant(&v)),
-        rpc_id: None,
+/// The members of a `params` object that policy reads, as raw values.
+#[derive(Default)]
+struct ParamsRaw<'a> {
+    tenant: Option<&'a [u8]>,
+    id: Option<&'a [u8]>,
+    task: Option<&'a [u8]>,
+    lease: Option<&'a [u8]>,
+    budget: Option<&'a [u8]>,
+}
+
+/// Reads the `params` object `rest` starts with into `p` (a later `params`
+/// replaces an earlier one whole, as does a later `message` or `metadata`);
+/// the object's length. A `message` or `metadata` that is not an object
+/// carries nothing: the worker refuses the first, and holds no grant in the
+/// second.
+fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
+    *p = ParamsRaw::default();
+    json::object(rest, |k, v| match k {
+        b"tenant" => json::take(v, &mut p.tenant),
+        b"id" => json::take(v, &mut p.id),
+        b"message" => {
+            (p.task, p.lease, p.budget) = (None, None, None);
+            if !json::is_object(v) {
+                return json::skip(v);
+            }
+            json::object(v, |k, v| match k {
+                b"taskId" => json::take(v, &mut p.task),
+                b"metadata" => {
+                    (p.lease, p.budget) = (None, None);
+                    if !json::is_object(v) {
+                        return json::skip(v);
+                    }
+                    json::object(v, |k, v| match k {
+                        k if k == LEASE_KEY.as_bytes() => json::take(v, &mut p.lease),
+                        k if k == BUDGET_KEY.as_bytes() => json::take(v, &mut p.budget),
+                        _ => json::skip(v),
+                    })
+                }
+                _ => json::skip(v),
+            })
+        }
+        _ => json::skip(v),
     })
+}
+
+impl ParamsRaw<'_> {
+    /// The facts the raw members give; `None` when a grant is not JSON (the
+    /// body is then no request at all).
+    fn facts(&self, method: Option<A2aMethod>, is_jsonrpc: bool) -> Option<RequestFacts> {
+        let lease = grant_value(self.lease).ok()?;
+        let budget = grant_value(self.budget).ok()?;
+        Some(RequestFacts {
+            method,
+            is_jsonrpc,
+            tenant: text(self.tenant),
+            task_id: text(self.id).or_else(|| text(self.task)),
+            lease: lease.map(|v| lease_grant(&v)),
+            budget: budget.map(|v| budget_grant(&v)),
+            rpc_id: None,
+        })
+    }
 }
 
 /// Reads one JSON-RPC request object. `None` when it is not one (not JSON,
 /// a batch, no `method` string): such a request is proxied verbatim and
-/// never tracked. Members are read last-wins (see [`json`]).
+/// never tracked. Members are read last-wins, in one pass (see [`json`]).
 pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
-    let (mut id, mut method, mut params) = (None, None, None);
+    let (mut id, mut method) = (None, None);
+    let mut params = ParamsRaw::default();
     let end = json::object(body, |k, v| match k {
-        b"id" => id = Some(v),
-        b"method" => method = Some(v),
-        b"params" => params = Some(v),
-        _ => {}
+        b"id" => json::take(v, &mut id),
+        b"method" => json::take(v, &mut method),
+        // Params that are not an object: the worker refuses the call.
+        b"params" if json::is_object(v) => read_params(v, &mut params),
+        b"params" => {
+            params = ParamsRaw::default();
+            json::skip(v)
+        }
+        _ => json::skip(v),
     })?;
     if !json::is_blank(&body[end..]) {
         return None;
     }
     let name = json::string(method?)?;
-    let method = A2aMethod::from_jsonrpc(&name);
-    // Params that are not an object: the worker refuses the call.
-    let mut facts = match params.filter(|p| json::is_object(p)) {
-        Some(p) => params_facts(p, method, true)?,
-        None => RequestFacts {
-            method,
-            is_jsonrpc: true,
-            ..RequestFacts::default()
-        },
-    };
+    let mut facts = params.facts(A2aMethod::from_jsonrpc(&name), true)?;
     facts.rpc_id = match id {
         None => None,
         Some(raw) => match serde_json::from_slice(raw).ok()? {
@@ -227,7 +243,12 @@ pub fn rest_facts(body: &[u8]) -> Option<RequestFacts> {
     if json::is_blank(body) {
         return Some(RequestFacts::default());
     }
-    params_facts(body, None, false)
+    let mut params = ParamsRaw::default();
+    let end = read_params(body, &mut params)?;
+    if !json::is_blank(&body[end..]) {
+        return None;
+    }
+    params.facts(None, false)
 }
 
 #[cfg(test)]
@@ -570,11 +591,19 @@ mod tests {
                         out.push(',');
                     }
                     out.push_str(self.ws());
-                    out.push_str(self.key(depth));
+                    let key = self.key(depth);
+                    out.push_str(key);
                     out.push_str(self.ws());
                     out.push(':');
                     out.push_str(self.ws());
-                    self.value(depth + 1, out);
+                    // The members policy descends into are mostly objects,
+                    // so that nested duplicates and replacements are common.
+                    let nests = matches!(key, r#""params""# | r#""message""# | r#""metadata""#);
+                    if nests && !self.next().is_multiple_of(4) {
+                        self.object(depth + 1, out);
+                    } else {
+                        self.value(depth + 1, out);
+                    }
                     out.push_str(self.ws());
                 }
                 out.push('}');
