@@ -1,7 +1,5 @@
 //! Reading the few facts policy needs from a request body.
 
-use std::borrow::Cow;
-
 use policies::budget::{Amount, BudgetRefusal, Grant};
 
 use super::{json, A2aMethod};
@@ -113,11 +111,17 @@ fn lease_grant(v: &serde_json::Value) -> Result<u64, String> {
 /// A member read as text: a string (escapes decoded), or absent when it is
 /// missing, `null` or of another type. A worker reads another type as an
 /// error or ignores the member (a2a-rust ignores `params.id` on a send):
-/// either way no policy should hinge on it.
-fn text(raw: Option<&[u8]>) -> Option<String> {
-    raw.and_then(json::string)
-        .map(Cow::into_owned)
-        .filter(|s| !s.is_empty())
+/// either way no policy should hinge on it. `Err` for a string that cannot
+/// be decoded (a lone surrogate escape, which Python reads): the body is
+/// then unreadable rather than its tenant absent.
+fn text(raw: Option<&[u8]>) -> Result<Option<String>, ()> {
+    match raw {
+        Some(raw) if raw.first() == Some(&b'"') => {
+            let s = json::string(raw).ok_or(())?;
+            Ok(Some(s.into_owned()).filter(|s| !s.is_empty()))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// A grant's value, read whole (it is small); `None` for a `null` one.
@@ -186,8 +190,8 @@ impl ParamsRaw<'_> {
         Some(RequestFacts {
             method,
             is_jsonrpc,
-            tenant: text(self.tenant),
-            task_id: text(self.id).or_else(|| text(self.task)),
+            tenant: text(self.tenant).ok()?,
+            task_id: text(self.id).ok()?.or(text(self.task).ok()?),
             lease: lease.map(|v| lease_grant(&v)),
             budget: budget.map(|v| budget_grant(&v)),
             rpc_id: None,
@@ -441,6 +445,11 @@ mod tests {
                 is_jsonrpc: true,
                 ..Default::default()
             }
+        );
+        // A string that cannot be decoded leaves the body unread.
+        assert_eq!(
+            jsonrpc_facts(br#"{"method":"SendMessage","params":{"tenant":"a\ud800"}}"#),
+            None
         );
         let f = jsonrpc_facts(br#"{"method":"SendMessage","params":[1]}"#).expect("a request");
         assert_eq!(f.method, Some(A2aMethod::SendMessage));
