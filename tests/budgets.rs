@@ -781,6 +781,27 @@ async fn callers_get_their_own_caps_and_accounts() {
     );
 }
 
+/// The route of the tests below: every child's `tokens` capped at 100.
+const CAP_100: &str = "[routes.budget]\nmeters = { tokens = 100 }";
+
+/// A message granting far more than [`CAP_100`] allows.
+fn over_cap() -> Value {
+    budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})))
+}
+
+/// Asserts, from the worker's own record of the message, that the child
+/// got its grant capped at 100 tokens.
+async fn assert_capped(worker_url: &str, task_id: &str) {
+    let fwd = forwarded_message(worker_url, None, task_id).await;
+    assert!(
+        same_numbers(
+            &fwd["metadata"][BUDGET_KEY],
+            &json!({"meters": {"tokens": 100}})
+        ),
+        "{fwd}"
+    );
+}
+
 /// A grant whose key is written twice is read as a worker that keeps
 /// metadata as a JSON value reads it: the last copy. Before, the gateway
 /// could not read such a body and passed it on unchecked, and the a2a-rust
@@ -788,8 +809,7 @@ async fn callers_get_their_own_caps_and_accounts() {
 #[tokio::test]
 async fn duplicate_grant_key_is_read_as_the_worker_reads_it() {
     let worker = RustWorker::start(RustWorkerOptions::default()).await;
-    let gw =
-        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let gw = Gateway::in_front_of(&worker.url(), CAP_100).await;
     let m = message("quick");
     let mid = m["messageId"].as_str().unwrap();
     // The second key spells the slash as an escape; JSON reads it the same.
@@ -803,14 +823,7 @@ async fn duplicate_grant_key_is_read_as_the_worker_reads_it() {
     let id = v["result"]["task"]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("a task: {v}"));
-    let fwd = forwarded_message(&worker.url(), None, id).await;
-    assert!(
-        same_numbers(
-            &fwd["metadata"][BUDGET_KEY],
-            &json!({"meters": {"tokens": 100}})
-        ),
-        "{fwd}"
-    );
+    assert_capped(&worker.url(), id).await;
     assert_eq!(
         gw.counter("a2agw_budget_clamps_total", &["field=\"tokens\""])
             .await,
@@ -824,11 +837,10 @@ async fn duplicate_grant_key_is_read_as_the_worker_reads_it() {
 #[tokio::test]
 async fn batch_with_a_send_is_refused_on_a_budgeted_route() {
     let worker = RustWorker::start(RustWorkerOptions::default()).await;
-    let gw =
-        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
+    let gw = Gateway::in_front_of(&worker.url(), CAP_100).await;
     let send = |id: u64| {
         json!({"jsonrpc": "2.0", "id": id, "method": "SendMessage",
-            "params": {"message": budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})))}})
+            "params": {"message": over_cap()}})
     };
     // Direct to the worker, such a batch does run: the refusal is the
     // gateway's doing.
@@ -882,10 +894,8 @@ async fn batch_with_a_send_is_refused_on_a_budgeted_route() {
 #[tokio::test]
 async fn unreadable_body_is_refused_on_a_budgeted_route() {
     let worker = Worker::start(Kind::Python).await;
-    let gw =
-        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
-    let over = || budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})));
-    let call = || json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": over()}});
+    let gw = Gateway::in_front_of(&worker.url(), CAP_100).await;
+    let call = || json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": over_cap()}});
     let utf16 = |v: &Value| -> Vec<u8> {
         let mut b = vec![0xFF, 0xFE];
         b.extend(v.to_string().encode_utf16().flat_map(u16::to_le_bytes));
@@ -913,7 +923,7 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
         &gw.url,
         "/message:send",
         &h,
-        &bom(&json!({"message": over()})),
+        &bom(&json!({"message": over_cap()})),
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
@@ -935,21 +945,17 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
 #[tokio::test]
 async fn percent_encoded_rest_send_is_capped() {
     let worker = Worker::start(Kind::Python).await;
-    let gw =
-        Gateway::in_front_of(&worker.url(), "[routes.budget]\nmeters = { tokens = 100 }").await;
-    let msg = budgeted("quick", Some(json!({"meters": {"tokens": 1_000_000}})));
-    let v = post_json(&gw.url, "/message%3Asend", &[], &json!({ "message": msg }))
-        .await
-        .json();
+    let gw = Gateway::in_front_of(&worker.url(), CAP_100).await;
+    let v = post_json(
+        &gw.url,
+        "/message%3Asend",
+        &[],
+        &json!({ "message": over_cap() }),
+    )
+    .await
+    .json();
     let id = v["task"]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("a task: {v}"));
-    let fwd = forwarded_message(&worker.url(), None, id).await;
-    assert!(
-        same_numbers(
-            &fwd["metadata"][BUDGET_KEY],
-            &json!({"meters": {"tokens": 100}})
-        ),
-        "{fwd}"
-    );
+    assert_capped(&worker.url(), id).await;
 }
