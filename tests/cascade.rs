@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{list_task_ids, send_and_leave};
+use crate::harness::stream::SseStream;
 use crate::harness::worker::{send_stream, state_of, subscribe, Bind, Kind, Worker};
 
 const CANCELED: &str = "TASK_STATE_CANCELED";
@@ -260,4 +261,39 @@ scenarios! {
 
     rust_jsonrpc_gap_without_gateway => gap_without_gateway(Kind::Rust, Bind::JsonRpc);
     python_rest_gap_without_gateway => gap_without_gateway(Kind::Python, Bind::Rest);
+}
+
+/// a2a-rust takes a REST call's tenant from `?tenant=` when the path names
+/// none: the gateway must cancel in that tenant, or the tenant-aware worker
+/// does not find the task and it runs on.
+#[tokio::test]
+async fn rest_query_tenant_is_the_cancel_tenant() {
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let body = json!({ "message": crate::harness::worker::message(LONG) });
+    let mut stream = SseStream::open(&gw.url, "/message:stream?tenant=acme", &[], &body).await;
+    assert_eq!(stream.status, 200);
+    let mut id = None;
+    for _ in 0..10 {
+        let ev = stream.next(Duration::from_secs(5)).await.expect("an event");
+        if let Some(t) = crate::harness::worker::task_id_of(&ev) {
+            id = Some(t);
+            break;
+        }
+    }
+    let id = id.expect("an event named the task");
+    worker
+        .wait_state(Some("acme"), &id, WORKING, Duration::from_secs(5))
+        .await
+        .expect("the task runs in tenant acme");
+    stream.close();
+    worker
+        .wait_state(Some("acme"), &id, CANCELED, Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|last| {
+            panic!(
+                "not canceled (state {last:?}); gateway log:\n{}",
+                gw.log_text()
+            )
+        });
 }

@@ -142,16 +142,21 @@ fn is_route_head(seg: &str) -> bool {
 }
 
 /// Classifies a request by verb and path (the path relative to the worker's
-/// interface URL, i.e. after the route prefix is stripped; query ignored).
-pub fn classify(method: &http::Method, path: &str, is_upgrade: bool) -> Call {
+/// interface URL, i.e. after the route prefix is stripped) and query (also
+/// read after a `?` in `path`): the query can name a REST call's tenant.
+pub fn classify(method: &http::Method, path: &str, query: Option<&str>, is_upgrade: bool) -> Call {
     if is_upgrade {
         return Call::Upgrade;
     }
-    let path = path.split(['?', '#']).next().unwrap_or("");
+    let path = path.split('#').next().unwrap_or("");
+    let (path, query) = match path.split_once('?') {
+        Some((p, q)) => (p, query.or(Some(q))),
+        None => (path, query),
+    };
     if path.ends_with(CARD_PATH) && (method == http::Method::GET || method == http::Method::HEAD) {
         return Call::AgentCard;
     }
-    if let Some(call) = classify_rest(method, path) {
+    if let Some(call) = classify_rest(method, path, query) {
         return call;
     }
     if method == http::Method::POST {
@@ -161,7 +166,16 @@ pub fn classify(method: &http::Method, path: &str, is_upgrade: bool) -> Call {
     }
 }
 
-fn classify_rest(method: &http::Method, path: &str) -> Option<Call> {
+/// A query parameter's value, percent-decoded (`+` is a space, as in a
+/// form-encoded query).
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_decode(&v.replace('+', " ")).into_owned())
+    })
+}
+
+fn classify_rest(method: &http::Method, path: &str, query: Option<&str>) -> Option<Call> {
     // Segments are matched decoded, as workers route them (Starlette decodes
     // the path first): `/message%3Asend` is a send.
     let decoded: Vec<Cow<'_, str>> = path
@@ -206,9 +220,17 @@ fn classify_rest(method: &http::Method, path: &str) -> Option<Call> {
         },
         _ => return None,
     };
+    // With no tenant in the path, a2a-rust takes `?tenant=` (the path wins
+    // when both name one, and either wins over the body's).
+    let tenant = match tenant {
+        Some(t) => Some((*t).to_owned()),
+        None => query
+            .and_then(|q| query_param(q, "tenant"))
+            .filter(|t| !t.is_empty()),
+    };
     Some(Call::Rest {
         method: a2a,
-        tenant: tenant.map(|t| (*t).to_owned()),
+        tenant,
         task_id: task_id.map(str::to_owned),
     })
 }
@@ -408,9 +430,35 @@ mod tests {
             (Method::DELETE, "/tasks/t1:cancel", Call::Other),
         ];
         for (method, path, want) in table {
-            assert_eq!(classify(&method, path, false), want, "{method} {path}");
+            assert_eq!(
+                classify(&method, path, None, false),
+                want,
+                "{method} {path}"
+            );
         }
-        assert_eq!(classify(&Method::GET, "/ws", true), Call::Upgrade);
+        assert_eq!(classify(&Method::GET, "/ws", None, true), Call::Upgrade);
+        // The query names a REST call's tenant when the path does not.
+        assert_eq!(
+            classify(
+                &Method::POST,
+                "/message:stream",
+                Some("x=1&tenant=ac%20me"),
+                false
+            ),
+            rest(SendStreamingMessage, Some("ac me"), None)
+        );
+        assert_eq!(
+            classify(&Method::GET, "/tasks/t1?tenant=acme", None, false),
+            rest(GetTask, Some("acme"), Some("t1"))
+        );
+        assert_eq!(
+            classify(&Method::GET, "/beta/tasks/t1", Some("tenant=acme"), false),
+            rest(GetTask, Some("beta"), Some("t1"))
+        );
+        assert_eq!(
+            classify(&Method::GET, "/tasks/t1", Some("tenant="), false),
+            rest(GetTask, None, Some("t1"))
+        );
     }
 
     #[test]

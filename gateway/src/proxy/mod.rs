@@ -915,7 +915,12 @@ impl ProxyHttp for Gateway {
                 .await;
         };
         let route = m.route.clone();
-        let call = classify(&req.method, m.rel, session.is_upgrade_req());
+        let call = classify(
+            &req.method,
+            m.rel,
+            req.uri.query(),
+            session.is_upgrade_req(),
+        );
         ctx.received_ms = now_ms();
         if let Some(h) = &route.cfg.budget.caller_header {
             ctx.caller = req
