@@ -959,3 +959,27 @@ async fn percent_encoded_rest_send_is_capped() {
         .unwrap_or_else(|| panic!("a task: {v}"));
     assert_capped(&worker.url(), id).await;
 }
+
+/// A v0.3 send name is not read as a send, so a budgeted route refuses it
+/// rather than pass it unadmitted to a worker that may still serve v0.3;
+/// elsewhere it reaches the worker, which (a2a-rust 0.15) answers -32601.
+#[tokio::test]
+async fn v03_send_is_refused_on_a_budgeted_route() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let capped = Gateway::in_front_of(&worker.url(), CAP_100).await;
+    let plain = Gateway::in_front_of(&worker.url(), "").await;
+    let call = json!({"jsonrpc": "2.0", "id": "v3", "method": "message/send",
+        "params": {"message": over_cap()}});
+    let v = post_json(&capped.url, "/", &[], &call).await.json();
+    assert_eq!(v["id"], "v3", "{v}");
+    assert_eq!(v["error"]["code"], -32004, "{v}");
+    assert_eq!(
+        capped
+            .counter("a2agw_refusals_total", &["reason=\"budget_v03_send\""])
+            .await,
+        1.0
+    );
+    let v = post_json(&plain.url, "/", &[], &call).await.json();
+    assert_eq!(v["error"]["code"], -32601, "the worker's answer: {v}");
+    assert_eq!(worker.tasks_started(), 0);
+}

@@ -11,6 +11,10 @@ pub struct RequestFacts {
     pub method: Option<A2aMethod>,
     /// JSON-RPC only: the envelope had a `method` string (known or not).
     pub is_jsonrpc: bool,
+    /// JSON-RPC only: the method is an A2A v0.3 send (`message/send`,
+    /// `message/stream`). v1.0 workers refuse it; a worker that still
+    /// serves v0.3 would run it, and the gateway does not read it as a send.
+    pub v03_send: bool,
     /// `params.tenant` / the REST body's `tenant`.
     pub tenant: Option<String>,
     /// `params.id` (GetTask, CancelTask, SubscribeToTask), or the sent
@@ -190,6 +194,7 @@ impl ParamsRaw<'_> {
         Some(RequestFacts {
             method,
             is_jsonrpc,
+            v03_send: false,
             tenant: text(self.tenant).ok()?,
             task_id: text(self.id).ok()?.or(text(self.task).ok()?),
             lease: lease.map(|v| lease_grant(&v)),
@@ -221,6 +226,7 @@ pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     }
     let name = json::string(method?)?;
     let mut facts = params.facts(A2aMethod::from_jsonrpc(&name), true)?;
+    facts.v03_send = matches!(&*name, "message/send" | "message/stream");
     facts.rpc_id = match id {
         None => None,
         Some(raw) => match serde_json::from_slice(raw).ok()? {
@@ -293,6 +299,7 @@ mod tests {
                 r#"{"jsonrpc":"2.0","id":2,"method":"message/send","params":{}}"#,
                 Some(RequestFacts {
                     is_jsonrpc: true,
+                    v03_send: true,
                     ..Default::default()
                 }),
             ),
@@ -483,7 +490,8 @@ mod tests {
         use serde_json::Value;
         let v: Value = serde_json::from_slice(body).ok()?;
         let obj = v.as_object()?;
-        let method = A2aMethod::from_jsonrpc(obj.get("method")?.as_str()?);
+        let name = obj.get("method")?.as_str()?;
+        let method = A2aMethod::from_jsonrpc(name);
         let s = |v: Option<&Value>| {
             v.and_then(Value::as_str)
                 .filter(|s| !s.is_empty())
@@ -496,6 +504,7 @@ mod tests {
         Some(RequestFacts {
             method,
             is_jsonrpc: true,
+            v03_send: matches!(name, "message/send" | "message/stream"),
             tenant: s(p.and_then(|p| p.get("tenant"))),
             task_id: s(p.and_then(|p| p.get("id"))).or_else(|| s(m.and_then(|m| m.get("taskId")))),
             lease: grant(LEASE_KEY).map(lease_grant),

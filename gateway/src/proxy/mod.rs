@@ -266,6 +266,19 @@ impl Gateway {
             ctx.method = f.method;
             ctx.rpc_id = f.rpc_id;
         }
+        if budgeted && f.v03_send {
+            // Not read as a send, so never admitted: refused rather than
+            // passed to a worker that may still serve v0.3.
+            ctx.refusal = Some(Refusal {
+                code: -32004,
+                http: (400, "INVALID_ARGUMENT"),
+                message: "this route enforces budgets on A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names".into(),
+                reason: "budget_v03_send",
+                data: None,
+                retry_after: None,
+            });
+            return;
+        }
         if ctx.tenant.is_none() {
             ctx.tenant = f.tenant;
         }
