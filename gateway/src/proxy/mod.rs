@@ -72,13 +72,28 @@ struct Refusal {
 impl Refusal {
     /// A body a budgeted route cannot read. Such a route checks every send's
     /// grant, so it does not pass what it cannot read: a worker may read it
-    /// all the same (the Python SDK takes UTF-16 and a UTF-8 BOM).
-    fn unreadable(code: i64) -> Self {
+    /// all the same (the Python SDK takes UTF-16 and a UTF-8 BOM). JSON-RPC
+    /// callers get Parse error; REST callers the HTTP status.
+    fn unreadable() -> Self {
         Refusal {
-            code,
+            code: -32700,
             http: (400, "INVALID_ARGUMENT"),
             message: "this route enforces budgets and checks every call it passes: the body could not be read as a JSON request (UTF-8 JSON, one object)".into(),
             reason: "budget_unreadable",
+            data: None,
+            retry_after: None,
+        }
+    }
+
+    /// A call this route does not pass in the form it came in (a batch
+    /// holding a send, a v0.3 send name): JSON-RPC `-32004`
+    /// (UnsupportedOperation), REST 400.
+    fn unsupported(message: &str, reason: &'static str) -> Self {
+        Refusal {
+            code: -32004,
+            http: (400, "INVALID_ARGUMENT"),
+            message: message.into(),
+            reason,
             data: None,
             retry_after: None,
         }
@@ -238,12 +253,12 @@ impl Gateway {
                 let f = jsonrpc_facts(buf);
                 if f.is_none() {
                     if let Some(calls) = jsonrpc_batch(buf) {
-                        self.inspect_batch(ctx, &calls);
+                        Self::inspect_batch(ctx, &calls, budgeted);
                         return;
                     }
                     if budgeted {
                         ctx.binding = Some(Binding::JsonRpc);
-                        ctx.refusal = Some(Refusal::unreadable(-32700));
+                        ctx.refusal = Some(Refusal::unreadable());
                         return;
                     }
                     metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
@@ -253,7 +268,7 @@ impl Gateway {
             Some(Call::Rest { .. }) => match rest_facts(buf) {
                 Some(f) => Some(f),
                 None if budgeted => {
-                    ctx.refusal = Some(Refusal::unreadable(-32602));
+                    ctx.refusal = Some(Refusal::unreadable());
                     return;
                 }
                 None => Some(RequestFacts::default()),
@@ -269,14 +284,10 @@ impl Gateway {
         if budgeted && f.v03_send {
             // Not read as a send, so never admitted: refused rather than
             // passed to a worker that may still serve v0.3.
-            ctx.refusal = Some(Refusal {
-                code: -32004,
-                http: (400, "INVALID_ARGUMENT"),
-                message: "this route enforces budgets on A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names".into(),
-                reason: "budget_v03_send",
-                data: None,
-                retry_after: None,
-            });
+            ctx.refusal = Some(Refusal::unsupported(
+                "this route enforces budgets on A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names",
+                "budget_v03_send",
+            ));
             return;
         }
         if ctx.tenant.is_none() {
@@ -352,10 +363,9 @@ impl Gateway {
     /// batch's answer is one document for many children), so such a batch
     /// is refused whole rather than let its sends past the caps (an a2a-rust
     /// worker runs the `SendMessage` calls of a batch).
-    fn inspect_batch(&self, ctx: &mut Ctx, calls: &[Option<RequestFacts>]) {
+    fn inspect_batch(ctx: &mut Ctx, calls: &[Option<RequestFacts>], budgeted: bool) {
         ctx.binding = Some(Binding::JsonRpc);
         let Some(route) = &ctx.route else { return };
-        let budgeted = route.cfg.budget.is_active();
         let leases = route.gateway_enforces_leases();
         let imposes = route.cfg.lease.impose_ttl.is_some();
         let must_read = calls.iter().flatten().any(|f| match f.method {
@@ -381,14 +391,10 @@ impl Gateway {
                 })
                 .collect(),
         );
-        ctx.refusal = Some(Refusal {
-            code: -32004,
-            http: (400, "INVALID_ARGUMENT"),
-            message: "this route checks each send's budget or lease grant, one send per request: send SendMessage and SendStreamingMessage outside JSON-RPC batches".into(),
-            reason: "batch_send",
-            data: None,
-            retry_after: None,
-        });
+        ctx.refusal = Some(Refusal::unsupported(
+            "this route checks each send's budget or lease grant, one send per request: send SendMessage and SendStreamingMessage outside JSON-RPC batches",
+            "batch_send",
+        ));
     }
 
     /// A `GetTask` whose request activates the lease extension renews the
