@@ -263,6 +263,101 @@ scenarios! {
     python_rest_gap_without_gateway => gap_without_gateway(Kind::Python, Bind::Rest);
 }
 
+/// A worker that takes the tenant from a header (a2a-rust's
+/// `HeaderTenantResolver`, `x-tenant-id`): the gateway's CancelTask must
+/// carry the header the worker saw, or the worker looks for the task in
+/// the default tenant and it runs on. `route_extra` is the route's header
+/// policy, `caller` the header the caller sends; `expect_cancel` whether
+/// the worker is expected to stop the task.
+async fn header_tenant(route_extra: &str, caller: &[(&str, &str)], expect_cancel: bool) {
+    use crate::harness::http::get_task_state_with;
+    use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+    let worker = RustWorker::start(RustWorkerOptions {
+        header_tenant: true,
+        ..RustWorkerOptions::default()
+    })
+    .await;
+    let gw = Gateway::in_front_of(&worker.url(), route_extra).await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": crate::harness::worker::message(LONG)}});
+    let mut stream = SseStream::open(&gw.url, "/", caller, &body).await;
+    assert_eq!(stream.status, 200);
+    let mut id = None;
+    for _ in 0..10 {
+        let ev = stream.next(Duration::from_secs(5)).await.expect("an event");
+        if let Some(t) = crate::harness::worker::task_id_of(&ev) {
+            id = Some(t);
+            break;
+        }
+    }
+    let id = id.expect("an event named the task");
+    let acme = [("x-tenant-id", "acme")];
+    assert_eq!(
+        get_task_state_with(&worker.url(), &acme, &id)
+            .await
+            .as_deref(),
+        Some(WORKING),
+        "the task runs in tenant acme"
+    );
+    assert_eq!(
+        get_task_state_with(&worker.url(), &[], &id).await,
+        None,
+        "the worker scopes tasks by the header: not found without it"
+    );
+    stream.close();
+    let mut last = None;
+    for _ in 0..80 {
+        last = get_task_state_with(&worker.url(), &acme, &id).await;
+        if last.as_deref() == Some(CANCELED) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    if expect_cancel {
+        assert_eq!(
+            last.as_deref(),
+            Some(CANCELED),
+            "not canceled; gateway log:\n{}",
+            gw.log_text()
+        );
+        assert_eq!(worker.cancels(), 1);
+    } else {
+        assert_eq!(last.as_deref(), Some(WORKING), "the cancel missed the task");
+        assert_eq!(worker.cancels(), 0);
+        let mut missed = 0.0;
+        for _ in 0..100 {
+            missed = gw
+                .counter("a2agw_cancels_total", &["outcome=\"not_found\""])
+                .await;
+            if missed > 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(missed, 1.0, "the gateway counted its cancel as not found");
+    }
+}
+
+/// The caller's `x-tenant-id` is repeated on the cancel (the default
+/// `cancel_headers`).
+#[tokio::test]
+async fn caller_tenant_header_is_repeated_on_cancel() {
+    header_tenant("", &[("x-tenant-id", "acme")], true).await;
+}
+
+/// A tenant header the route injects reaches the cancel too.
+#[tokio::test]
+async fn injected_tenant_header_is_sent_on_cancel() {
+    header_tenant("inject_headers = { \"x-tenant-id\" = \"acme\" }", &[], true).await;
+}
+
+/// Without the header on the cancel the worker does not find the task: what
+/// the two tests above would see if the gateway dropped it.
+#[tokio::test]
+async fn cancel_without_the_tenant_header_misses() {
+    header_tenant("cancel_headers = []", &[("x-tenant-id", "acme")], false).await;
+}
+
 /// a2a-rust takes a REST call's tenant from `?tenant=` when the path names
 /// none: the gateway must cancel in that tenant, or the tenant-aware worker
 /// does not find the task and it runs on.

@@ -297,6 +297,7 @@ async fn worker_with_lease_store_enforces_itself() {
     let worker = RustWorker::start(RustWorkerOptions {
         lease_store: true,
         websocket: false,
+        ..RustWorkerOptions::default()
     })
     .await;
     let gw = Gateway::in_front_of(&worker.url(), "cascade = \"detach\"").await;

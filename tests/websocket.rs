@@ -17,6 +17,7 @@ async fn setup(route_extra: &str) -> (RustWorker, Gateway, String) {
     let worker = RustWorker::start(RustWorkerOptions {
         lease_store: false,
         websocket: true,
+        ..RustWorkerOptions::default()
     })
     .await;
     let ws = worker.ws_url().expect("a WebSocket listener");

@@ -85,6 +85,7 @@ async fn card_points_at_the_worker_itself() {
     let w = RustWorker::start(RustWorkerOptions {
         lease_store: true,
         websocket: true,
+        ..RustWorkerOptions::default()
     })
     .await;
     let card =
@@ -307,6 +308,7 @@ async fn lease_lapse_stops_the_task_without_a_cancel_task() {
     let w = RustWorker::start(RustWorkerOptions {
         lease_store: true,
         websocket: false,
+        ..RustWorkerOptions::default()
     })
     .await;
     let mut msg = message("work:10000");
@@ -353,6 +355,7 @@ async fn websocket_stream_and_upgrade_extensions() {
     let w = RustWorker::start(RustWorkerOptions {
         lease_store: true,
         websocket: true,
+        ..RustWorkerOptions::default()
     })
     .await;
     let ws = w.ws_url().unwrap();
@@ -429,6 +432,7 @@ async fn dropping_the_worker_stops_accepting() {
     let w = RustWorker::start(RustWorkerOptions {
         lease_store: false,
         websocket: true,
+        ..RustWorkerOptions::default()
     })
     .await;
     let (http, _) = split_url(&w.url());

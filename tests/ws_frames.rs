@@ -165,6 +165,7 @@ async fn recorded_ws_frames_parse_the_same_at_every_split() {
     let w = RustWorker::start(RustWorkerOptions {
         websocket: true,
         lease_store: false,
+        ..RustWorkerOptions::default()
     })
     .await;
     let ws = w.ws_url().expect("ws url");

@@ -312,7 +312,7 @@ pub struct AccountPolicy {
 
 /// Headers the gateway adds to or removes from requests it forwards to a
 /// route's worker (plain HTTP and WebSocket upgrades alike).
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderPolicy {
     /// Extension URIs merged into `A2A-Extensions` (never duplicated). On a
     /// WebSocket upgrade this is the only way to activate an extension for
@@ -322,6 +322,23 @@ pub struct HeaderPolicy {
     pub inject_headers: Vec<(String, String)>,
     /// Headers removed before forwarding; names lower-case.
     pub strip_headers: Vec<String>,
+    /// The caller's request headers that the gateway's own `CancelTask` for
+    /// that caller's child repeats (as the worker received them), for
+    /// workers that find a task by a header, such as a tenant header; names
+    /// lower-case. Default `["x-tenant-id"]`.
+    pub cancel_headers: Vec<String>,
+}
+
+impl Default for HeaderPolicy {
+    fn default() -> Self {
+        HeaderPolicy {
+            inject_extensions: Vec::new(),
+            inject_headers: Vec::new(),
+            strip_headers: Vec::new(),
+            // The header a2a-rust's `HeaderTenantResolver` reads by default.
+            cancel_headers: vec!["x-tenant-id".to_string()],
+        }
+    }
 }
 
 /// Who enforces the lease extension for a route's worker.
@@ -411,14 +428,15 @@ impl fmt::Debug for Route {
             .field(
                 "headers",
                 &format_args!(
-                    "inject_extensions={:?} inject_headers={:?} strip_headers={:?}",
+                    "inject_extensions={:?} inject_headers={:?} strip_headers={:?} cancel_headers={:?}",
                     headers.inject_extensions,
                     headers
                         .inject_headers
                         .iter()
                         .map(|(k, _)| k)
                         .collect::<Vec<_>>(),
-                    headers.strip_headers
+                    headers.strip_headers,
+                    headers.cancel_headers
                 ),
             )
             .field("budget", budget)

@@ -664,11 +664,47 @@ fn header_policy(r: &mut Reader<'_>) -> HeaderPolicy {
         }
         Ok(out)
     });
+    let cancel_headers = r.or(
+        "cancel_headers",
+        HeaderPolicy::default().cancel_headers,
+        |item| {
+            let list = item
+                .as_array()
+                .ok_or_else(|| expected("an array of header names", item))?;
+            let mut out: Vec<String> = Vec::new();
+            for v in list {
+                let k = v
+                    .as_str()
+                    .ok_or_else(|| format!("expected a header name string, found {v}"))?;
+                let name = http::HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| format!("{k:?} is not a header name"))?;
+                if is_hop_header(name.as_str()) || is_cancel_header(name.as_str()) {
+                    return Err(format!(
+                        "{k}: the gateway sets this header on its own CancelTask"
+                    ));
+                }
+                if !out.iter().any(|n| n == name.as_str()) {
+                    out.push(name.as_str().to_string());
+                }
+            }
+            Ok(out)
+        },
+    );
     HeaderPolicy {
         inject_extensions,
         inject_headers,
         strip_headers,
+        cancel_headers,
     }
+}
+
+/// Headers the gateway writes itself on its `CancelTask` (the credential
+/// comes from the caller or `worker_credential`).
+fn is_cancel_header(name: &str) -> bool {
+    matches!(
+        name,
+        "authorization" | "content-type" | "accept" | "a2a-version"
+    )
 }
 
 /// Headers the proxy itself manages per connection.

@@ -87,6 +87,7 @@ fn examples_parse() {
                 inject_extensions: vec!["https://a2a-rust.com/extensions/lease/v1".into()],
                 inject_headers: vec![("x-tenant-id".into(), "research".into())],
                 strip_headers: vec!["x-debug".into()],
+                cancel_headers: vec!["x-tenant-id".into(), "x-org".into()],
             },
             budget: BudgetPolicy {
                 caps: caps(Some(600_000), &[("tokens", 50_000)]),
@@ -512,6 +513,9 @@ fn single_errors() {
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ninject_extensions = [\"a,b\"]", "4:21: routes[0].inject_extensions: \"a,b\" is not an extension URI (no commas, spaces or non-ASCII)"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ninject_headers = { \"bad name\" = \"x\" }", "4:18: routes[0].inject_headers: \"bad name\" is not a header name"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nstrip_headers = [\"connection\"]", "4:17: routes[0].strip_headers: connection: a hop-by-hop header cannot be stripped here"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ncancel_headers = [\"Authorization\"]", "4:18: routes[0].cancel_headers: Authorization: the gateway sets this header on its own CancelTask"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ncancel_headers = [\"bad name\"]", "4:18: routes[0].cancel_headers: \"bad name\" is not a header name"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ncancel_headers = \"x-tenant-id\"", "4:18: routes[0].cancel_headers: expected an array of header names, found \"x-tenant-id\""),
         // leases
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"500ms\"", "4:17: routes[0].max_lease_ttl: must be at least 1s (the shortest lease the extension allows)"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"1m\"\nlease = { ttl = \"2m\" }", "5:17: routes[0].lease.ttl: must be between 1s and max_lease_ttl (60s)"),
@@ -533,7 +537,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -694,7 +698,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ]
     );
 }

@@ -27,10 +27,61 @@ pub struct CancelJob {
     pub key: TaskKey,
     pub worker: config::WorkerUrl,
     pub target: CancelTarget,
-    /// `Authorization` header value to send, if any.
-    pub authorization: Option<String>,
+    /// Headers sent besides the gateway's own (`host`, `content-type`,
+    /// `a2a-version`, `content-length`); built by [`cancel_headers`].
+    pub headers: Vec<(String, String)>,
     /// Why (`caller_gone`, `stream_lost`, …), for logs and metrics.
     pub cause: &'static str,
+}
+
+/// The caller's request headers a cancel for its child must repeat:
+/// `authorization` and the route's `cancel_headers`, unless the route strips
+/// them (then the worker never saw them) or injects its own (added by
+/// [`cancel_headers`]). Held in memory for the life of the request, never
+/// stored. Allocates nothing when the caller sent none of them.
+pub fn caller_headers(route: &config::Route, headers: &http::HeaderMap) -> Vec<(String, String)> {
+    let policy = &route.headers;
+    let mut out = Vec::new();
+    let names =
+        std::iter::once("authorization").chain(policy.cancel_headers.iter().map(String::as_str));
+    for name in names {
+        if policy.strip_headers.iter().any(|s| s == name)
+            || policy.inject_headers.iter().any(|(k, _)| k == name)
+        {
+            continue;
+        }
+        for v in headers.get_all(name) {
+            if let Ok(v) = v.to_str() {
+                out.push((name.to_string(), v.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Everything a `CancelTask` for a child of `route` carries besides the
+/// gateway's own headers, so that the worker finds the task as it did for
+/// the caller: the caller's headers ([`caller_headers`]; none when the
+/// caller is unknown, as for a lapsed lease another replica saw), the
+/// route's `worker_credential` when the caller gave no credential, and the
+/// route's `inject_headers`, which the worker received in place of the
+/// caller's.
+pub fn cancel_headers(route: &config::Route, caller: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out = caller.to_vec();
+    if let Some(cred) = &route.worker_credential {
+        if !out.iter().any(|(k, _)| k == "authorization") {
+            out.push(("authorization".to_string(), cred.clone()));
+        }
+    }
+    for (k, v) in &route.headers.inject_headers {
+        if matches!(k.as_str(), "content-type" | "a2a-version") {
+            // The cancel's own body and protocol version, not the caller's.
+            continue;
+        }
+        out.retain(|(n, _)| n != k);
+        out.push((k.clone(), v.clone()));
+    }
+    out
 }
 
 /// How a cancel ended.
@@ -215,9 +266,9 @@ impl Canceller {
                 return Attempt::Refused(format!("bad header {k}"));
             }
         }
-        if let Some(auth) = &job.authorization {
-            if req.insert_header("authorization", auth.as_str()).is_err() {
-                return Attempt::Refused("credential is not a valid header value".into());
+        for (k, v) in &job.headers {
+            if req.append_header(k.clone(), v.as_str()).is_err() {
+                return Attempt::Refused(format!("{k}: not a valid header value"));
             }
         }
 
@@ -278,13 +329,14 @@ impl Canceller {
         };
         req.headers_mut()
             .insert("a2a-version", http::HeaderValue::from_static("1.0"));
-        if let Some(auth) = &job.authorization {
-            match http::HeaderValue::from_str(auth) {
-                Ok(v) => {
-                    req.headers_mut().insert("authorization", v);
-                }
-                Err(_) => return Attempt::Refused("credential is not a valid header value".into()),
-            }
+        for (k, v) in &job.headers {
+            let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(k.as_bytes()),
+                http::HeaderValue::from_str(v),
+            ) else {
+                return Attempt::Refused(format!("{k}: not a valid header"));
+            };
+            req.headers_mut().append(name, value);
         }
         let connect =
             tokio::time::timeout(self.connect_timeout, tokio_tungstenite::connect_async(req));
@@ -360,6 +412,89 @@ fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a cancel carries, from the route's header policy and the
+    /// caller's request headers.
+    #[test]
+    fn cancel_headers_table() {
+        fn route(extra: &str) -> config::Route {
+            let src = format!("[[routes]]\nname = \"r\"\nworker = \"http://w\"\n{extra}");
+            config::parse(&src).unwrap().routes.remove(0)
+        }
+        fn caller(pairs: &[(&str, &str)]) -> http::HeaderMap {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            h
+        }
+        type Row<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [(&'a str, &'a str)]);
+        let table: &[Row] = &[
+            // Nothing to repeat.
+            ("", &[("x-other", "1")], &[]),
+            // The default: the caller's credential and tenant header.
+            (
+                "",
+                &[("authorization", "Bearer c"), ("x-tenant-id", "acme"), ("x-other", "1")],
+                &[("authorization", "Bearer c"), ("x-tenant-id", "acme")],
+            ),
+            // The route's credential only when the caller gave none.
+            ("worker_credential = \"Bearer w\"", &[], &[("authorization", "Bearer w")]),
+            (
+                "worker_credential = \"Bearer w\"",
+                &[("authorization", "Bearer c")],
+                &[("authorization", "Bearer c")],
+            ),
+            // Injected headers replace the caller's, as on the request.
+            (
+                "inject_headers = { \"x-tenant-id\" = \"research\", authorization = \"Bearer i\" }",
+                &[("authorization", "Bearer c"), ("x-tenant-id", "acme")],
+                &[("x-tenant-id", "research"), ("authorization", "Bearer i")],
+            ),
+            // Stripped headers never reached the worker.
+            (
+                "strip_headers = [\"authorization\", \"x-tenant-id\"]\nworker_credential = \"Bearer w\"",
+                &[("authorization", "Bearer c"), ("x-tenant-id", "acme")],
+                &[("authorization", "Bearer w")],
+            ),
+            // Other names, and none.
+            (
+                "cancel_headers = [\"x-org\"]",
+                &[("x-tenant-id", "acme"), ("x-org", "o1"), ("x-org", "o2")],
+                &[("x-org", "o1"), ("x-org", "o2")],
+            ),
+            ("cancel_headers = []", &[("x-tenant-id", "acme")], &[]),
+            // The cancel's own content type and version are not replaced.
+            (
+                "inject_headers = { \"content-type\" = \"text/plain\", \"a2a-version\" = \"0.3\" }",
+                &[],
+                &[],
+            ),
+        ];
+        for (extra, from_caller, want) in table {
+            let r = route(extra);
+            let kept = caller_headers(&r, &caller(from_caller));
+            let got = cancel_headers(&r, &kept);
+            let want: Vec<(String, String)> = want
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            assert_eq!(got, want, "route {extra:?}, caller {from_caller:?}");
+        }
+        // A lapsed lease another replica saw: the route's part only.
+        let r =
+            route("worker_credential = \"Bearer w\"\ninject_headers = { \"x-tenant-id\" = \"t\" }");
+        assert_eq!(
+            cancel_headers(&r, &[]),
+            vec![
+                ("authorization".to_string(), "Bearer w".to_string()),
+                ("x-tenant-id".to_string(), "t".to_string())
+            ]
+        );
+    }
 
     #[test]
     fn judge_table() {

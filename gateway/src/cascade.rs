@@ -125,10 +125,9 @@ pub struct StreamEnd {
     pub was_watching: bool,
     /// This stream held a lease the route imposed (not one the caller granted).
     pub imposed_lease: bool,
-    /// The caller's `Authorization`, held in memory only.
-    pub caller_authorization: Option<String>,
-    /// The route's configured worker credential.
-    pub worker_credential: Option<String>,
+    /// What the cancel carries besides the gateway's own headers
+    /// ([`crate::cancel::cancel_headers`]); in memory only.
+    pub cancel_headers: Vec<(String, String)>,
 }
 
 /// Runs cascade decisions and sends the cancels they owe.
@@ -207,10 +206,7 @@ impl Cascade {
                         key,
                         worker: end.worker.clone(),
                         target: end.target.clone(),
-                        authorization: end
-                            .caller_authorization
-                            .clone()
-                            .or_else(|| end.worker_credential.clone()),
+                        headers: std::mem::take(&mut end.cancel_headers),
                         cause: cause.as_str(),
                     };
                     self.canceller.cancel(&job).await;

@@ -152,7 +152,7 @@ impl Leases {
                 key: rec.key.clone(),
                 worker: route.cfg.worker.clone(),
                 target,
-                authorization: route.cfg.worker_credential.clone(),
+                headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: "lease_lapsed",
             };
             let canceller = self.canceller.clone();

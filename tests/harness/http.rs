@@ -181,6 +181,17 @@ pub async fn get_task_state(url: &str, tenant: Option<&str>, id: &str) -> Option
     v["result"]["status"]["state"].as_str().map(str::to_string)
 }
 
+/// The task's state, asked with `headers` (a worker that takes the tenant
+/// from a header, for example); `None` when the worker does not find it.
+pub async fn get_task_state_with(url: &str, headers: &[(&str, &str)], id: &str) -> Option<String> {
+    let body =
+        json!({"jsonrpc": "2.0", "id": "harness-get", "method": "GetTask", "params": {"id": id}});
+    let resp = post_json(url, "/", headers, &body).await;
+    resp.json()["result"]["status"]["state"]
+        .as_str()
+        .map(str::to_string)
+}
+
 /// Polls the worker until the task is in `want`, for at most `within`.
 /// Returns how long it took, or the last state seen.
 pub async fn wait_for_state(

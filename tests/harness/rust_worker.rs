@@ -112,6 +112,7 @@ use std::time::{Duration, Instant, SystemTime};
 use a2a_protocol_server::serve::Server;
 use a2a_protocol_server::store::{InMemoryLeaseStore, TaskStoreConfig, TenantStoreConfig};
 use a2a_protocol_server::streaming::EventQueueWriter;
+use a2a_protocol_server::tenant_resolver::HeaderTenantResolver;
 use a2a_protocol_server::{
     AgentExecutor, CallContext, CombinedDispatcher, EventEmitter, RequestContext,
     RequestHandlerBuilder, ServerInterceptor, TenantAwareInMemoryTaskStore, WebSocketDispatcher,
@@ -133,6 +134,11 @@ pub struct RustWorkerOptions {
     pub lease_store: bool,
     /// Also serve the WebSocket binding on a second listener (`ws_url`).
     pub websocket: bool,
+    /// Take the tenant from the `x-tenant-id` header
+    /// (`with_tenant_resolver(HeaderTenantResolver::default())`): a call
+    /// without the header is in the default tenant, and one naming another
+    /// tenant in its path or params is refused.
+    pub header_tenant: bool,
 }
 
 /// Limits for a worker that holds many tasks at once
@@ -245,6 +251,9 @@ impl RustWorker {
         }
         if opts.lease_store {
             builder = builder.with_lease_store(InMemoryLeaseStore::new());
+        }
+        if opts.header_tenant {
+            builder = builder.with_tenant_resolver(HeaderTenantResolver::default());
         }
         let handler = Arc::new(builder.build().expect("build worker handler"));
 

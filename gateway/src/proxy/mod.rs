@@ -23,7 +23,7 @@ use crate::a2a::request::{jsonrpc_batch, jsonrpc_facts, rest_facts, RequestFacts
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{classify, observe, A2aMethod, Binding, Call, Observation};
 use crate::budget::{BudgetError, Budgets, ChildBudget, Verdict};
-use crate::cancel::CancelJob;
+use crate::cancel::{caller_headers, cancel_headers, CancelJob};
 use crate::cascade::{Cascade, StreamEnd};
 use crate::lease::Leases;
 use crate::metrics;
@@ -146,8 +146,9 @@ pub struct Ctx {
     tenant: Option<String>,
     /// Request body copy for inspection; `None` once read or abandoned.
     req_body: Option<Vec<u8>>,
-    /// The caller's credential, for the gateway's own cancel.
-    authorization: Option<String>,
+    /// The caller's headers the gateway's own cancel repeats (its
+    /// credential, the route's `cancel_headers`), in memory only.
+    caller_headers: Vec<(String, String)>,
     body: Body,
     task_id: Option<Arc<str>>,
     /// The task id the request itself names (SubscribeToTask, a
@@ -620,10 +621,7 @@ impl Gateway {
                     key: key(&ctx.tenant, id.clone()),
                     worker: route.cfg.worker.clone(),
                     target,
-                    authorization: ctx
-                        .authorization
-                        .clone()
-                        .or_else(|| route.cfg.worker_credential.clone()),
+                    headers: cancel_headers(&route.cfg, &ctx.caller_headers),
                     cause: "budget_exhausted",
                 };
                 b.task_known(&self.budgets, &id, job, ctx.seen.is_settled());
@@ -962,11 +960,7 @@ impl ProxyHttp for Gateway {
             ctx.upstream_path.insert(0, '/');
         }
         ctx.public_prefix = m.prefix.to_string();
-        ctx.authorization = req
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        ctx.caller_headers = caller_headers(&route.cfg, &req.headers);
         let kind = match &call {
             Call::AgentCard => "agent_card",
             Call::Rest { method, .. } => method.as_str(),
@@ -1481,8 +1475,7 @@ impl ProxyHttp for Gateway {
             event,
             was_watching: ctx.watching,
             imposed_lease,
-            caller_authorization: ctx.authorization.take(),
-            worker_credential: route.cfg.worker_credential.clone(),
+            cancel_headers: cancel_headers(&route.cfg, &ctx.caller_headers),
         };
         let cascade = self.cascade.clone();
         tokio::spawn(async move { cascade.stream_ended(end).await });

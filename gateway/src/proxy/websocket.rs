@@ -352,8 +352,7 @@ impl Gateway {
                 event,
                 was_watching: t.watching,
                 imposed_lease: t.held,
-                caller_authorization: ctx.authorization.clone(),
-                worker_credential: route.cfg.worker_credential.clone(),
+                cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.caller_headers),
             };
             let cascade = self.cascade.clone();
             tokio::spawn(async move { cascade.stream_ended(end).await });
