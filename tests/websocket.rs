@@ -208,3 +208,40 @@ async fn upgrades_stay_open_after_the_101() {
     );
     assert_eq!(worker.tasks_started(), UPGRADES);
 }
+
+/// The gateway passes a JSON-RPC batch over a socket untracked
+/// (`ws_jsonrpc_batch`); a2a-rust 0.15's WebSocket binding reads each frame
+/// as one request, so it answers an array with `-32600` and starts nothing:
+/// with this worker no child escapes tracking that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_over_the_socket_starts_nothing_on_a2a_rust() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (worker, gw, gw_ws) = setup("").await;
+    let mut ws = connect(&gw_ws).await.expect("upgrade");
+    let send = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+        "params": {"message": crate::harness::worker::message("work:30000")}});
+    ws.send(Message::text(serde_json::json!([send]).to_string()))
+        .await
+        .expect("send");
+    let answer = loop {
+        match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => {
+                break serde_json::from_str::<serde_json::Value>(t.as_str()).expect("JSON");
+            }
+            Ok(Some(Ok(_))) => {}
+            other => panic!("no answer to the batch: {other:?}"),
+        }
+    };
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    assert_eq!(
+        worker.tasks_started(),
+        0,
+        "the worker ran no call of the batch"
+    );
+    assert_eq!(
+        gw.counter("a2agw_untracked_total", &["reason=\"ws_jsonrpc_batch\""])
+            .await,
+        1.0
+    );
+}

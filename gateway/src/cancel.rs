@@ -1,9 +1,11 @@
 //! Sending `CancelTask` to workers, with retries.
 //!
 //! The gateway's own calls speak the binding the caller used, in the tenant
-//! the task was sent to, with `A2A-Version: 1.0`, and with the caller's
-//! credential (held in memory for the life of the request, never stored) or
-//! the route's configured worker credential.
+//! the task was sent to, with `A2A-Version: 1.0`, and with the headers the
+//! worker may find the task by ([`cancel_headers`]): the caller's credential
+//! and `cancel_headers` (held in memory for the life of the request, never
+//! stored), else the route's configured worker credential, and the route's
+//! `inject_headers`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
