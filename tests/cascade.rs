@@ -282,15 +282,7 @@ async fn header_tenant(route_extra: &str, caller: &[(&str, &str)], expect_cancel
         "params": {"message": crate::harness::worker::message(LONG)}});
     let mut stream = SseStream::open(&gw.url, "/", caller, &body).await;
     assert_eq!(stream.status, 200);
-    let mut id = None;
-    for _ in 0..10 {
-        let ev = stream.next(Duration::from_secs(5)).await.expect("an event");
-        if let Some(t) = crate::harness::worker::task_id_of(&ev) {
-            id = Some(t);
-            break;
-        }
-    }
-    let id = id.expect("an event named the task");
+    let id = stream.task_id().await;
     let acme = [("x-tenant-id", "acme")];
     assert_eq!(
         get_task_state_with(&worker.url(), &acme, &id)
@@ -368,15 +360,7 @@ async fn rest_query_tenant_is_the_cancel_tenant() {
     let body = json!({ "message": crate::harness::worker::message(LONG) });
     let mut stream = SseStream::open(&gw.url, "/message:stream?tenant=acme", &[], &body).await;
     assert_eq!(stream.status, 200);
-    let mut id = None;
-    for _ in 0..10 {
-        let ev = stream.next(Duration::from_secs(5)).await.expect("an event");
-        if let Some(t) = crate::harness::worker::task_id_of(&ev) {
-            id = Some(t);
-            break;
-        }
-    }
-    let id = id.expect("an event named the task");
+    let id = stream.task_id().await;
     worker
         .wait_state(Some("acme"), &id, WORKING, Duration::from_secs(5))
         .await

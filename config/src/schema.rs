@@ -602,7 +602,7 @@ fn meters(min: i64) -> impl Fn(&Item) -> Result<Vec<Meter>, Bad> {
     }
 }
 
-/// `inject_extensions`, `inject_headers`, `strip_headers`.
+/// `inject_extensions`, `inject_headers`, `strip_headers`, `cancel_headers`.
 fn header_policy(r: &mut Reader<'_>) -> HeaderPolicy {
     let inject_extensions = r.or("inject_extensions", Vec::new(), |item| {
         let list = item
@@ -647,47 +647,18 @@ fn header_policy(r: &mut Reader<'_>) -> HeaderPolicy {
         Ok(out)
     });
     let strip_headers = r.or("strip_headers", Vec::new(), |item| {
-        let list = item
-            .as_array()
-            .ok_or_else(|| expected("an array of header names", item))?;
-        let mut out = Vec::new();
-        for v in list {
-            let k = v
-                .as_str()
-                .ok_or_else(|| format!("expected a header name string, found {v}"))?;
-            let name = http::HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| format!("{k:?} is not a header name"))?;
-            if is_hop_header(name.as_str()) {
-                return Err(format!("{k}: a hop-by-hop header cannot be stripped here"));
-            }
-            out.push(name.as_str().to_string());
-        }
-        Ok(out)
+        header_names(item, |name| {
+            is_hop_header(name).then_some("a hop-by-hop header cannot be stripped here")
+        })
     });
     let cancel_headers = r.or(
         "cancel_headers",
         HeaderPolicy::default().cancel_headers,
         |item| {
-            let list = item
-                .as_array()
-                .ok_or_else(|| expected("an array of header names", item))?;
-            let mut out: Vec<String> = Vec::new();
-            for v in list {
-                let k = v
-                    .as_str()
-                    .ok_or_else(|| format!("expected a header name string, found {v}"))?;
-                let name = http::HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|_| format!("{k:?} is not a header name"))?;
-                if is_hop_header(name.as_str()) || is_cancel_header(name.as_str()) {
-                    return Err(format!(
-                        "{k}: the gateway sets this header on its own CancelTask"
-                    ));
-                }
-                if !out.iter().any(|n| n == name.as_str()) {
-                    out.push(name.as_str().to_string());
-                }
-            }
-            Ok(out)
+            header_names(item, |name| {
+                (is_hop_header(name) || is_cancel_header(name))
+                    .then_some("the gateway sets this header on its own CancelTask")
+            })
         },
     );
     HeaderPolicy {
@@ -705,6 +676,32 @@ fn is_cancel_header(name: &str) -> bool {
         name,
         "authorization" | "content-type" | "accept" | "a2a-version"
     )
+}
+
+/// An array of header names, lower-cased and without repeats; `refuse`
+/// says why a (lower-case) name may not be listed.
+fn header_names(
+    item: &Item,
+    refuse: impl Fn(&str) -> Option<&'static str>,
+) -> Result<Vec<String>, String> {
+    let list = item
+        .as_array()
+        .ok_or_else(|| expected("an array of header names", item))?;
+    let mut out: Vec<String> = Vec::new();
+    for v in list {
+        let k = v
+            .as_str()
+            .ok_or_else(|| format!("expected a header name string, found {v}"))?;
+        let name = http::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("{k:?} is not a header name"))?;
+        if let Some(why) = refuse(name.as_str()) {
+            return Err(format!("{k}: {why}"));
+        }
+        if !out.iter().any(|n| n == name.as_str()) {
+            out.push(name.as_str().to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// Headers the proxy itself manages per connection.

@@ -234,6 +234,18 @@ impl SseStream {
         self.next_json(within).await
     }
 
+    /// Reads events until one names its task (at most 10, each within 5 s),
+    /// and returns that task's id; panics when none does.
+    pub async fn task_id(&mut self) -> String {
+        for _ in 0..10 {
+            let ev = self.next(Duration::from_secs(5)).await.expect("an event");
+            if let Some(t) = super::worker::task_id_of(&ev) {
+                return t;
+            }
+        }
+        panic!("no event named the task")
+    }
+
     /// Every remaining event until the server ends the stream.
     pub async fn rest(&mut self, within: Duration) -> Vec<Value> {
         self.rest_json(within).await
