@@ -14,10 +14,16 @@ const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 /// An a2a-rust 0.15 worker with its WebSocket binding and no lease store,
 /// and a gateway route to its WebSocket listener.
 async fn setup(route_extra: &str) -> (RustWorker, Gateway, String) {
+    setup_with(route_extra, false).await
+}
+
+/// [`setup`], with the worker taking the tenant from `x-tenant-id` when
+/// `header_tenant` is set.
+async fn setup_with(route_extra: &str, header_tenant: bool) -> (RustWorker, Gateway, String) {
     let worker = RustWorker::start(RustWorkerOptions {
         lease_store: false,
         websocket: true,
-        ..RustWorkerOptions::default()
+        header_tenant,
     })
     .await;
     let ws = worker.ws_url().expect("a WebSocket listener");
@@ -145,6 +151,52 @@ async fn socket_closed_mid_task_cancels() {
     .unwrap_or_else(|s| panic!("not canceled within 1 s ({s:?}); log:\n{}", gw.log_text()));
     assert_eq!(worker.cancels(), 1);
     assert!(gw.counter("a2agw_tasks_tracked_total", &[]).await >= 1.0);
+}
+
+/// The same over a worker that takes the tenant from `x-tenant-id`, which
+/// the route injects on the upgrade: the gateway's own cancel socket must
+/// carry it too, or the worker looks for the task in the default tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_closed_cancels_in_the_injected_header_tenant() {
+    use crate::harness::http::get_task_state_with;
+    let (worker, gw, gw_ws) =
+        setup_with("inject_headers = { \"x-tenant-id\" = \"acme\" }", true).await;
+    let mut parent = ParentProcess::spawn_ws(&gw_ws, Duration::from_secs(60), "work:30000").await;
+    let id = parent.task_id.clone();
+    let acme = [("x-tenant-id", "acme")];
+    let mut last = None;
+    for _ in 0..200 {
+        last = get_task_state_with(&worker.url(), &acme, &id).await;
+        if last.as_deref() == Some("TASK_STATE_WORKING") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        last.as_deref(),
+        Some("TASK_STATE_WORKING"),
+        "the child runs in tenant acme"
+    );
+    assert_eq!(
+        get_task_state_with(&worker.url(), &[], &id).await,
+        None,
+        "not in the default tenant"
+    );
+    parent.sigkill().await;
+    for _ in 0..40 {
+        last = get_task_state_with(&worker.url(), &acme, &id).await;
+        if last.as_deref() == Some("TASK_STATE_CANCELED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        last.as_deref(),
+        Some("TASK_STATE_CANCELED"),
+        "not canceled within 1 s; log:\n{}",
+        gw.log_text()
+    );
+    assert_eq!(worker.cancels(), 1);
 }
 
 /// One upgrade through the gateway: connect, send a `quick` SendMessage,
