@@ -270,7 +270,7 @@ scenarios! {
 /// policy, `caller` the header the caller sends; `expect_cancel` whether
 /// the worker is expected to stop the task.
 async fn header_tenant(route_extra: &str, caller: &[(&str, &str)], expect_cancel: bool) {
-    use crate::harness::http::get_task_state_with;
+    use crate::harness::http::{get_task_state_with, wait_for_state_with};
     use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
     let worker = RustWorker::start(RustWorkerOptions {
         header_tenant: true,
@@ -297,24 +297,22 @@ async fn header_tenant(route_extra: &str, caller: &[(&str, &str)], expect_cancel
         "the worker scopes tasks by the header: not found without it"
     );
     stream.close();
-    let mut last = None;
-    for _ in 0..80 {
-        last = get_task_state_with(&worker.url(), &acme, &id).await;
-        if last.as_deref() == Some(CANCELED) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let canceled =
+        wait_for_state_with(&worker.url(), &acme, &id, CANCELED, Duration::from_secs(2)).await;
     if expect_cancel {
-        assert_eq!(
-            last.as_deref(),
-            Some(CANCELED),
-            "not canceled; gateway log:\n{}",
-            gw.log_text()
-        );
+        canceled.unwrap_or_else(|last| {
+            panic!(
+                "not canceled (state {last:?}); gateway log:\n{}",
+                gw.log_text()
+            )
+        });
         assert_eq!(worker.cancels(), 1);
     } else {
-        assert_eq!(last.as_deref(), Some(WORKING), "the cancel missed the task");
+        assert_eq!(
+            canceled.map_err(|last| last.as_deref() == Some(WORKING)),
+            Err(true),
+            "the cancel missed the task, which runs on"
+        );
         assert_eq!(worker.cancels(), 0);
         let mut missed = 0.0;
         for _ in 0..100 {

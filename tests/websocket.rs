@@ -158,44 +158,36 @@ async fn socket_closed_mid_task_cancels() {
 /// carry it too, or the worker looks for the task in the default tenant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_closed_cancels_in_the_injected_header_tenant() {
-    use crate::harness::http::get_task_state_with;
+    use crate::harness::http::{get_task_state_with, wait_for_state_with};
     let (worker, gw, gw_ws) =
         setup_with("inject_headers = { \"x-tenant-id\" = \"acme\" }", true).await;
     let mut parent = ParentProcess::spawn_ws(&gw_ws, Duration::from_secs(60), "work:30000").await;
     let id = parent.task_id.clone();
     let acme = [("x-tenant-id", "acme")];
-    let mut last = None;
-    for _ in 0..200 {
-        last = get_task_state_with(&worker.url(), &acme, &id).await;
-        if last.as_deref() == Some("TASK_STATE_WORKING") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(
-        last.as_deref(),
-        Some("TASK_STATE_WORKING"),
-        "the child runs in tenant acme"
-    );
+    wait_for_state_with(
+        &worker.url(),
+        &acme,
+        &id,
+        "TASK_STATE_WORKING",
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("the child runs in tenant acme");
     assert_eq!(
         get_task_state_with(&worker.url(), &[], &id).await,
         None,
         "not in the default tenant"
     );
     parent.sigkill().await;
-    for _ in 0..40 {
-        last = get_task_state_with(&worker.url(), &acme, &id).await;
-        if last.as_deref() == Some("TASK_STATE_CANCELED") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(
-        last.as_deref(),
-        Some("TASK_STATE_CANCELED"),
-        "not canceled within 1 s; log:\n{}",
-        gw.log_text()
-    );
+    wait_for_state_with(
+        &worker.url(),
+        &acme,
+        &id,
+        "TASK_STATE_CANCELED",
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap_or_else(|s| panic!("not canceled within 1 s ({s:?}); log:\n{}", gw.log_text()));
     assert_eq!(worker.cancels(), 1);
 }
 

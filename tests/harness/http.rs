@@ -201,10 +201,34 @@ pub async fn wait_for_state(
     want: &str,
     within: Duration,
 ) -> Result<Duration, Option<String>> {
+    poll_state(want, within, || get_task_state(url, tenant, id)).await
+}
+
+/// [`wait_for_state`], asking with `headers` ([`get_task_state_with`]).
+pub async fn wait_for_state_with(
+    url: &str,
+    headers: &[(&str, &str)],
+    id: &str,
+    want: &str,
+    within: Duration,
+) -> Result<Duration, Option<String>> {
+    poll_state(want, within, || get_task_state_with(url, headers, id)).await
+}
+
+/// Calls `get` every 25 ms until it answers `want`, for at most `within`.
+async fn poll_state<F, Fut>(
+    want: &str,
+    within: Duration,
+    get: F,
+) -> Result<Duration, Option<String>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<String>>,
+{
     let start = tokio::time::Instant::now();
     let mut last = None;
     while start.elapsed() <= within {
-        last = get_task_state(url, tenant, id).await;
+        last = get().await;
         if last.as_deref() == Some(want) {
             return Ok(start.elapsed());
         }
