@@ -12,6 +12,7 @@ mod parent_selftest;
 mod python_selftest;
 mod sse_recorded;
 mod store_conformance;
+mod tls;
 mod websocket;
 mod worker_selftest;
 mod ws_frames;

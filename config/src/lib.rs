@@ -9,8 +9,9 @@
 //! `examples/minimal.toml` and `examples/full.toml` in this crate show the
 //! format; the latter names every key with its default.
 //!
-//! Nothing here does I/O but [`load`] (which reads the file), and [`parse`]
-//! reading the environment variables that `worker_credential_env` names.
+//! Nothing here does I/O but [`load`] (which reads the file), [`parse`]
+//! reading the environment variables that `worker_credential_env` names, and
+//! both reading the certificate files that `worker_ca` names.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -196,6 +197,10 @@ pub struct Route {
     /// `Authorization` value for the gateway's own calls to this worker
     /// (such as `CancelTask`) when the caller's request carried none.
     pub worker_credential: Option<String>,
+    /// The certificates an `https` worker's certificate must chain to, in
+    /// place of the system's roots (workers behind a private CA). `None`:
+    /// the system's roots.
+    pub worker_ca: Option<WorkerCa>,
     pub lease: LeasePolicy,
     pub headers: HeaderPolicy,
     /// `[routes.budget]`: caps on the budget grants of the child tasks this
@@ -409,6 +414,7 @@ impl fmt::Debug for Route {
             strip_prefix,
             cascade,
             worker_credential,
+            worker_ca,
             lease,
             headers,
             budget,
@@ -424,6 +430,7 @@ impl fmt::Debug for Route {
                 "worker_credential",
                 &worker_credential.as_ref().map(|_| "<redacted>"),
             )
+            .field("worker_ca", worker_ca)
             .field("lease", lease)
             .field(
                 "headers",
@@ -441,6 +448,29 @@ impl fmt::Debug for Route {
             )
             .field("budget", budget)
             .finish()
+    }
+}
+
+/// A route's `worker_ca`: a PEM file of trust anchors, read and checked
+/// when the config loads, so that a missing or broken file stops start-up
+/// rather than failing each connection.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerCa {
+    /// The file as configured, resolved against the config file's directory.
+    pub path: PathBuf,
+    /// Each certificate of the file, DER-encoded, in file order; at least one,
+    /// each a parseable X.509 certificate.
+    pub certs: Vec<Vec<u8>>,
+}
+
+impl fmt::Debug for WorkerCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({} certificates)",
+            self.path.display(),
+            self.certs.len()
+        )
     }
 }
 
@@ -465,6 +495,7 @@ impl Config {
                 strip_prefix: true,
                 cascade: CascadePolicy::default(),
                 worker_credential: None,
+                worker_ca: None,
                 lease: LeasePolicy::default(),
                 headers: HeaderPolicy::default(),
                 budget: BudgetPolicy::default(),
@@ -550,7 +581,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
             }],
         })
     })?;
-    parse(&src).map_err(with_file)
+    let env = |name: &str| std::env::var(name).ok();
+    parse_at(&src, path.parent(), &env).map_err(with_file)
 }
 
 /// Validates a config file's text. `worker_credential_env` keys are looked
@@ -565,6 +597,17 @@ pub fn parse_with_env(
     src: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigErrors> {
+    parse_at(src, None, env)
+}
+
+/// [`parse_with_env`] for a file in `dir`: relative `worker_ca` paths are
+/// read from there (from the working directory when `dir` is `None`).
+pub fn parse_at(
+    src: &str,
+    dir: Option<&Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigErrors> {
+    let outside = schema::Outside { env, dir };
     let sink = read::Sink::new(src);
     let doc = match toml_edit::ImDocument::parse(src) {
         Ok(doc) => doc,
@@ -584,7 +627,7 @@ pub fn parse_with_env(
         }
     };
     let mut root = read::Reader::root(&sink, doc.as_table());
-    let config = schema::config(&mut root, &sink, env);
+    let config = schema::config(&mut root, &sink, &outside);
     root.finish();
     match config {
         Some(config) if sink.count() == 0 => Ok(config),

@@ -2,6 +2,7 @@
 
 use std::collections::{hash_map, BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use policies::budget::{is_meter_name, Caps, OverCap, MAX_METERS, MAX_METER_NAME_LEN};
@@ -15,11 +16,20 @@ use crate::read::{
 use crate::url::{split_url, UrlError};
 use crate::{
     AccountPolicy, AccountScope, BudgetPolicy, Cancel, Config, HeaderPolicy, LeasePolicy, Leases,
-    Limits, OnStoreError, Route, Server, Store, StoreKind, Timeouts, WorkerLeases, WorkerUrl,
+    Limits, OnStoreError, Route, Server, Store, StoreKind, Timeouts, WorkerCa, WorkerLeases,
+    WorkerUrl,
 };
 
-/// Looks up an environment variable (`worker_credential_env`).
-pub(crate) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+/// What the file refers to outside itself: environment variables
+/// (`worker_credential_env`) and files (`worker_ca`).
+pub(crate) struct Outside<'e> {
+    pub env: &'e dyn Fn(&str) -> Option<String>,
+    /// The config file's directory, which relative paths start from; `None`:
+    /// the working directory.
+    pub dir: Option<&'e Path>,
+}
+
+pub(crate) type Env<'e> = &'e Outside<'e>;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -264,6 +274,8 @@ fn routes(
     // (host, path_prefix) -> index of the first route with it
     let mut matches: HashMap<(Option<String>, Option<String>), usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
+    // https worker host:port -> the first route naming it, and its worker_ca
+    let mut trust: HashMap<String, (usize, Option<PathBuf>)> = HashMap::new();
     for (i, mut r) in readers.into_iter().enumerate() {
         let before = sink.count();
         let route = route(&mut r, defaults, env);
@@ -294,6 +306,29 @@ fn routes(
         } else {
             matches.insert(key, i);
         }
+        // One worker, one trust: the proxy and the gateway's cancels reach a
+        // worker by its host:port, whichever route named it.
+        match trust.entry(route.worker.authority()) {
+            _ if !route.worker.tls => {}
+            hash_map::Entry::Occupied(e) => {
+                let (j, ca): &(usize, Option<PathBuf>) = e.get();
+                let here = route.worker_ca.as_ref().map(|c| c.path.clone());
+                if *ca != here {
+                    let at = r.pos("worker_ca");
+                    r.report_at(
+                        at,
+                        "worker_ca",
+                        format!(
+                            "routes[{j}] reaches the same worker ({}) with a different worker_ca; give both the same",
+                            route.worker.authority()
+                        ),
+                    );
+                }
+            }
+            hash_map::Entry::Vacant(e) => {
+                e.insert((i, route.worker_ca.as_ref().map(|c| c.path.clone())));
+            }
+        }
         routes.push(route);
     }
     Some(routes)
@@ -309,6 +344,15 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let strip_prefix = r.or("strip_prefix", true, boolean);
     let cascade = cascade(r, defaults.cascade);
     let worker_credential = credential(r, env);
+    let worker_ca = r.opt("worker_ca", |item| worker_ca(string(item)?, env));
+    if worker_ca.is_some() && worker.as_ref().is_some_and(|w| !w.tls) {
+        let at = r.pos("worker_ca");
+        r.report_at(
+            at,
+            "worker_ca",
+            "worker_ca applies to https workers only; this route's worker is http",
+        );
+    }
     let lease = lease_policy(r, defaults);
     let headers = header_policy(r);
     let budget = budget_policy(r);
@@ -321,10 +365,50 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         strip_prefix,
         cascade,
         worker_credential,
+        worker_ca,
         lease,
         headers,
         budget,
     })
+}
+
+/// A `worker_ca` file: PEM `CERTIFICATE` blocks, each a parseable X.509
+/// certificate (pingora panics on one that is not, at connect time).
+fn worker_ca(path: &str, env: Env<'_>) -> Result<WorkerCa, String> {
+    if path.is_empty() {
+        return Err("expected the path of a PEM file, found an empty string".into());
+    }
+    let path = match env.dir {
+        Some(dir) if Path::new(path).is_relative() => dir.join(path),
+        _ => Path::new(path).to_path_buf(),
+    };
+    let shown = path.display();
+    let pem = std::fs::read(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let mut certs = Vec::new();
+    for (i, block) in pem_certificates(&pem).enumerate() {
+        let der = block.map_err(|e| format!("{shown}: certificate {}: {e}", i + 1))?;
+        if let Err(e) = x509_parser::parse_x509_certificate(&der) {
+            return Err(format!(
+                "{shown}: certificate {} is not an X.509 certificate: {e}",
+                i + 1
+            ));
+        }
+        certs.push(der);
+    }
+    if certs.is_empty() {
+        return Err(format!(
+            "{shown} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(WorkerCa { path, certs })
+}
+
+/// The DER of each `CERTIFICATE` block of a PEM text (other blocks, such as
+/// keys, are skipped).
+fn pem_certificates(pem: &[u8]) -> impl Iterator<Item = Result<Vec<u8>, String>> + '_ {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::CertificateDer::pem_slice_iter(pem)
+        .map(|c| c.map(|c| c.to_vec()).map_err(|e| format!("bad PEM: {e}")))
 }
 
 /// The shortest and longest `max_deadline`.
@@ -727,7 +811,8 @@ fn credential(r: &mut Reader<'_>, env: Env<'_>) -> Option<String> {
         if var.is_empty() || var.contains(['=', '\0']) {
             return Err(format!("{var:?} is not an environment variable name"));
         }
-        let value = env(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
+        let value =
+            (env.env)(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
         header_value(&value).map_err(|e| format!("environment variable {var}: {e}"))
     });
     let both = r.has("worker_credential") && r.has("worker_credential_env");

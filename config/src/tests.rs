@@ -78,6 +78,7 @@ fn examples_parse() {
                 id_wait: 5 * S,
             },
             worker_credential: Some("Bearer abc".into()),
+            worker_ca: None,
             lease: LeasePolicy {
                 max_ttl: 600 * S,
                 impose_ttl: Some(30 * S),
@@ -537,7 +538,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -698,7 +699,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ]
     );
 }
@@ -849,4 +850,92 @@ fn process_environment() {
     let src = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_credential_env = \"PATH\"";
     let c = parse(src);
     assert!(c.is_ok() || std::env::var("PATH").is_err(), "{c:?}");
+}
+
+/// A CA certificate (P-256, made with `openssl req -x509`) for `worker_ca`.
+const CA_PEM: &str = include_str!("../testdata/ca.pem");
+
+/// `worker_ca`: read relative to the config file, every certificate kept,
+/// and each way a file can be wrong reported with the route's others.
+#[test]
+fn worker_ca() {
+    let dir = std::env::temp_dir().join(format!("a2a-gateway-config-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        std::fs::write(dir.join(name), text).unwrap();
+    };
+    write("ca.pem", CA_PEM);
+    // Two certificates, with a key between them that is skipped.
+    write(
+        "two.pem",
+        &format!("{CA_PEM}-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n{CA_PEM}"),
+    );
+    write("empty.pem", "no PEM here\n");
+    // Valid base64 in a CERTIFICATE block, but not X.509 (pingora would
+    // panic on it at connect time).
+    write(
+        "junk.pem",
+        "-----BEGIN CERTIFICATE-----\nAAECAwQF\n-----END CERTIFICATE-----\n",
+    );
+
+    let route = |worker: &str, ca: &str| {
+        format!("[[routes]]\nname = \"a\"\nworker = \"{worker}\"\nworker_ca = \"{ca}\"\n")
+    };
+    let parse_in = |src: &str| parse_at(src, Some(&dir), &env);
+
+    let c = parse_in(&route("https://w", "ca.pem")).unwrap();
+    let ca = c.routes[0].worker_ca.as_ref().unwrap();
+    assert_eq!(ca.path, dir.join("ca.pem"));
+    assert_eq!(ca.certs.len(), 1);
+    assert_eq!(
+        format!("{ca:?}"),
+        format!("{} (1 certificates)", dir.join("ca.pem").display())
+    );
+    let abs = dir.join("two.pem").display().to_string();
+    let c = parse_in(&route("https://w", &abs)).unwrap();
+    assert_eq!(c.routes[0].worker_ca.as_ref().unwrap().certs.len(), 2);
+    // `load` reads it from the file's directory.
+    write("gw.toml", &route("https://w", "ca.pem"));
+    assert_eq!(
+        load(&dir.join("gw.toml")).unwrap().routes[0]
+            .worker_ca
+            .as_ref()
+            .unwrap()
+            .certs
+            .len(),
+        1
+    );
+
+    // An http route to the same host:port has no trust to disagree with.
+    let mixed = format!(
+        "[[routes]]\nname = \"p\"\nworker = \"http://w:443\"\npath_prefix = \"/p\"\n{}",
+        route("https://w", "ca.pem")
+    );
+    assert!(parse_in(&mixed).unwrap().routes[1].worker_ca.is_some());
+
+    let shown = |name: &str| dir.join(name).display().to_string();
+    let table = [
+        (route("https://w", "missing.pem"), format!("4:13: routes[0].worker_ca: cannot read {}: No such file or directory (os error 2)", shown("missing.pem"))),
+        (route("https://w", "empty.pem"), format!("4:13: routes[0].worker_ca: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", shown("empty.pem"))),
+        (route("https://w", "junk.pem"), format!("4:13: routes[0].worker_ca: {}: certificate 1 is not an X.509 certificate: ", shown("junk.pem"))),
+        (route("https://w", ""), "4:13: routes[0].worker_ca: expected the path of a PEM file, found an empty string".to_owned()),
+        (route("http://w", "ca.pem"), "4:13: routes[0].worker_ca: worker_ca applies to https workers only; this route's worker is http".to_owned()),
+        (
+            format!("{}path_prefix = \"/a\"\n[[routes]]\nname = \"b\"\nworker = \"https://w:443/other\"\n", route("https://w", "ca.pem")),
+            "6:1: routes[1].worker_ca: routes[0] reaches the same worker (w:443) with a different worker_ca; give both the same".to_owned(),
+        ),
+    ];
+    for (src, want) in table {
+        let got: Vec<String> = match parse_in(&src) {
+            Ok(c) => panic!("{src}\n--- parsed: {c:?}"),
+            Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+        };
+        assert_eq!(got.len(), 1, "{src}: {got:?}");
+        assert!(
+            got[0].starts_with(&want),
+            "{src}\n got: {}\nwant: {want}",
+            got[0]
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

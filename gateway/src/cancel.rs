@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pingora::connectors::http::Connector;
+use pingora::connectors::TransportConnector;
 use pingora::http::RequestHeader;
-use pingora::upstreams::peer::HttpPeer;
 use serde_json::{json, Value};
 
 use crate::a2a::classify::percent_encode_segment;
@@ -130,6 +130,8 @@ enum Attempt {
 #[derive(Clone)]
 pub struct Canceller {
     connector: Arc<Connector>,
+    /// For WebSocket cancels, which need the bare (TLS) stream.
+    transport: Arc<TransportConnector>,
     cfg: config::Cancel,
     connect_timeout: Duration,
     seq: Arc<AtomicU64>,
@@ -147,6 +149,7 @@ impl Canceller {
     pub fn new(cfg: config::Cancel, connect_timeout: Duration, addrs: Arc<WorkerAddrs>) -> Self {
         Canceller {
             connector: Arc::new(Connector::new(None)),
+            transport: Arc::new(TransportConnector::new(None)),
             cfg,
             connect_timeout,
             seq: Arc::new(AtomicU64::new(1)),
@@ -248,7 +251,7 @@ impl Canceller {
             Ok(a) => a,
             Err(why) => return Attempt::Retry(why),
         };
-        let mut peer = HttpPeer::new(addr, w.tls, w.host.clone());
+        let mut peer = worker_addr.peer(addr, w.tls);
         peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.read_timeout = Some(self.cfg.timeout);
         peer.options.write_timeout = Some(self.cfg.timeout);
@@ -312,8 +315,9 @@ impl Canceller {
 
 impl Canceller {
     /// `CancelTask` over a2a-rust's WebSocket binding: a fresh socket to the
-    /// path the caller upgraded on, one JSON-RPC text frame, the answer with
-    /// the same id. (The caller's socket is gone by the time a cancel is owed.)
+    /// path the caller upgraded on (`wss://` for an `https` worker), one
+    /// JSON-RPC text frame, the answer with the same id. (The caller's socket
+    /// is gone by the time a cancel is owed.)
     async fn attempt_ws(&self, job: &CancelJob) -> Attempt {
         use futures_util::{SinkExt, StreamExt};
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -321,10 +325,8 @@ impl Canceller {
 
         let (path, body) = self.request(job);
         let w = &job.worker;
-        if w.tls {
-            return Attempt::Refused("CancelTask over wss:// is not supported yet".into());
-        }
-        let url = format!("ws://{}{}", w.authority(), path);
+        let scheme = if w.tls { "wss" } else { "ws" };
+        let url = format!("{scheme}://{}{}", w.authority(), path);
         let mut req = match url.as_str().into_client_request() {
             Ok(r) => r,
             Err(e) => return Attempt::Refused(format!("bad WebSocket URL {url}: {e}")),
@@ -340,11 +342,28 @@ impl Canceller {
             };
             req.headers_mut().append(name, value);
         }
-        let connect =
-            tokio::time::timeout(self.connect_timeout, tokio_tungstenite::connect_async(req));
-        let mut ws = match connect.await {
+        // The connection as the proxy makes it (TLS with the worker's
+        // `worker_ca` for wss://); the upgrade over it is tungstenite's.
+        let worker_addr = self.addrs.get(w);
+        let addr = match worker_addr.get().await {
+            Ok(a) => a,
+            Err(why) => return Attempt::Retry(why),
+        };
+        let mut peer = worker_addr.peer(addr, w.tls);
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        let connect = async {
+            let stream = self
+                .transport
+                .new_stream(&peer)
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            tokio_tungstenite::client_async(req, stream)
+                .await
+                .map_err(|e| format!("WebSocket upgrade: {e}"))
+        };
+        let mut ws = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok((ws, _))) => ws,
-            Ok(Err(e)) => return Attempt::Retry(format!("WebSocket connect: {e}")),
+            Ok(Err(e)) => return Attempt::Retry(e),
             Err(_) => return Attempt::Retry("WebSocket connect timed out".into()),
         };
         let id = body["id"].clone();

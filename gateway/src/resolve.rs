@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use pingora::protocols::tls::CaType;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::utils::tls::{parse_x509, WrappedX509};
+
 use crate::metrics;
 
-/// One worker's address (shared by every route and cancel that names the
-/// same `host:port`).
-#[derive(Debug)]
+/// One worker's address and trust (shared by every route and cancel that
+/// names the same `host:port`; the config makes such routes agree on
+/// `worker_ca`).
 pub struct WorkerAddr {
     /// `host:port` as configured, for messages and the metric label.
     authority: String,
@@ -32,6 +36,19 @@ pub struct WorkerAddr {
     refresh: Duration,
     last: RwLock<Option<Resolved>>,
     refreshing: AtomicBool,
+    /// The route's `worker_ca`, as pingora takes it; `None`: the system's
+    /// roots.
+    ca: Option<Arc<CaType>>,
+}
+
+impl std::fmt::Debug for WorkerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerAddr")
+            .field("authority", &self.authority)
+            .field("literal", &self.literal)
+            .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .finish()
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,7 +60,12 @@ struct Resolved {
 impl WorkerAddr {
     /// `refresh`: how long a looked-up address is used before the next
     /// lookup starts.
-    pub fn new(worker: &config::WorkerUrl, refresh: Duration) -> Self {
+    /// `ca`: the route's `worker_ca`.
+    pub fn new(
+        worker: &config::WorkerUrl,
+        ca: Option<&config::WorkerCa>,
+        refresh: Duration,
+    ) -> Self {
         let host = worker
             .host
             .strip_prefix('[')
@@ -62,7 +84,33 @@ impl WorkerAddr {
             refresh,
             last: RwLock::new(None),
             refreshing: AtomicBool::new(false),
+            ca: ca.map(|ca| {
+                // The config parsed each of them as pingora will.
+                let certs: Vec<WrappedX509> = ca
+                    .certs
+                    .iter()
+                    .map(|der| WrappedX509::new(der.clone(), parse_x509))
+                    .collect();
+                Arc::from(certs)
+            }),
         }
+    }
+
+    /// How the proxy and the gateway's own calls reach the worker at
+    /// `addr`: over TLS when `tls`, with the worker's host name as SNI and
+    /// checked against its `worker_ca` (else the system's roots).
+    pub fn peer(&self, addr: SocketAddr, tls: bool) -> HttpPeer {
+        // SNI only matters on TLS; an empty name is not allocated.
+        let sni = if tls {
+            self.host.clone()
+        } else {
+            String::new()
+        };
+        let mut peer = HttpPeer::new(addr, tls, sni);
+        if tls {
+            peer.options.ca = self.ca.clone();
+        }
+        peer
     }
 
     /// `host:port` as configured.
@@ -148,16 +196,25 @@ pub struct WorkerAddrs {
 }
 
 impl WorkerAddrs {
+    /// `workers`: each route's worker and `worker_ca`.
     pub fn new<'a>(
-        workers: impl IntoIterator<Item = &'a config::WorkerUrl>,
+        workers: impl IntoIterator<Item = (&'a config::WorkerUrl, Option<&'a config::WorkerCa>)>,
         refresh: Duration,
     ) -> Self {
-        let mut by_authority = HashMap::new();
-        for w in workers {
-            by_authority
-                .entry(w.authority())
-                .or_insert_with(|| Arc::new(WorkerAddr::new(w, refresh)));
+        // The config makes the https routes to one host:port agree on their
+        // worker_ca; an http route to it has none and must not hide it.
+        let mut first: HashMap<String, (&config::WorkerUrl, Option<&config::WorkerCa>)> =
+            HashMap::new();
+        for (w, ca) in workers {
+            let e = first.entry(w.authority()).or_insert((w, ca));
+            if e.1.is_none() {
+                e.1 = ca;
+            }
         }
+        let by_authority = first
+            .into_iter()
+            .map(|(k, (w, ca))| (k, Arc::new(WorkerAddr::new(w, ca, refresh))))
+            .collect();
         WorkerAddrs {
             by_authority,
             refresh,
@@ -187,7 +244,7 @@ impl WorkerAddrs {
         self.by_authority
             .get(&worker.authority())
             .cloned()
-            .unwrap_or_else(|| Arc::new(WorkerAddr::new(worker, self.refresh)))
+            .unwrap_or_else(|| Arc::new(WorkerAddr::new(worker, None, self.refresh)))
     }
 }
 
@@ -200,7 +257,7 @@ mod tests {
     }
 
     fn addr(u: &str, refresh: Duration) -> Arc<WorkerAddr> {
-        Arc::new(WorkerAddr::new(&url(u), refresh))
+        Arc::new(WorkerAddr::new(&url(u), None, refresh))
     }
 
     fn last(a: &WorkerAddr) -> Option<Resolved> {
@@ -278,6 +335,38 @@ mod tests {
         panic!("the failed lookup never finished");
     }
 
+    /// An http route to a host:port does not hide the `worker_ca` of an
+    /// https route to it, whichever comes first.
+    #[test]
+    fn a_worker_ca_is_kept_for_its_host_and_port() {
+        let dir = std::env::temp_dir().join(format!("a2agw-resolve-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("ca.pem"),
+            include_str!("../../config/testdata/ca.pem"),
+        )
+        .unwrap();
+        let plain = "[[routes]]\nname = \"p\"\nworker = \"http://w:443/a\"\npath_prefix = \"/p\"\n";
+        let tls = "[[routes]]\nname = \"t\"\nworker = \"https://w/b\"\nworker_ca = \"ca.pem\"\n";
+        for src in [format!("{plain}{tls}"), format!("{tls}{plain}")] {
+            let cfg = config::parse_at(&src, Some(&dir), &|_| None).unwrap();
+            let addrs = WorkerAddrs::new(
+                cfg.routes.iter().map(|r| (&r.worker, r.worker_ca.as_ref())),
+                Duration::from_secs(30),
+            );
+            let a = addrs.get(&url("https://w/b"));
+            let addr = "127.0.0.1:443".parse().unwrap();
+            let ca = a.peer(addr, true).options.ca;
+            assert_eq!(ca.map(|c| c.len()), Some(1), "{src}");
+            assert!(
+                a.peer(addr, false).options.ca.is_none(),
+                "no trust on plain TCP"
+            );
+            assert!(Arc::ptr_eq(&a, &addrs.get(&url("http://w:443"))));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn workers_with_the_same_authority_share_one_address() {
         let (w1, w2, w3) = (
@@ -285,7 +374,10 @@ mod tests {
             url("http://localhost:9000/b"),
             url("http://localhost:9001"),
         );
-        let addrs = WorkerAddrs::new([&w1, &w2, &w3], Duration::from_secs(30));
+        let addrs = WorkerAddrs::new(
+            [(&w1, None), (&w2, None), (&w3, None)],
+            Duration::from_secs(30),
+        );
         assert!(Arc::ptr_eq(&addrs.get(&w1), &addrs.get(&w2)));
         assert!(!Arc::ptr_eq(&addrs.get(&w1), &addrs.get(&w3)));
         assert_eq!(addrs.by_authority.len(), 2);

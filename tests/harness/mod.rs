@@ -9,5 +9,6 @@ pub mod python_worker;
 pub mod redis;
 pub mod rust_worker;
 pub mod stream;
+pub mod tls;
 pub mod worker;
 pub mod ws;

@@ -1113,10 +1113,7 @@ impl ProxyHttp for Gateway {
                 return Err(Error::explain(ErrorType::ConnectNoRoute, why));
             }
         };
-        let w = &route.cfg.worker;
-        // SNI only matters on TLS; an empty name is not allocated.
-        let sni = if w.tls { w.host.clone() } else { String::new() };
-        let mut peer = HttpPeer::new(addr, w.tls, sni);
+        let mut peer = route.addr.peer(addr, route.cfg.worker.tls);
         peer.options.connection_timeout = Some(self.timeouts.connect);
         if !matches!(ctx.call, Some(Call::Upgrade)) {
             peer.options.read_timeout = self.timeouts.upstream_idle;

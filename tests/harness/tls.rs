@@ -1,0 +1,128 @@
+//! A private CA and a TLS front: `https://` and `wss://` in front of a real
+//! worker that speaks plain HTTP (neither a2a-rust's server nor the Python
+//! SDK's terminates TLS itself). The front decrypts and passes the bytes on
+//! unchanged, as a TLS-terminating load balancer in front of a worker
+//! would; what the worker does is the worker's.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
+
+use super::gateway::scratch_dir;
+
+/// A CA made for one test, and a server certificate it signed for
+/// `127.0.0.1` and `localhost`.
+pub struct PrivateCa {
+    /// The CA certificate, PEM, for a route's `worker_ca`.
+    pub ca_pem: PathBuf,
+    cert_der: rustls::pki_types::CertificateDer<'static>,
+    key_der: Vec<u8>,
+}
+
+impl PrivateCa {
+    pub fn new(tag: &str) -> PrivateCa {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("a2a-gateway test CA {tag}"),
+        );
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let ca_issuer = rcgen::Issuer::new(ca_params, ca_key);
+
+        let key = KeyPair::generate().expect("server key");
+        let mut params = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        let cert = params
+            .signed_by(&key, &ca_issuer)
+            .expect("server certificate");
+
+        let dir = scratch_dir(&format!("tls-{tag}"));
+        let ca_pem = dir.join("ca.pem");
+        std::fs::write(&ca_pem, ca.pem()).expect("write ca.pem");
+        PrivateCa {
+            ca_pem,
+            cert_der: cert.der().clone(),
+            key_der: key.serialize_der(),
+        }
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(self.key_der.clone().into());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![self.cert_der.clone()], key)
+            .expect("server config");
+        TlsAcceptor::from(Arc::new(config))
+    }
+}
+
+/// Accepts TLS on a free loopback port and passes each connection on to
+/// `backend` in plain TCP. Stops when dropped.
+pub struct TlsFront {
+    pub addr: SocketAddr,
+    handshakes: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsFront {
+    pub async fn start(ca: &PrivateCa, backend: SocketAddr) -> TlsFront {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let acceptor = ca.acceptor();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let counted = handshakes.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, counted) = (acceptor.clone(), counted.clone());
+                tokio::spawn(async move {
+                    // A client that refuses the certificate ends here.
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let Ok(mut plain) = TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        TlsFront {
+            addr,
+            handshakes,
+            task,
+        }
+    }
+
+    /// TLS connections completed so far.
+    pub fn handshakes(&self) -> usize {
+        self.handshakes.load(Ordering::SeqCst)
+    }
+
+    /// `https://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
