@@ -4,6 +4,7 @@
 //! route does not trust is refused, not reached in plain text.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
@@ -122,5 +123,145 @@ async fn wss_socket_closed_cancels() {
     assert!(
         front.handshakes() > before,
         "the cancel came over a wss:// socket of its own"
+    );
+}
+
+/// `[server.tls]` with a certificate and key, listening on `port`.
+fn tls_listener(cert: &Path, key: &Path, port: u16) -> String {
+    format!(
+        "[server.tls]\nlisten = [\"127.0.0.1:{port}\"]\ncert = {:?}\nkey = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    )
+}
+
+/// Writes `request` on a TLS connection and reads until `done` says the
+/// bytes so far are enough (or the peer closes).
+async fn exchange<S>(sock: &mut S, request: &str, done: impl Fn(&[u8]) -> bool) -> Vec<u8>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    sock.write_all(request.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !done(&got) {
+        let n = tokio::time::timeout(Duration::from_secs(10), sock.read(&mut buf))
+            .await
+            .expect("an answer within 10 s")
+            .expect("read");
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// The first task id named by the SSE events of a raw HTTP response.
+fn first_task_id(raw: &[u8]) -> Option<String> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
+        crate::harness::http::dechunk(&raw[end + 4..])
+    } else {
+        raw[end + 4..].to_vec()
+    };
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+        .find_map(|ev| crate::harness::worker::task_id_of(&ev))
+}
+
+/// Callers over the gateway's own TLS listener: the card names the gateway
+/// by `https://`, and a caller that leaves an SSE stream over TLS gets its
+/// child canceled on the worker, as over plain HTTP.
+#[tokio::test]
+async fn tls_listener_serves_and_cascades() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let ca = PrivateCa::new("listener");
+    let port = crate::harness::gateway::free_port();
+    let gw = Gateway::start(&format!(
+        "{}\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        tls_listener(&ca.cert_pem, &ca.key_pem, port),
+        worker.url()
+    ))
+    .await;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+
+    let mut tls = ca.connect(addr).await.expect("TLS to the gateway");
+    let card = exchange(
+        &mut tls,
+        &format!("GET /.well-known/agent-card.json HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n"),
+        |_| false,
+    )
+    .await;
+    let card = String::from_utf8_lossy(&card);
+    assert!(card.starts_with("HTTP/1.1 200"), "{card}");
+    assert!(
+        card.contains(&format!("\"https://127.0.0.1:{port}")),
+        "the card names the gateway by https: {card}"
+    );
+    assert!(
+        !card.contains(&format!("\"http://127.0.0.1:{port}")),
+        "{card}"
+    );
+
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": message("work:30000")}})
+    .to_string();
+    let request = format!(
+        "POST / HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\naccept: text/event-stream\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len(),
+    );
+    let mut tls = ca.connect(addr).await.expect("TLS to the gateway");
+    let raw = exchange(&mut tls, &request, |b| first_task_id(b).is_some()).await;
+    let id = first_task_id(&raw)
+        .unwrap_or_else(|| panic!("no task id in {:?}", String::from_utf8_lossy(&raw)));
+    wait_for_state(&worker.url(), None, &id, WORKING, Duration::from_secs(5))
+        .await
+        .expect("the task runs");
+    drop(tls);
+    wait_for_state(&worker.url(), None, &id, CANCELED, Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
+    assert_eq!(worker.cancels(), 1);
+}
+
+/// A key that is not the certificate's stops start-up with a message naming
+/// both files (pingora would panic a thread on it).
+#[tokio::test]
+async fn tls_listener_with_the_wrong_key_does_not_start() {
+    let (a, b) = (PrivateCa::new("pair-a"), PrivateCa::new("pair-b"));
+    let port = crate::harness::gateway::free_port();
+    let dir = crate::harness::gateway::scratch_dir("tls-wrong-key");
+    let cfg = dir.join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:9\"\n",
+            tls_listener(&a.cert_pem, &b.key_pem, port)
+        ),
+    )
+    .unwrap();
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .arg("--config")
+        .arg(&cfg)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the gateway exits")
+        .expect("run the gateway");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} is not the key of {}'s certificate",
+            b.key_pem.display(),
+            a.cert_pem.display()
+        )),
+        "{stderr}"
     );
 }

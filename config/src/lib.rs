@@ -11,7 +11,8 @@
 //!
 //! Nothing here does I/O but [`load`] (which reads the file), [`parse`]
 //! reading the environment variables that `worker_credential_env` names, and
-//! both reading the certificate files that `worker_ca` names.
+//! both reading the certificate and key files that `worker_ca` and
+//! `[server.tls]` name.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -55,6 +56,22 @@ pub struct Server {
     pub admin: Option<SocketAddr>,
     /// Proxy worker threads, 1 to 256. Default 2.
     pub threads: usize,
+    /// `[server.tls]`: listeners that terminate TLS for callers. `None`:
+    /// plain HTTP only (`listen`).
+    pub tls: Option<ServerTls>,
+}
+
+/// `[server.tls]`: callers reach these listeners over TLS (HTTP/1.1); the
+/// gateway serves the same routes on them as on `listen`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerTls {
+    /// At least one; none shared with `listen` or `admin`.
+    pub listen: Vec<SocketAddr>,
+    /// PEM certificate chain, leaf first; each certificate parsed at load.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf (PKCS#8, PKCS#1 or SEC1); parsed at load.
+    /// That it matches `cert` is checked when the gateway starts.
+    pub key: PathBuf,
 }
 
 impl Default for Server {
@@ -64,6 +81,7 @@ impl Default for Server {
             public_url: None,
             admin: None,
             threads: 2,
+            tls: None,
         }
     }
 }

@@ -16,8 +16,8 @@ use crate::read::{
 use crate::url::{split_url, UrlError};
 use crate::{
     AccountPolicy, AccountScope, BudgetPolicy, Cancel, Config, HeaderPolicy, LeasePolicy, Leases,
-    Limits, OnStoreError, Route, Server, Store, StoreKind, Timeouts, WorkerCa, WorkerLeases,
-    WorkerUrl,
+    Limits, OnStoreError, Route, Server, ServerTls, Store, StoreKind, Timeouts, WorkerCa,
+    WorkerLeases, WorkerUrl,
 };
 
 /// What the file refers to outside itself: environment variables
@@ -36,7 +36,7 @@ const MIB: u64 = 1 << 20;
 
 /// Reads the whole document; `None` if anything was recorded in `sink`.
 pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -> Option<Config> {
-    let server = server(root.section("server"));
+    let server = server(root.section("server"), env);
     let store = store(root.section("store"));
     let limits = limits(root.section("limits"));
     let timeouts = timeouts(root.section("timeouts"));
@@ -134,9 +134,11 @@ fn lease_policy(r: &mut Reader<'_>, d: &Defaults) -> LeasePolicy {
     }
 }
 
-fn server(mut r: Reader<'_>) -> Server {
+fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
     let d = Server::default();
-    let listen = r.or("listen", d.listen, listen);
+    // With TLS listeners, the plain ones may be none.
+    let with_tls = r.has("tls");
+    let listen = r.or("listen", d.listen, |item| listen(item, with_tls));
     let public_url = r.opt("public_url", public_url);
     let admin = r.opt("admin", socket_addr);
     if admin.is_some_and(|a| listen.contains(&a)) {
@@ -148,13 +150,59 @@ fn server(mut r: Reader<'_>) -> Server {
         );
     }
     let threads = r.or("threads", d.threads, int_in(1..=256));
+    let tls_reader = r.section("tls");
+    let tls = if with_tls {
+        server_tls(tls_reader, env, &listen, admin)
+    } else {
+        None
+    };
     r.finish();
     Server {
         listen,
         public_url,
         admin,
         threads,
+        tls,
     }
+}
+
+/// `[server.tls]`: its listeners (none shared with `listen` or `admin`), and
+/// the certificate chain and key, each file read and parsed here.
+fn server_tls(
+    mut r: Reader<'_>,
+    env: Env<'_>,
+    plain: &[SocketAddr],
+    admin: Option<SocketAddr>,
+) -> Option<ServerTls> {
+    let listen = r.required("listen", |item| listen(item, false));
+    if let Some(shared) = listen
+        .iter()
+        .flatten()
+        .find(|a| plain.contains(a) || admin == Some(**a))
+    {
+        let at = r.pos("listen");
+        r.report_at(
+            at,
+            "listen",
+            format!("{shared} is also a plain listener (server.listen or server.admin)"),
+        );
+    }
+    let cert = r.required("cert", |item| {
+        let path = config_path(string(item)?, env)?;
+        read_certificates(&path)?;
+        Ok::<_, String>(path)
+    });
+    let key = r.required("key", |item| {
+        let path = config_path(string(item)?, env)?;
+        read_private_key(&path)?;
+        Ok::<_, String>(path)
+    });
+    r.finish();
+    Some(ServerTls {
+        listen: listen?,
+        cert: cert?,
+        key: key?,
+    })
 }
 
 fn store(mut r: Reader<'_>) -> Store {
@@ -375,15 +423,28 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
 /// A `worker_ca` file: PEM `CERTIFICATE` blocks, each a parseable X.509
 /// certificate (pingora panics on one that is not, at connect time).
 fn worker_ca(path: &str, env: Env<'_>) -> Result<WorkerCa, String> {
+    let path = config_path(path, env)?;
+    let certs = read_certificates(&path)?;
+    Ok(WorkerCa { path, certs })
+}
+
+/// A path the file names: relative ones start at the config file's
+/// directory.
+fn config_path(path: &str, env: Env<'_>) -> Result<PathBuf, String> {
     if path.is_empty() {
         return Err("expected the path of a PEM file, found an empty string".into());
     }
-    let path = match env.dir {
+    Ok(match env.dir {
         Some(dir) if Path::new(path).is_relative() => dir.join(path),
         _ => Path::new(path).to_path_buf(),
-    };
+    })
+}
+
+/// The certificates of a PEM file, DER-encoded: at least one, each a
+/// parseable X.509 certificate.
+fn read_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
     let shown = path.display();
-    let pem = std::fs::read(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
     let mut certs = Vec::new();
     for (i, block) in pem_certificates(&pem).enumerate() {
         let der = block.map_err(|e| format!("{shown}: certificate {}: {e}", i + 1))?;
@@ -400,7 +461,17 @@ fn worker_ca(path: &str, env: Env<'_>) -> Result<WorkerCa, String> {
             "{shown} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
         ));
     }
-    Ok(WorkerCa { path, certs })
+    Ok(certs)
+}
+
+/// Checks that a PEM file holds a private key pingora can read.
+fn read_private_key(path: &Path) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    rustls_pki_types::PrivateKeyDer::from_pem_slice(&pem)
+        .map(drop)
+        .map_err(|e| format!("{shown} holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"))
 }
 
 /// The DER of each `CERTIFICATE` block of a PEM text (other blocks, such as
@@ -903,7 +974,9 @@ fn socket_addr(item: &Item) -> Result<SocketAddr, String> {
 }
 
 /// One address or an array of them.
-fn listen(item: &Item) -> Result<Vec<SocketAddr>, Bad> {
+/// One address or an array of them; an empty array only when `may_be_empty`
+/// (plain listeners beside TLS ones).
+fn listen(item: &Item, may_be_empty: bool) -> Result<Vec<SocketAddr>, Bad> {
     let Some(array) = item.as_array() else {
         if !item.is_str() {
             let what = "an address like \"127.0.0.1:8080\" or an array of them";
@@ -911,7 +984,7 @@ fn listen(item: &Item) -> Result<Vec<SocketAddr>, Bad> {
         }
         return Ok(vec![socket_addr(item)?]);
     };
-    if array.is_empty() {
+    if array.is_empty() && !may_be_empty {
         return Err(Bad::from("expected at least one address".to_owned()));
     }
     let mut addrs = Vec::new();

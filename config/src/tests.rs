@@ -534,7 +534,7 @@ fn single_errors() {
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads",
+            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads, tls",
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
@@ -676,7 +676,7 @@ worker = "http://127.0.0.1:9002"
     let want = [
         "2:27: server.listen[1]: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"nope\"",
         "3:11: server.threads: must be between 1 and 256, found 0",
-        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads",
+        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads, tls",
         "7:17: limits.max_sse_event: invalid size \"1 lightyear\": unknown unit \"lightyear\"; use B, KiB, MiB, GiB, KB, MB or GB",
         "11:15: cancel.backoff_max: must be at least backoff",
         "15:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\"",
@@ -938,4 +938,78 @@ fn worker_ca() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `[server.tls]`: TLS listeners with a certificate and key read relative to
+/// the config file; plain listeners may then be none.
+#[test]
+fn server_tls() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+    let parse_in = |src: &str| parse_at(src, Some(&dir), &env);
+    let tls =
+        "[server.tls]\nlisten = \"127.0.0.1:8443\"\ncert = \"ca.pem\"\nkey = \"ca-key.pem\"\n";
+
+    let c = parse_in(&format!("[server]\nlisten = []\n{tls}{ROUTE}")).unwrap();
+    assert!(c.server.listen.is_empty());
+    assert_eq!(
+        c.server.tls,
+        Some(ServerTls {
+            listen: vec!["127.0.0.1:8443".parse().unwrap()],
+            cert: dir.join("ca.pem"),
+            key: dir.join("ca-key.pem"),
+        })
+    );
+    let c = parse_in(&format!("{tls}{ROUTE}")).unwrap();
+    assert_eq!(
+        c.server.listen,
+        Server::default().listen,
+        "plain listener kept"
+    );
+
+    let errors_in = |src: &str| -> Vec<String> {
+        match parse_in(src) {
+            Ok(c) => panic!("{src}\n--- parsed: {c:?}"),
+            Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+        }
+    };
+    let table: &[(&str, &[&str])] = &[
+        (
+            "[server.tls]\nlisten = \"127.0.0.1:8080\"\n",
+            &[
+                "1:1: server.tls.cert: missing required key",
+                "1:1: server.tls.key: missing required key",
+                "2:10: server.tls.listen: 127.0.0.1:8080 is also a plain listener (server.listen or server.admin)",
+            ],
+        ),
+        (
+            "[server]\nadmin = \"127.0.0.1:9\"\n[server.tls]\nlisten = [\"127.0.0.1:9\"]\ncert = \"ca.pem\"\nkey = \"ca.pem\"\n",
+            &[
+                "4:10: server.tls.listen: 127.0.0.1:9 is also a plain listener (server.listen or server.admin)",
+                "6:7: server.tls.key: ",
+            ],
+        ),
+        (
+            "[server.tls]\nlisten = []\ncert = \"missing.pem\"\nkey = \"ca-key.pem\"\nalpn = \"h2\"\n",
+            &[
+                "2:10: server.tls.listen: expected at least one address",
+                "3:8: server.tls.cert: cannot read ",
+                "5:1: server.tls.alpn: unknown key \"alpn\"; expected one of: listen, cert, key",
+            ],
+        ),
+        ("[server]\nlisten = []\n", &["2:10: server.listen: expected at least one address"]),
+    ];
+    for (snippet, want) in table {
+        let src = format!("{snippet}{ROUTE}");
+        let got = errors_in(&src);
+        assert_eq!(got.len(), want.len(), "{src}\n{got:#?}");
+        for (g, w) in got.iter().zip(want.iter()) {
+            assert!(g.starts_with(w), "{src}\n got: {g}\nwant: {w}…");
+        }
+    }
+    let got = errors_in(&format!("{}{ROUTE}", table[1].0));
+    assert!(
+        got[1].ends_with("holds no PEM private key (PKCS#8, PKCS#1 or SEC1): no items found"),
+        "{}",
+        got[1]
+    );
 }

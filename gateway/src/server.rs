@@ -149,6 +149,14 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     for addr in &cfg.server.listen {
         proxy.add_tcp(&addr.to_string());
     }
+    if let Some(tls) = &cfg.server.tls {
+        let (cert, key) = check_tls_files(tls)?;
+        for addr in &tls.listen {
+            proxy
+                .add_tls(&addr.to_string(), cert, key)
+                .map_err(|e| format!("server.tls listener {addr}: {e}"))?;
+        }
+    }
     server.add_service(proxy);
     server.add_service(background_service(
         "worker addresses",
@@ -172,6 +180,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     }
     tracing::info!(
         listen = ?cfg.server.listen,
+        tls_listen = ?cfg.server.tls.as_ref().map(|t| &t.listen),
         admin = ?cfg.server.admin,
         routes = cfg.routes.len(),
         store = store_kind,
@@ -179,4 +188,26 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         "a2a-gateway starting"
     );
     server.run_forever()
+}
+
+/// Loads `[server.tls]`'s files as pingora will when its listeners start
+/// (where a bad pair panics a proxy thread): a certificate chain and a key
+/// that belong together, or a message naming both files. The paths as
+/// pingora takes them.
+fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
+    use pingora::tls::{install_default_crypto_provider, load_certs_and_key_files, ServerConfig};
+    fn utf8(p: &std::path::Path) -> Result<&str, String> {
+        p.to_str()
+            .ok_or_else(|| format!("server.tls: {} is not a UTF-8 path", p.display()))
+    }
+    let (cert, key) = (utf8(&tls.cert)?, utf8(&tls.key)?);
+    install_default_crypto_provider();
+    let Ok(Some((chain, key_der))) = load_certs_and_key_files(cert, key) else {
+        return Err(format!("server.tls: cannot load {cert} and {key}"));
+    };
+    ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| format!("server.tls: {key} is not the key of {cert}'s certificate: {e}"))?;
+    Ok((cert, key))
 }

@@ -2,7 +2,9 @@
 //! worker that speaks plain HTTP (neither a2a-rust's server nor the Python
 //! SDK's terminates TLS itself). The front decrypts and passes the bytes on
 //! unchanged, as a TLS-terminating load balancer in front of a worker
-//! would; what the worker does is the worker's.
+//! would; what the worker does is the worker's. The same CA's certificate
+//! serves the gateway's own `[server.tls]` listener, and [`PrivateCa::connect`]
+//! is a caller of it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,6 +22,10 @@ use super::gateway::scratch_dir;
 pub struct PrivateCa {
     /// The CA certificate, PEM, for a route's `worker_ca`.
     pub ca_pem: PathBuf,
+    /// The server certificate and its key, PEM, for `[server.tls]`.
+    pub cert_pem: PathBuf,
+    pub key_pem: PathBuf,
+    ca_der: rustls::pki_types::CertificateDer<'static>,
     cert_der: rustls::pki_types::CertificateDer<'static>,
     key_der: Vec<u8>,
 }
@@ -47,13 +53,45 @@ impl PrivateCa {
             .expect("server certificate");
 
         let dir = scratch_dir(&format!("tls-{tag}"));
-        let ca_pem = dir.join("ca.pem");
+        let (ca_pem, cert_pem, key_pem) = (
+            dir.join("ca.pem"),
+            dir.join("cert.pem"),
+            dir.join("key.pem"),
+        );
         std::fs::write(&ca_pem, ca.pem()).expect("write ca.pem");
+        std::fs::write(&cert_pem, cert.pem()).expect("write cert.pem");
+        std::fs::write(&key_pem, key.serialize_pem()).expect("write key.pem");
         PrivateCa {
             ca_pem,
+            cert_pem,
+            key_pem,
+            ca_der: ca.der().clone(),
             cert_der: cert.der().clone(),
             key_der: key.serialize_der(),
         }
+    }
+
+    /// A TLS connection to `addr` that trusts this CA only, for the name
+    /// `127.0.0.1`.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(self.ca_der.clone())
+            .expect("the CA as a trust anchor");
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
     }
 
     fn acceptor(&self) -> TlsAcceptor {

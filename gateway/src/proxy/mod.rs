@@ -702,7 +702,10 @@ impl Gateway {
             Some(u) => u.clone(),
             None => {
                 let host = request_host(session.req_header()).unwrap_or("localhost");
-                format!("http://{host}")
+                // A caller on a `[server.tls]` listener reaches it by https.
+                let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+                let scheme = if tls { "https" } else { "http" };
+                format!("{scheme}://{host}")
             }
         };
         format!("{origin}{}", ctx.public_prefix)
