@@ -483,12 +483,9 @@ pub struct WorkerCa {
 
 impl fmt::Debug for WorkerCa {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({} certificates)",
-            self.path.display(),
-            self.certs.len()
-        )
+        let n = self.certs.len();
+        let s = if n == 1 { "" } else { "s" };
+        write!(f, "{} ({n} certificate{s})", self.path.display())
     }
 }
 
@@ -618,8 +615,9 @@ pub fn parse_with_env(
     parse_at(src, None, env)
 }
 
-/// [`parse_with_env`] for a file in `dir`: relative `worker_ca` paths are
-/// read from there (from the working directory when `dir` is `None`).
+/// [`parse_with_env`] for a file in `dir`: relative paths of the files it
+/// names (`worker_ca`, `[server.tls]`) start there (at the working
+/// directory when `dir` is `None`).
 pub fn parse_at(
     src: &str,
     dir: Option<&Path>,

@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// What the file refers to outside itself: environment variables
-/// (`worker_credential_env`) and files (`worker_ca`).
+/// (`worker_credential_env`) and files (`worker_ca`, `[server.tls]`).
 pub(crate) struct Outside<'e> {
     pub env: &'e dyn Fn(&str) -> Option<String>,
     /// The config file's directory, which relative paths start from; `None`:
@@ -356,25 +356,26 @@ fn routes(
         }
         // One worker, one trust: the proxy and the gateway's cancels reach a
         // worker by its host:port, whichever route named it.
-        match trust.entry(route.worker.authority()) {
-            _ if !route.worker.tls => {}
-            hash_map::Entry::Occupied(e) => {
-                let (j, ca): &(usize, Option<PathBuf>) = e.get();
-                let here = route.worker_ca.as_ref().map(|c| c.path.clone());
-                if *ca != here {
-                    let at = r.pos("worker_ca");
-                    r.report_at(
-                        at,
-                        "worker_ca",
-                        format!(
-                            "routes[{j}] reaches the same worker ({}) with a different worker_ca; give both the same",
-                            route.worker.authority()
-                        ),
-                    );
+        if route.worker.tls {
+            let here = route.worker_ca.as_ref().map(|c| c.path.clone());
+            match trust.entry(route.worker.authority()) {
+                hash_map::Entry::Occupied(e) => {
+                    let (j, first) = e.get();
+                    if *first != here {
+                        let at = r.pos("worker_ca");
+                        r.report_at(
+                            at,
+                            "worker_ca",
+                            format!(
+                                "routes[{j}] reaches the same worker ({}) with a different worker_ca; give both the same",
+                                route.worker.authority()
+                            ),
+                        );
+                    }
                 }
-            }
-            hash_map::Entry::Vacant(e) => {
-                e.insert((i, route.worker_ca.as_ref().map(|c| c.path.clone())));
+                hash_map::Entry::Vacant(e) => {
+                    e.insert((i, here));
+                }
             }
         }
         routes.push(route);

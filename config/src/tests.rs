@@ -889,7 +889,7 @@ fn worker_ca() {
     assert_eq!(ca.certs.len(), 1);
     assert_eq!(
         format!("{ca:?}"),
-        format!("{} (1 certificates)", dir.join("ca.pem").display())
+        format!("{} (1 certificate)", dir.join("ca.pem").display())
     );
     let abs = dir.join("two.pem").display().to_string();
     let c = parse_in(&route("https://w", &abs)).unwrap();
