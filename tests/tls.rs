@@ -72,25 +72,69 @@ async fn python_https_worker_rest() {
     https_worker_cascade(Kind::Python, Bind::Rest).await;
 }
 
-/// Without `worker_ca` the private CA is not trusted: the caller gets a
-/// 502, the worker starts nothing, and the log says why.
+/// One JSON-RPC `SendMessage` through `gw`: the HTTP status.
+async fn send_status(gw: &Gateway) -> (u16, String) {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": message("quick")}});
+    let r = post_json(&gw.url, "/", &[], &body).await;
+    (r.status, r.text())
+}
+
+/// A worker whose certificate the route does not trust is refused: without
+/// `worker_ca` (the system's roots do not know the private CA) and with a
+/// `worker_ca` naming another CA (it replaces the system's roots, it does
+/// not add to the one that signed). The caller gets a 502, the worker
+/// starts nothing, and the log says why.
 #[tokio::test]
 async fn untrusted_worker_certificate_is_refused() {
     let worker = RustWorker::start(RustWorkerOptions::default()).await;
     let ca = PrivateCa::new("untrusted");
+    let other = PrivateCa::new("other");
     let front = TlsFront::start(&ca, socket_addr(&worker.url())).await;
-    let gw = Gateway::in_front_of(&front.url(), "").await;
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {"message": message("quick")}});
-    let r = post_json(&gw.url, "/", &[], &body).await;
-    assert_eq!(r.status, 502, "{}", r.text());
+    for route_extra in [String::new(), trust(&other)] {
+        let gw = Gateway::in_front_of(&front.url(), &route_extra).await;
+        let (status, text) = send_status(&gw).await;
+        assert_eq!(status, 502, "{route_extra}: {text}");
+        let log = gw.log_text();
+        assert!(
+            log.to_lowercase().contains("certificate") || log.contains("UnknownIssuer"),
+            "{route_extra}: the log names the certificate problem:\n{log}"
+        );
+    }
     assert_eq!(worker.tasks_started(), 0);
     assert_eq!(front.handshakes(), 0, "no TLS session was completed");
-    let log = gw.log_text();
-    assert!(
-        log.to_lowercase().contains("certificate") || log.contains("UnknownIssuer"),
-        "the log names the certificate problem:\n{log}"
+}
+
+/// The worker's certificate is checked against the worker URL's host: a
+/// name (`localhost`, in the certificate) is accepted; an address the
+/// certificate does not name (`127.0.0.2`), though signed by the trusted
+/// CA, is refused.
+#[tokio::test]
+async fn worker_host_name_is_verified() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let ca = PrivateCa::new("names");
+    // The front listens where the gateway will look `localhost` up.
+    let localhost = tokio::net::lookup_host("localhost:0")
+        .await
+        .expect("localhost resolves")
+        .next()
+        .expect("an address");
+    let named = TlsFront::start_on(&ca, localhost.ip(), socket_addr(&worker.url())).await;
+    let gw =
+        Gateway::in_front_of(&format!("https://localhost:{}", named.port()), &trust(&ca)).await;
+    let (status, text) = send_status(&gw).await;
+    assert_eq!(status, 200, "by name: {text}\n{}", gw.log_text());
+    assert_eq!(worker.tasks_started(), 1);
+
+    let unnamed = TlsFront::start_on(&ca, [127, 0, 0, 2].into(), socket_addr(&worker.url())).await;
+    let gw = Gateway::in_front_of(&unnamed.url(), &trust(&ca)).await;
+    let (status, text) = send_status(&gw).await;
+    assert_eq!(
+        status, 502,
+        "an address the certificate does not name: {text}"
     );
+    assert_eq!(worker.tasks_started(), 1, "nothing more started");
+    assert_eq!(unnamed.handshakes(), 0);
 }
 
 /// A2A over WebSocket to a `wss://` worker: the caller's socket goes through
@@ -256,12 +300,19 @@ async fn tls_listener_with_the_wrong_key_does_not_start() {
         .expect("run the gateway");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "{} is not the key of {}'s certificate",
-            b.key_pem.display(),
-            a.cert_pem.display()
-        )),
-        "{stderr}"
+    let says = format!(
+        "{} is not the key of {}'s certificate",
+        b.key_pem.display(),
+        a.cert_pem.display()
     );
+    assert!(stderr.contains(&says), "{stderr}");
+    // check-config finds it too.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .arg("check-config")
+        .arg(&cfg)
+        .output()
+        .expect("run check-config");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&says), "{stderr}");
 }

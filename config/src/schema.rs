@@ -422,10 +422,22 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
 }
 
 /// A `worker_ca` file: PEM `CERTIFICATE` blocks, each a parseable X.509
-/// certificate (pingora panics on one that is not, at connect time).
+/// certificate (pingora's wrapper panics on one that is not, where the
+/// gateway builds its routes) and a trust anchor rustls accepts (else every
+/// connection to the worker would fail on it).
 fn worker_ca(path: &str, env: Env<'_>) -> Result<WorkerCa, String> {
     let path = config_path(path, env)?;
     let certs = read_certificates(&path)?;
+    for (i, der) in certs.iter().enumerate() {
+        let der = rustls_pki_types::CertificateDer::from(der.as_slice());
+        if let Err(e) = webpki::anchor_from_trusted_cert(&der) {
+            return Err(format!(
+                "{}: certificate {} cannot be a trust anchor: {e}",
+                path.display(),
+                i + 1
+            ));
+        }
+    }
     Ok(WorkerCa { path, certs })
 }
 

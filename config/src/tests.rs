@@ -871,11 +871,17 @@ fn worker_ca() {
         &format!("{CA_PEM}-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n{CA_PEM}"),
     );
     write("empty.pem", "no PEM here\n");
-    // Valid base64 in a CERTIFICATE block, but not X.509 (pingora would
-    // panic on it at connect time).
+    // Valid base64 in a CERTIFICATE block, but not X.509 (pingora's
+    // wrapper would panic on it while the gateway builds its routes).
     write(
         "junk.pem",
         "-----BEGIN CERTIFICATE-----\nAAECAwQF\n-----END CERTIFICATE-----\n",
+    );
+    // X.509 that x509-parser reads but rustls refuses as a trust anchor:
+    // `ca.pem`'s certificate with two bytes after it in the block.
+    write(
+        "trailing.pem",
+        include_str!("../testdata/trailing-data.pem"),
     );
 
     let route = |worker: &str, ca: &str| {
@@ -918,6 +924,7 @@ fn worker_ca() {
         (route("https://w", "missing.pem"), format!("4:13: routes[0].worker_ca: cannot read {}: No such file or directory (os error 2)", shown("missing.pem"))),
         (route("https://w", "empty.pem"), format!("4:13: routes[0].worker_ca: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", shown("empty.pem"))),
         (route("https://w", "junk.pem"), format!("4:13: routes[0].worker_ca: {}: certificate 1 is not an X.509 certificate: ", shown("junk.pem"))),
+        (route("https://w", "trailing.pem"), format!("4:13: routes[0].worker_ca: {}: certificate 1 cannot be a trust anchor: ", shown("trailing.pem"))),
         (route("https://w", ""), "4:13: routes[0].worker_ca: expected the path of a PEM file, found an empty string".to_owned()),
         (route("http://w", "ca.pem"), "4:13: routes[0].worker_ca: worker_ca applies to https workers only; this route's worker is http".to_owned()),
         (

@@ -51,10 +51,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::CheckConfig { file }) = &cli.command {
         return match config::load(file) {
-            Ok(cfg) => {
-                eprintln!("{}: ok ({} routes)", file.display(), cfg.routes.len());
-                ExitCode::SUCCESS
-            }
+            // The TLS pair is checked as at start-up: a key that is not the
+            // certificate's would stop the gateway, so it fails the check.
+            Ok(cfg) => match cfg
+                .server
+                .tls
+                .as_ref()
+                .map(a2a_gateway::server::check_tls_files)
+            {
+                Some(Err(e)) => {
+                    eprintln!("{}: {e}", file.display());
+                    ExitCode::from(2)
+                }
+                _ => {
+                    eprintln!("{}: ok ({} routes)", file.display(), cfg.routes.len());
+                    ExitCode::SUCCESS
+                }
+            },
             Err(errors) => {
                 eprintln!("{errors}");
                 ExitCode::from(2)

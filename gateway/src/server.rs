@@ -191,23 +191,39 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
 }
 
 /// Loads `[server.tls]`'s files as pingora will when its listeners start
-/// (where a bad pair panics a proxy thread): a certificate chain and a key
-/// that belong together, or a message naming both files. The paths as
-/// pingora takes them.
-fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
-    use pingora::tls::{install_default_crypto_provider, load_certs_and_key_files, ServerConfig};
+/// (where a bad pair panics a proxy thread and the process hangs): a
+/// certificate chain and a key that belong together, or a message naming
+/// both files. Also run by `check-config`. Returns the paths as pingora
+/// takes them.
+pub fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
+    use pingora::tls::{
+        install_default_crypto_provider, load_certs_and_key_files, RusTlsError, ServerConfig,
+    };
     fn utf8(p: &std::path::Path) -> Result<&str, String> {
         p.to_str()
             .ok_or_else(|| format!("server.tls: {} is not a UTF-8 path", p.display()))
     }
     let (cert, key) = (utf8(&tls.cert)?, utf8(&tls.key)?);
     install_default_crypto_provider();
-    let Ok(Some((chain, key_der))) = load_certs_and_key_files(cert, key) else {
-        return Err(format!("server.tls: cannot load {cert} and {key}"));
+    let (chain, key_der) = match load_certs_and_key_files(cert, key) {
+        Ok(Some(pair)) => pair,
+        Ok(None) => {
+            return Err(format!(
+                "server.tls: {cert} holds no certificate or {key} no private key"
+            ))
+        }
+        Err(e) => return Err(format!("server.tls: cannot load {cert} and {key}: {e}")),
     };
-    ServerConfig::builder()
+    match ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(chain, key_der)
-        .map_err(|e| format!("server.tls: {key} is not the key of {cert}'s certificate: {e}"))?;
-    Ok((cert, key))
+    {
+        Ok(_) => Ok((cert, key)),
+        Err(RusTlsError::InconsistentKeys(e)) => Err(format!(
+            "server.tls: {key} is not the key of {cert}'s certificate ({e:?})"
+        )),
+        Err(e) => Err(format!(
+            "server.tls: cannot serve TLS with {cert} and {key}: {e}"
+        )),
+    }
 }

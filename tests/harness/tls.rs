@@ -117,7 +117,12 @@ pub struct TlsFront {
 
 impl TlsFront {
     pub async fn start(ca: &PrivateCa, backend: SocketAddr) -> TlsFront {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        TlsFront::start_on(ca, [127, 0, 0, 1].into(), backend).await
+    }
+
+    /// [`TlsFront::start`] on a free port of `ip` (a loopback address).
+    pub async fn start_on(ca: &PrivateCa, ip: std::net::IpAddr, backend: SocketAddr) -> TlsFront {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let acceptor = ca.acceptor();
         let handshakes = Arc::new(AtomicUsize::new(0));
@@ -153,9 +158,14 @@ impl TlsFront {
         self.handshakes.load(Ordering::SeqCst)
     }
 
-    /// `https://127.0.0.1:port`.
+    /// `https://ip:port`.
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 }
 
