@@ -137,6 +137,51 @@ async fn worker_host_name_is_verified() {
     assert_eq!(unnamed.handshakes(), 0);
 }
 
+/// A worker that asks callers for a certificate (mutual TLS): with
+/// `worker_client_cert` and `worker_client_key` the gateway presents the one
+/// the worker's CA signed, on proxied calls and on its own `CancelTask`;
+/// without them the worker refuses the gateway (502).
+#[tokio::test]
+async fn mutual_tls_worker() {
+    let worker = Worker::start(Kind::Rust).await;
+    let ca = PrivateCa::new("mutual");
+    let front = TlsFront::start_mutual(&ca, socket_addr(&worker.url())).await;
+
+    let gw = Gateway::in_front_of(&front.url(), &trust(&ca)).await;
+    let (status, text) = send_status(&gw).await;
+    assert_eq!(status, 502, "no client certificate: {text}");
+    assert_eq!(front.handshakes(), 0);
+
+    let gw = Gateway::in_front_of(
+        &front.url(),
+        &format!(
+            "{}\nworker_client_cert = {:?}\nworker_client_key = {:?}",
+            trust(&ca),
+            ca.client_cert_pem.display().to_string(),
+            ca.client_key_pem.display().to_string()
+        ),
+    )
+    .await;
+    let (status, text) = send_status(&gw).await;
+    assert_eq!(status, 200, "{text}\n{}", gw.log_text());
+    let (stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:30000").await;
+    worker
+        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .await
+        .expect("the task runs");
+    let before = front.handshakes();
+    stream.close();
+    worker
+        .wait_state(None, &id, CANCELED, Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
+    assert_eq!(worker.cancels().await, 1);
+    assert!(
+        front.handshakes() > before,
+        "the cancel presented the certificate too"
+    );
+}
+
 /// A2A over WebSocket to a `wss://` worker: the caller's socket goes through
 /// the gateway over TLS, and when the caller dies the gateway's
 /// `CancelTask` goes out on a TLS socket of its own.
@@ -274,7 +319,8 @@ async fn tls_listener_serves_and_cascades() {
 }
 
 /// A key that is not the certificate's stops start-up with a message naming
-/// both files (pingora would panic a thread on it).
+/// both files (pingora would panic a thread on it), and fails `check-config`;
+/// so does a route's client key that is not its certificate's.
 #[tokio::test]
 async fn tls_listener_with_the_wrong_key_does_not_start() {
     let (a, b) = (PrivateCa::new("pair-a"), PrivateCa::new("pair-b"));
@@ -315,4 +361,30 @@ async fn tls_listener_with_the_wrong_key_does_not_start() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(&says), "{stderr}");
+
+    // The same for a route's client certificate.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[routes]]\nname = \"w\"\nworker = \"https://127.0.0.1:9\"\nworker_client_cert = {:?}\nworker_client_key = {:?}\n",
+            a.client_cert_pem.display().to_string(),
+            b.client_key_pem.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .arg("check-config")
+        .arg(&cfg)
+        .output()
+        .expect("run check-config");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "routes[0].worker_client_key: {} is not the key of {}'s certificate",
+            b.client_key_pem.display(),
+            a.client_cert_pem.display()
+        )),
+        "{stderr}"
+    );
 }

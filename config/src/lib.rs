@@ -11,8 +11,8 @@
 //!
 //! Nothing here does I/O but [`load`] (which reads the file), [`parse`]
 //! reading the environment variables that `worker_credential_env` names, and
-//! both reading the certificate and key files that `worker_ca` and
-//! `[server.tls]` name.
+//! both reading the certificate and key files that `worker_ca`,
+//! `worker_client_cert`, `worker_client_key` and `[server.tls]` name.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -219,6 +219,9 @@ pub struct Route {
     /// place of the system's roots (workers behind a private CA). `None`:
     /// the system's roots.
     pub worker_ca: Option<WorkerCa>,
+    /// The certificate and key the gateway presents to an `https` worker
+    /// that asks for one (mutual TLS). `None`: none.
+    pub worker_client_cert: Option<ClientCert>,
     pub lease: LeasePolicy,
     pub headers: HeaderPolicy,
     /// `[routes.budget]`: caps on the budget grants of the child tasks this
@@ -433,6 +436,7 @@ impl fmt::Debug for Route {
             cascade,
             worker_credential,
             worker_ca,
+            worker_client_cert,
             lease,
             headers,
             budget,
@@ -449,6 +453,7 @@ impl fmt::Debug for Route {
                 &worker_credential.as_ref().map(|_| "<redacted>"),
             )
             .field("worker_ca", worker_ca)
+            .field("worker_client_cert", worker_client_cert)
             .field("lease", lease)
             .field(
                 "headers",
@@ -489,6 +494,35 @@ impl fmt::Debug for WorkerCa {
     }
 }
 
+/// A route's `worker_client_cert` and `worker_client_key`: what the gateway
+/// presents to a worker that asks callers for a certificate. Read and parsed
+/// when the config loads; that the key is the certificate's is checked when
+/// the gateway starts.
+///
+/// `Debug` shows the paths, never the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The PEM chain as configured (leaf first), resolved against the config
+    /// file's directory.
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+    /// The chain, DER-encoded, leaf first; at least one.
+    pub certs: Vec<Vec<u8>>,
+    /// The private key, DER (PKCS#8, PKCS#1 or SEC1).
+    pub key: Vec<u8>,
+}
+
+impl fmt::Debug for ClientCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} with key {}",
+            self.cert_path.display(),
+            self.key_path.display()
+        )
+    }
+}
+
 impl Config {
     /// The config of running without a file: every default, listening on
     /// `listen`, with one catch-all route named `"default"` to `worker`.
@@ -511,6 +545,7 @@ impl Config {
                 cascade: CascadePolicy::default(),
                 worker_credential: None,
                 worker_ca: None,
+                worker_client_cert: None,
                 lease: LeasePolicy::default(),
                 headers: HeaderPolicy::default(),
                 budget: BudgetPolicy::default(),

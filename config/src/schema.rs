@@ -15,9 +15,9 @@ use crate::read::{
 };
 use crate::url::{split_url, UrlError};
 use crate::{
-    AccountPolicy, AccountScope, BudgetPolicy, Cancel, Config, HeaderPolicy, LeasePolicy, Leases,
-    Limits, OnStoreError, Route, Server, ServerTls, Store, StoreKind, Timeouts, WorkerCa,
-    WorkerLeases, WorkerUrl,
+    AccountPolicy, AccountScope, BudgetPolicy, Cancel, ClientCert, Config, HeaderPolicy,
+    LeasePolicy, Leases, Limits, OnStoreError, Route, Server, ServerTls, Store, StoreKind,
+    Timeouts, WorkerCa, WorkerLeases, WorkerUrl,
 };
 
 /// What the file refers to outside itself: environment variables
@@ -322,8 +322,10 @@ fn routes(
     // (host, path_prefix) -> index of the first route with it
     let mut matches: HashMap<(Option<String>, Option<String>), usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
-    // https worker host:port -> the first route naming it, and its worker_ca
-    let mut trust: HashMap<String, (usize, Option<PathBuf>)> = HashMap::new();
+    // https worker host:port -> the first route naming it, its worker_ca and
+    // its client certificate and key
+    type Trust = (Option<PathBuf>, Option<(PathBuf, PathBuf)>);
+    let mut trust: HashMap<String, (usize, Trust)> = HashMap::new();
     for (i, mut r) in readers.into_iter().enumerate() {
         let before = sink.count();
         let route = route(&mut r, defaults, env);
@@ -357,17 +359,28 @@ fn routes(
         // One worker, one trust: the proxy and the gateway's cancels reach a
         // worker by its host:port, whichever route named it.
         if route.worker.tls {
-            let here = route.worker_ca.as_ref().map(|c| c.path.clone());
+            let here = (
+                route.worker_ca.as_ref().map(|c| c.path.clone()),
+                route
+                    .worker_client_cert
+                    .as_ref()
+                    .map(|c| (c.cert_path.clone(), c.key_path.clone())),
+            );
             match trust.entry(route.worker.authority()) {
                 hash_map::Entry::Occupied(e) => {
                     let (j, first) = e.get();
                     if *first != here {
-                        let at = r.pos("worker_ca");
+                        let key = if first.0 != here.0 {
+                            "worker_ca"
+                        } else {
+                            "worker_client_cert"
+                        };
+                        let at = r.pos(key);
                         r.report_at(
                             at,
-                            "worker_ca",
+                            key,
                             format!(
-                                "routes[{j}] reaches the same worker ({}) with a different worker_ca; give both the same",
+                                "routes[{j}] reaches the same worker ({}) with a different {key}; give both the same",
                                 route.worker.authority()
                             ),
                         );
@@ -394,13 +407,20 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let cascade = cascade(r, defaults.cascade);
     let worker_credential = credential(r, env);
     let worker_ca = r.opt("worker_ca", |item| worker_ca(string(item)?, env));
-    if worker_ca.is_some() && worker.as_ref().is_some_and(|w| !w.tls) {
-        let at = r.pos("worker_ca");
-        r.report_at(
-            at,
-            "worker_ca",
-            "worker_ca applies to https workers only; this route's worker is http",
-        );
+    let worker_client_cert = client_cert(r, env);
+    let plain = worker.as_ref().is_some_and(|w| !w.tls);
+    for (key, given) in [
+        ("worker_ca", worker_ca.is_some()),
+        ("worker_client_cert", worker_client_cert.is_some()),
+    ] {
+        if given && plain {
+            let at = r.pos(key);
+            r.report_at(
+                at,
+                key,
+                format!("{key} applies to https workers only; this route's worker is http"),
+            );
+        }
     }
     let lease = lease_policy(r, defaults);
     let headers = header_policy(r);
@@ -415,9 +435,40 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         cascade,
         worker_credential,
         worker_ca,
+        worker_client_cert,
         lease,
         headers,
         budget,
+    })
+}
+
+/// `worker_client_cert` and `worker_client_key`: both or neither.
+fn client_cert(r: &mut Reader<'_>, env: Env<'_>) -> Option<ClientCert> {
+    let cert = r.opt("worker_client_cert", |item| {
+        let path = config_path(string(item)?, env)?;
+        let certs = read_certificates(&path)?;
+        Ok::<_, String>((path, certs))
+    });
+    let key = r.opt("worker_client_key", |item| {
+        let path = config_path(string(item)?, env)?;
+        let key = read_private_key(&path)?;
+        Ok::<_, String>((path, key))
+    });
+    for (given, missing) in [
+        ("worker_client_cert", "worker_client_key"),
+        ("worker_client_key", "worker_client_cert"),
+    ] {
+        if r.has(given) && !r.has(missing) {
+            let at = r.pos(given);
+            r.report_at(at, given, format!("give {missing} too"));
+        }
+    }
+    let ((cert_path, certs), (key_path, key)) = (cert?, key?);
+    Some(ClientCert {
+        cert_path,
+        key_path,
+        certs,
+        key,
     })
 }
 
@@ -477,14 +528,19 @@ fn read_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
     Ok(certs)
 }
 
-/// Checks that a PEM file holds a private key pingora can read.
-fn read_private_key(path: &Path) -> Result<(), String> {
+/// The private key of a PEM file, DER, in a form pingora can read (it
+/// unwraps its own conversion of these bytes).
+fn read_private_key(path: &Path) -> Result<Vec<u8>, String> {
     use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::PrivateKeyDer;
     let shown = path.display();
     let pem = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-    rustls_pki_types::PrivateKeyDer::from_pem_slice(&pem)
-        .map(drop)
-        .map_err(|e| format!("{shown} holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"))
+    let der = PrivateKeyDer::from_pem_slice(&pem)
+        .map(|k| k.secret_der().to_vec())
+        .map_err(|e| format!("{shown} holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"))?;
+    PrivateKeyDer::try_from(der.clone())
+        .map_err(|e| format!("{shown}: the private key cannot be read back: {e}"))?;
+    Ok(der)
 }
 
 /// The DER of each `CERTIFICATE` block of a PEM text (other blocks, such as

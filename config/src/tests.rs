@@ -79,6 +79,7 @@ fn examples_parse() {
             },
             worker_credential: Some("Bearer abc".into()),
             worker_ca: None,
+            worker_client_cert: None,
             lease: LeasePolicy {
                 max_ttl: 600 * S,
                 impose_ttl: Some(30 * S),
@@ -538,7 +539,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -699,7 +700,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ]
     );
 }
@@ -1019,4 +1020,72 @@ fn server_tls() {
         "{}",
         got[1]
     );
+}
+
+/// `worker_client_cert` and `worker_client_key`: both or neither, for https
+/// workers, parsed at load; routes to one host:port present the same.
+#[test]
+fn worker_client_cert() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+    let parse_in = |src: &str| parse_at(src, Some(&dir), &env);
+    let pair = "worker_client_cert = \"ca.pem\"\nworker_client_key = \"ca-key.pem\"\n";
+    let c = parse_in(&format!(
+        "[[routes]]\nname = \"a\"\nworker = \"https://w\"\n{pair}"
+    ))
+    .unwrap();
+    let client = c.routes[0].worker_client_cert.as_ref().unwrap();
+    assert_eq!(client.cert_path, dir.join("ca.pem"));
+    assert_eq!(client.certs.len(), 1);
+    assert!(!client.key.is_empty());
+    let shown = format!("{client:?}");
+    assert_eq!(
+        shown,
+        format!(
+            "{} with key {}",
+            dir.join("ca.pem").display(),
+            dir.join("ca-key.pem").display()
+        )
+    );
+
+    let errors_in = |src: &str| -> Vec<String> {
+        match parse_in(src) {
+            Ok(c) => panic!("{src}\n--- parsed: {c:?}"),
+            Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+        }
+    };
+    let route = |worker: &str, extra: &str| {
+        format!("[[routes]]\nname = \"a\"\nworker = \"{worker}\"\n{extra}")
+    };
+    let table: Vec<(String, Vec<&str>)> = vec![
+        (
+            route("https://w", "worker_client_cert = \"ca.pem\"\n"),
+            vec!["4:22: routes[0].worker_client_cert: give worker_client_key too"],
+        ),
+        (
+            route("https://w", "worker_client_key = \"ca-key.pem\"\n"),
+            vec!["4:21: routes[0].worker_client_key: give worker_client_cert too"],
+        ),
+        (
+            route("http://w", pair),
+            vec!["4:22: routes[0].worker_client_cert: worker_client_cert applies to https workers only; this route's worker is http"],
+        ),
+        (
+            route("https://w", "worker_client_cert = \"ca.pem\"\nworker_client_key = \"ca.pem\"\n"),
+            vec!["5:21: routes[0].worker_client_key: "],
+        ),
+        (
+            format!(
+                "{}path_prefix = \"/a\"\n[[routes]]\nname = \"b\"\nworker = \"https://w:443/other\"\n",
+                route("https://w", pair)
+            ),
+            vec!["7:1: routes[1].worker_client_cert: routes[0] reaches the same worker (w:443) with a different worker_client_cert; give both the same"],
+        ),
+    ];
+    for (src, want) in table {
+        let got = errors_in(&src);
+        assert_eq!(got.len(), want.len(), "{src}\n{got:#?}");
+        for (g, w) in got.iter().zip(want.iter()) {
+            assert!(g.starts_with(w), "{src}\n got: {g}\nwant: {w}…");
+        }
+    }
 }

@@ -51,19 +51,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::CheckConfig { file }) = &cli.command {
         return match config::load(file) {
-            // The TLS pair is checked as at start-up: a key that is not the
-            // certificate's would stop the gateway, so it fails the check.
-            Ok(cfg) => match cfg
-                .server
-                .tls
-                .as_ref()
-                .map(a2a_gateway::server::check_tls_files)
-            {
-                Some(Err(e)) => {
+            // The TLS key pairs are checked as at start-up: a key that is not
+            // its certificate's would stop the gateway, so it fails the check.
+            Ok(cfg) => match a2a_gateway::server::check_tls(&cfg) {
+                Err(e) => {
                     eprintln!("{}: {e}", file.display());
                     ExitCode::from(2)
                 }
-                _ => {
+                Ok(()) => {
                     eprintln!("{}: ok ({} routes)", file.display(), cfg.routes.len());
                     ExitCode::SUCCESS
                 }

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use pingora::protocols::tls::CaType;
 use pingora::upstreams::peer::HttpPeer;
-use pingora::utils::tls::{parse_x509, WrappedX509};
+use pingora::utils::tls::{parse_x509, CertKey, WrappedX509};
 
 use crate::metrics;
 
-/// One worker's address and trust (shared by every route and cancel that
-/// names the same `host:port`; the config makes such routes agree on
-/// `worker_ca`).
+/// One worker's address and TLS settings (shared by every route and cancel
+/// that names the same `host:port`; the config makes such routes agree on
+/// `worker_ca` and the client certificate).
 pub struct WorkerAddr {
     /// `host:port` as configured, for messages and the metric label.
     authority: String,
@@ -39,6 +39,8 @@ pub struct WorkerAddr {
     /// The route's `worker_ca`, as pingora takes it; `None`: the system's
     /// roots.
     ca: Option<Arc<CaType>>,
+    /// The route's `worker_client_cert` and key; `None`: none presented.
+    client: Option<Arc<CertKey>>,
 }
 
 impl std::fmt::Debug for WorkerAddr {
@@ -47,6 +49,7 @@ impl std::fmt::Debug for WorkerAddr {
             .field("authority", &self.authority)
             .field("literal", &self.literal)
             .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .field("client_cert", &self.client.is_some())
             .finish()
     }
 }
@@ -60,10 +63,11 @@ struct Resolved {
 impl WorkerAddr {
     /// `refresh`: how long a looked-up address is used before the next
     /// lookup starts.
-    /// `ca`: the route's `worker_ca`.
+    /// `ca`, `client`: the route's `worker_ca` and `worker_client_cert`.
     pub fn new(
         worker: &config::WorkerUrl,
         ca: Option<&config::WorkerCa>,
+        client: Option<&config::ClientCert>,
         refresh: Duration,
     ) -> Self {
         let host = worker
@@ -93,12 +97,15 @@ impl WorkerAddr {
                     .collect();
                 Arc::from(certs)
             }),
+            // The config parsed the chain and the key as pingora will.
+            client: client.map(|c| Arc::new(CertKey::new(c.certs.clone(), c.key.clone()))),
         }
     }
 
     /// How the proxy and the gateway's own calls reach the worker at
-    /// `addr`: over TLS when `tls`, with the worker's host name as SNI and
-    /// checked against its `worker_ca` (else the system's roots).
+    /// `addr`: over TLS when `tls`, with the worker's host name as SNI,
+    /// checked against its `worker_ca` (else the system's roots), presenting
+    /// its client certificate if one is configured.
     pub fn peer(&self, addr: SocketAddr, tls: bool) -> HttpPeer {
         // SNI only matters on TLS; an empty name is not allocated.
         let sni = if tls {
@@ -109,6 +116,7 @@ impl WorkerAddr {
         let mut peer = HttpPeer::new(addr, tls, sni);
         if tls {
             peer.options.ca = self.ca.clone();
+            peer.client_cert_key = self.client.clone();
         }
         peer
     }
@@ -196,24 +204,29 @@ pub struct WorkerAddrs {
 }
 
 impl WorkerAddrs {
-    /// `workers`: each route's worker and `worker_ca`.
-    pub fn new<'a>(
-        workers: impl IntoIterator<Item = (&'a config::WorkerUrl, Option<&'a config::WorkerCa>)>,
-        refresh: Duration,
-    ) -> Self {
+    /// One per distinct worker `host:port` of `routes`, with its TLS
+    /// settings.
+    pub fn new(routes: &[config::Route], refresh: Duration) -> Self {
         // The config makes the https routes to one host:port agree on their
-        // worker_ca; an http route to it has none and must not hide it.
-        let mut first: HashMap<String, (&config::WorkerUrl, Option<&config::WorkerCa>)> =
-            HashMap::new();
-        for (w, ca) in workers {
-            let e = first.entry(w.authority()).or_insert((w, ca));
-            if e.1.is_none() {
-                e.1 = ca;
+        // TLS settings; an http route to it has none and must not hide them.
+        let mut first: HashMap<String, &config::Route> = HashMap::new();
+        for r in routes {
+            let e = first.entry(r.worker.authority()).or_insert(r);
+            if !e.worker.tls {
+                *e = r;
             }
         }
         let by_authority = first
             .into_iter()
-            .map(|(k, (w, ca))| (k, Arc::new(WorkerAddr::new(w, ca, refresh))))
+            .map(|(k, r)| {
+                let a = WorkerAddr::new(
+                    &r.worker,
+                    r.worker_ca.as_ref(),
+                    r.worker_client_cert.as_ref(),
+                    refresh,
+                );
+                (k, Arc::new(a))
+            })
             .collect();
         WorkerAddrs {
             by_authority,
@@ -244,7 +257,7 @@ impl WorkerAddrs {
         self.by_authority
             .get(&worker.authority())
             .cloned()
-            .unwrap_or_else(|| Arc::new(WorkerAddr::new(worker, None, self.refresh)))
+            .unwrap_or_else(|| Arc::new(WorkerAddr::new(worker, None, None, self.refresh)))
     }
 }
 
@@ -257,7 +270,7 @@ mod tests {
     }
 
     fn addr(u: &str, refresh: Duration) -> Arc<WorkerAddr> {
-        Arc::new(WorkerAddr::new(&url(u), None, refresh))
+        Arc::new(WorkerAddr::new(&url(u), None, None, refresh))
     }
 
     fn last(a: &WorkerAddr) -> Option<Resolved> {
@@ -350,10 +363,7 @@ mod tests {
         let tls = "[[routes]]\nname = \"t\"\nworker = \"https://w/b\"\nworker_ca = \"ca.pem\"\n";
         for src in [format!("{plain}{tls}"), format!("{tls}{plain}")] {
             let cfg = config::parse_at(&src, Some(&dir), &|_| None).unwrap();
-            let addrs = WorkerAddrs::new(
-                cfg.routes.iter().map(|r| (&r.worker, r.worker_ca.as_ref())),
-                Duration::from_secs(30),
-            );
+            let addrs = WorkerAddrs::new(&cfg.routes, Duration::from_secs(30));
             let a = addrs.get(&url("https://w/b"));
             let addr = "127.0.0.1:443".parse().unwrap();
             let ca = a.peer(addr, true).options.ca;
@@ -369,17 +379,18 @@ mod tests {
 
     #[test]
     fn workers_with_the_same_authority_share_one_address() {
+        let src = "[[routes]]\nname = \"a\"\nworker = \"http://localhost:9000/a\"\npath_prefix = \"/a\"\n\
+                   [[routes]]\nname = \"b\"\nworker = \"http://localhost:9000/b\"\npath_prefix = \"/b\"\n\
+                   [[routes]]\nname = \"c\"\nworker = \"http://localhost:9001\"\n";
+        let cfg = config::parse(src).unwrap();
+        let addrs = WorkerAddrs::new(&cfg.routes, Duration::from_secs(30));
         let (w1, w2, w3) = (
-            url("http://localhost:9000/a"),
-            url("http://localhost:9000/b"),
-            url("http://localhost:9001"),
+            &cfg.routes[0].worker,
+            &cfg.routes[1].worker,
+            &cfg.routes[2].worker,
         );
-        let addrs = WorkerAddrs::new(
-            [(&w1, None), (&w2, None), (&w3, None)],
-            Duration::from_secs(30),
-        );
-        assert!(Arc::ptr_eq(&addrs.get(&w1), &addrs.get(&w2)));
-        assert!(!Arc::ptr_eq(&addrs.get(&w1), &addrs.get(&w3)));
+        assert!(Arc::ptr_eq(&addrs.get(w1), &addrs.get(w2)));
+        assert!(!Arc::ptr_eq(&addrs.get(w1), &addrs.get(w3)));
         assert_eq!(addrs.by_authority.len(), 2);
     }
 }

@@ -98,6 +98,7 @@ pub fn server_conf(threads: usize) -> ServerConf {
 
 /// Builds every service and runs until a signal stops the process.
 pub fn run(cfg: config::Config) -> Result<(), String> {
+    check_tls(&cfg)?;
     let store = build_store(&cfg)?;
     let store_kind = store.kind();
     let (tracker, tracker_run) = Tracker::new(store.clone());
@@ -190,12 +191,52 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     server.run_forever()
 }
 
+/// The TLS checks the config cannot make alone (they need rustls): that
+/// each key is its certificate's, for `[server.tls]` and for every route's
+/// `worker_client_cert`. Run at start-up and by `check-config`.
+pub fn check_tls(cfg: &config::Config) -> Result<(), String> {
+    use pingora::tls::{CertificateDer, ClientConfig, PrivateKeyDer, RootCertStore, RusTlsError};
+    if let Some(tls) = &cfg.server.tls {
+        check_tls_files(tls)?;
+    }
+    pingora::tls::install_default_crypto_provider();
+    for (i, r) in cfg.routes.iter().enumerate() {
+        let Some(c) = &r.worker_client_cert else {
+            continue;
+        };
+        let chain = c
+            .certs
+            .iter()
+            .map(|d| CertificateDer::from(d.clone()))
+            .collect();
+        let key = PrivateKeyDer::try_from(c.key.clone())
+            .map_err(|e| format!("routes[{i}].worker_client_key: {e}"))?;
+        let (cert_path, key_path) = (c.cert_path.display(), c.key_path.display());
+        match ClientConfig::builder()
+            .with_root_certificates(RootCertStore::empty())
+            .with_client_auth_cert(chain, key)
+        {
+            Ok(_) => {}
+            Err(RusTlsError::InconsistentKeys(e)) => {
+                return Err(format!(
+                    "routes[{i}].worker_client_key: {key_path} is not the key of {cert_path}'s certificate ({e:?})"
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "routes[{i}].worker_client_cert: cannot present {cert_path} with {key_path}: {e}"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Loads `[server.tls]`'s files as pingora will when its listeners start
 /// (where a bad pair panics a proxy thread and the process hangs): a
 /// certificate chain and a key that belong together, or a message naming
-/// both files. Also run by `check-config`. Returns the paths as pingora
-/// takes them.
-pub fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
+/// both files. Returns the paths as pingora takes them.
+fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
     use pingora::tls::{
         install_default_crypto_provider, load_certs_and_key_files, RusTlsError, ServerConfig,
     };

@@ -25,6 +25,10 @@ pub struct PrivateCa {
     /// The server certificate and its key, PEM, for `[server.tls]`.
     pub cert_pem: PathBuf,
     pub key_pem: PathBuf,
+    /// A client certificate the CA signed and its key, PEM, for a route's
+    /// `worker_client_cert` and `worker_client_key`.
+    pub client_cert_pem: PathBuf,
+    pub client_key_pem: PathBuf,
     ca_der: rustls::pki_types::CertificateDer<'static>,
     cert_der: rustls::pki_types::CertificateDer<'static>,
     key_der: Vec<u8>,
@@ -52,7 +56,19 @@ impl PrivateCa {
             .signed_by(&key, &ca_issuer)
             .expect("server certificate");
 
+        let client_key = KeyPair::generate().expect("client key");
+        let mut client_params =
+            CertificateParams::new(vec!["a2a-gateway".to_string()]).expect("client params");
+        client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let client = client_params
+            .signed_by(&client_key, &ca_issuer)
+            .expect("client certificate");
+
         let dir = scratch_dir(&format!("tls-{tag}"));
+        let (client_cert_pem, client_key_pem) =
+            (dir.join("client-cert.pem"), dir.join("client-key.pem"));
+        std::fs::write(&client_cert_pem, client.pem()).expect("write client-cert.pem");
+        std::fs::write(&client_key_pem, client_key.serialize_pem()).expect("write client-key.pem");
         let (ca_pem, cert_pem, key_pem) = (
             dir.join("ca.pem"),
             dir.join("cert.pem"),
@@ -65,6 +81,8 @@ impl PrivateCa {
             ca_pem,
             cert_pem,
             key_pem,
+            client_cert_pem,
+            client_key_pem,
             ca_der: ca.der().clone(),
             cert_der: cert.der().clone(),
             key_der: key.serialize_der(),
@@ -94,13 +112,30 @@ impl PrivateCa {
             .await
     }
 
-    fn acceptor(&self) -> TlsAcceptor {
+    /// A TLS server with this CA's server certificate; with `client_auth`
+    /// it refuses clients without a certificate this CA signed.
+    fn acceptor(&self, client_auth: bool) -> TlsAcceptor {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let key = rustls::pki_types::PrivateKeyDer::Pkcs8(self.key_der.clone().into());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_no_client_auth()
+            .expect("TLS versions");
+        let builder = if client_auth {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(self.ca_der.clone())
+                .expect("the CA as a trust anchor");
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let config = builder
             .with_single_cert(vec![self.cert_der.clone()], key)
             .expect("server config");
         TlsAcceptor::from(Arc::new(config))
@@ -117,14 +152,29 @@ pub struct TlsFront {
 
 impl TlsFront {
     pub async fn start(ca: &PrivateCa, backend: SocketAddr) -> TlsFront {
-        TlsFront::start_on(ca, [127, 0, 0, 1].into(), backend).await
+        TlsFront::start_with(ca, [127, 0, 0, 1].into(), false, backend).await
     }
 
     /// [`TlsFront::start`] on a free port of `ip` (a loopback address).
     pub async fn start_on(ca: &PrivateCa, ip: std::net::IpAddr, backend: SocketAddr) -> TlsFront {
+        TlsFront::start_with(ca, ip, false, backend).await
+    }
+
+    /// [`TlsFront::start`], refusing clients without a certificate `ca`
+    /// signed (mutual TLS).
+    pub async fn start_mutual(ca: &PrivateCa, backend: SocketAddr) -> TlsFront {
+        TlsFront::start_with(ca, [127, 0, 0, 1].into(), true, backend).await
+    }
+
+    async fn start_with(
+        ca: &PrivateCa,
+        ip: std::net::IpAddr,
+        client_auth: bool,
+        backend: SocketAddr,
+    ) -> TlsFront {
         let listener = TcpListener::bind((ip, 0)).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let acceptor = ca.acceptor();
+        let acceptor = ca.acceptor(client_auth);
         let handshakes = Arc::new(AtomicUsize::new(0));
         let counted = handshakes.clone();
         let task = tokio::spawn(async move {

@@ -88,10 +88,7 @@ impl Route {
 impl Routes {
     /// `dns_refresh`: how long a worker name's looked-up address is used.
     pub fn new(cfg: &[config::Route], dns_refresh: Duration) -> Self {
-        let addrs = Arc::new(WorkerAddrs::new(
-            cfg.iter().map(|r| (&r.worker, r.worker_ca.as_ref())),
-            dns_refresh,
-        ));
+        let addrs = Arc::new(WorkerAddrs::new(cfg, dns_refresh));
         let mut routes: Vec<Arc<Route>> = cfg
             .iter()
             .map(|r| {
