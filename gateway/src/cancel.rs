@@ -15,12 +15,13 @@ use bytes::Bytes;
 use pingora::connectors::http::Connector;
 use pingora::connectors::TransportConnector;
 use pingora::http::RequestHeader;
+use pingora::upstreams::peer::HttpPeer;
 use serde_json::{json, Value};
 
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
 use crate::metrics;
-use crate::resolve::WorkerAddrs;
+use crate::resolve::{WorkerAddr, WorkerAddrs};
 use crate::store::{CancelTarget, TaskKey};
 
 /// One owed cancel.
@@ -239,20 +240,27 @@ impl Canceller {
         }
     }
 
+    /// The worker's shared address and a peer for it as the proxy builds
+    /// one (TLS settings included), with the cancel's connect timeout. `Err`:
+    /// the worker's name has no address yet.
+    async fn peer(&self, w: &config::WorkerUrl) -> Result<(Arc<WorkerAddr>, HttpPeer), String> {
+        let worker_addr = self.addrs.get(w);
+        let addr = worker_addr.get().await?;
+        let mut peer = worker_addr.peer(addr, w.tls);
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        Ok((worker_addr, peer))
+    }
+
     async fn attempt(&self, job: &CancelJob) -> Attempt {
         if job.target.binding == Binding::WebSocket {
             return self.attempt_ws(job).await;
         }
         let (path, body) = self.request(job);
         let body = Bytes::from(body.to_string());
-        let w = &job.worker;
-        let worker_addr = self.addrs.get(w);
-        let addr = match worker_addr.get().await {
-            Ok(a) => a,
+        let (worker_addr, mut peer) = match self.peer(&job.worker).await {
+            Ok(p) => p,
             Err(why) => return Attempt::Retry(why),
         };
-        let mut peer = worker_addr.peer(addr, w.tls);
-        peer.options.connection_timeout = Some(self.connect_timeout);
         peer.options.read_timeout = Some(self.cfg.timeout);
         peer.options.write_timeout = Some(self.cfg.timeout);
 
@@ -343,14 +351,12 @@ impl Canceller {
             req.headers_mut().append(name, value);
         }
         // The connection as the proxy makes it (TLS with the worker's
-        // `worker_ca` for wss://); the upgrade over it is tungstenite's.
-        let worker_addr = self.addrs.get(w);
-        let addr = match worker_addr.get().await {
-            Ok(a) => a,
+        // `worker_ca` and client certificate for wss://); the upgrade over
+        // it is tungstenite's.
+        let peer = match self.peer(w).await {
+            Ok((_, p)) => p,
             Err(why) => return Attempt::Retry(why),
         };
-        let mut peer = worker_addr.peer(addr, w.tls);
-        peer.options.connection_timeout = Some(self.connect_timeout);
         let connect = async {
             let stream = self
                 .transport
