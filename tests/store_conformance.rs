@@ -349,3 +349,89 @@ async fn task_hashes_expire() {
         assert!(t > 0 || k == s.leases_key(), "{k}: {t}");
     }
 }
+
+/// Listing walks the keyspace one bounded `SCAN` step per round trip: two
+/// accounts among 5,000 task hashes are found (five or more steps of
+/// `COUNT 1000`), and no script call runs longer than one step (`SLOWLOG`
+/// records none over 50 ms; one script walking the whole keyspace took
+/// longer before).
+#[tokio::test]
+async fn listing_steps_through_a_large_keyspace() {
+    use a2a_gateway::store::{AccountKey, Reservation};
+    let server = RedisServer::start().await;
+    let s = store(&server, "big").await;
+    let mut conn = raw(&server).await;
+    let mut pipe = redis::pipe();
+    for i in 0..5000 {
+        pipe.hset(format!("big:task:r:t:{i}"), "state", "working")
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut conn).await.unwrap();
+    for holder in ["acme", "globex"] {
+        let ask = Reservation {
+            account: AccountKey {
+                route: "r".into(),
+                scope: "tenant".into(),
+                holder: holder.into(),
+                window_start_ms: 0,
+            },
+            meter: "tokens".into(),
+            amount: 1,
+            limit: 10,
+            expires_ms: a2a_gateway::store::now_ms() + 60_000,
+        };
+        assert_eq!(s.account_reserve(&[ask]).await.unwrap(), Ok(()));
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(50_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let calls_before = script_calls(&mut conn).await;
+    let mut holders: Vec<String> = s
+        .account_list(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.account.holder.to_string())
+        .collect();
+    holders.sort();
+    assert_eq!(holders, ["acme", "globex"]);
+    let steps = script_calls(&mut conn).await - calls_before;
+    assert!(steps >= 5, "one script call per SCAN step: {steps} calls");
+    assert_eq!(s.list(7).await.unwrap().len(), 7, "stops at the limit");
+    assert_eq!(s.list(6000).await.unwrap().len(), 5000);
+    let slow: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(slow.is_empty(), "script calls over 50 ms: {slow:?}");
+}
+
+/// Script calls (`EVAL` and `EVALSHA`) the server has run so far.
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}

@@ -88,17 +88,30 @@ pub(crate) struct Defaults {
 }
 
 const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+/// The longest lease a route may allow: the Redis store keeps a task record
+/// 24 h after its last write, and a lease that outlived its record would
+/// lapse unseen.
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(12 * 3600);
+
+/// `max_lease_ttl` within 1s..=12h.
+fn max_lease_ttl(r: &mut Reader<'_>, default: Duration) -> Duration {
+    let max_ttl = r.or("max_lease_ttl", default, duration);
+    let problem = if max_ttl < MIN_LEASE_TTL {
+        "must be at least 1s (the shortest lease the extension allows)"
+    } else if max_ttl > MAX_LEASE_TTL {
+        "must be at most 12h (a lease must lapse while the store still keeps its task)"
+    } else {
+        return max_ttl;
+    };
+    if r.has("max_lease_ttl") {
+        let at = r.pos("max_lease_ttl");
+        r.report_at(at, "max_lease_ttl", problem);
+    }
+    max_ttl
+}
 
 fn lease_policy(r: &mut Reader<'_>, d: &Defaults) -> LeasePolicy {
-    let max_ttl = r.or("max_lease_ttl", d.max_lease_ttl, duration);
-    if max_ttl < MIN_LEASE_TTL {
-        let at = r.pos("max_lease_ttl");
-        r.report_at(
-            at,
-            "max_lease_ttl",
-            "must be at least 1s (the shortest lease the extension allows)",
-        );
-    }
+    let max_ttl = max_lease_ttl(r, d.max_lease_ttl);
     let worker_leases = r.or(
         "worker_leases",
         WorkerLeases::Auto,
@@ -283,7 +296,7 @@ fn cascade(r: &mut Reader<'_>, d: CascadePolicy) -> CascadePolicy {
 
 fn defaults(mut r: Reader<'_>) -> Defaults {
     let cascade = cascade(&mut r, CascadePolicy::default());
-    let max_lease_ttl = r.or("max_lease_ttl", LeasePolicy::default().max_ttl, duration);
+    let max_lease_ttl = max_lease_ttl(&mut r, LeasePolicy::default().max_ttl);
     r.finish();
     Defaults {
         cascade,

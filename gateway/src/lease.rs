@@ -25,11 +25,63 @@ use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore};
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
 
-/// Gateway-held leases of this replica: when each is next due for renewal.
+/// Gateway-held leases of this replica: when each is next due for renewal,
+/// and how many of this replica's streams hold it (a stream and a
+/// resubscribe to the same task, say): renewals go on until the last one
+/// ends, or the task would be reaped under a caller still watching it.
 #[derive(Debug, Default)]
 struct Held {
-    /// key → (ttl, next renewal due, unix ms)
-    leases: HashMap<TaskKey, (u64, u64)>,
+    leases: HashMap<TaskKey, HeldLease>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeldLease {
+    ttl_ms: u64,
+    /// Next renewal due, unix ms.
+    due: u64,
+    holders: u32,
+}
+
+impl Held {
+    fn hold(&mut self, key: TaskKey, ttl_ms: u64, now: u64) {
+        let due = now + lease::renew_every_ms(ttl_ms);
+        self.leases
+            .entry(key)
+            .and_modify(|h| {
+                h.holders = h.holders.saturating_add(1);
+                // The shorter TTL's renewals keep both holders' leases alive.
+                if ttl_ms < h.ttl_ms {
+                    h.ttl_ms = ttl_ms;
+                    h.due = h.due.min(due);
+                }
+            })
+            .or_insert(HeldLease {
+                ttl_ms,
+                due,
+                holders: 1,
+            });
+    }
+
+    fn release(&mut self, key: &TaskKey) {
+        if let Some(h) = self.leases.get_mut(key) {
+            h.holders = h.holders.saturating_sub(1);
+            if h.holders == 0 {
+                self.leases.remove(key);
+            }
+        }
+    }
+
+    /// The keys due for renewal at `now`, each moved to its next due time.
+    fn take_due(&mut self, now: u64) -> Vec<TaskKey> {
+        self.leases
+            .iter_mut()
+            .filter(|(_, h)| h.due <= now)
+            .map(|(k, h)| {
+                h.due = now + lease::renew_every_ms(h.ttl_ms);
+                k.clone()
+            })
+            .collect()
+    }
 }
 
 /// The lease duties of one replica.
@@ -73,30 +125,21 @@ impl Leases {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts renewing `key` for a caller connected here.
+    /// Starts renewing `key` for a caller connected here (one more holder
+    /// if another of this replica's streams holds it already).
     pub fn hold(&self, key: TaskKey, ttl_ms: u64) {
-        let due = now_ms() + lease::renew_every_ms(ttl_ms);
-        self.held().leases.insert(key, (ttl_ms, due));
+        self.held().hold(key, ttl_ms, now_ms());
     }
 
-    /// Stops renewing `key` (its caller's connection ended).
+    /// One holder of `key` is gone (its caller's connection ended); renewals
+    /// stop with the last.
     pub fn release(&self, key: &TaskKey) {
-        self.held().leases.remove(key);
+        self.held().release(key);
     }
 
     /// Renews the held leases that are due, in one store call.
     pub async fn renew_due(&self, now: u64) {
-        let due: Vec<TaskKey> = {
-            let mut held = self.held();
-            held.leases
-                .iter_mut()
-                .filter(|(_, (_, next))| *next <= now)
-                .map(|(k, (ttl, next))| {
-                    *next = now + lease::renew_every_ms(*ttl);
-                    k.clone()
-                })
-                .collect()
-        };
+        let due: Vec<TaskKey> = self.held().take_due(now);
         if due.is_empty() {
             return;
         }
@@ -190,4 +233,42 @@ pub fn default_replica_id() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "gateway".to_string());
     format!("{host}-{}-{}", std::process::id(), now_ms())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> TaskKey {
+        TaskKey::new(&Arc::from("r"), None, id)
+    }
+
+    /// Holders of one task on one replica: renewals go on until the last
+    /// releases it; the shortest TTL sets the pace.
+    #[test]
+    fn held_until_the_last_holder_releases() {
+        let mut held = Held::default();
+        held.hold(key("t"), 30_000, 0);
+        held.hold(key("t"), 30_000, 5_000);
+        held.release(&key("t"));
+        assert_eq!(
+            held.take_due(10_000),
+            vec![key("t")],
+            "still held by the second"
+        );
+        held.release(&key("t"));
+        assert!(held.leases.is_empty());
+        assert!(held.take_due(1_000_000).is_empty());
+        // A stray release (a stream that held nothing) changes nothing.
+        held.release(&key("t"));
+        assert!(held.leases.is_empty());
+
+        held.hold(key("u"), 30_000, 0);
+        held.hold(key("u"), 3_000, 0);
+        let h = held.leases[&key("u")];
+        assert_eq!((h.ttl_ms, h.holders), (3_000, 2));
+        assert_eq!(h.due, lease::renew_every_ms(3_000));
+        assert_eq!(held.take_due(h.due), vec![key("u")]);
+        assert_eq!(held.leases[&key("u")].due, 2 * lease::renew_every_ms(3_000));
+    }
 }

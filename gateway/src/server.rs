@@ -17,8 +17,17 @@ use crate::proxy::Gateway;
 use crate::store::memory::MemoryStore;
 use crate::store::TaskStore;
 
-/// How long the memory store keeps a task nobody has touched.
+/// How long the memory store keeps a task nobody has touched, at least.
 pub const MEMORY_RETENTION: Duration = Duration::from_secs(3600);
+
+/// How long the memory store keeps an untouched task: [`MEMORY_RETENTION`],
+/// or longer than the longest lease a route allows plus a margin, so that a
+/// lease whose caller died (nothing touches its task any more) lapses while
+/// its task is still there to be cancelled.
+pub fn memory_retention(cfg: &config::Config) -> Duration {
+    let longest = cfg.routes.iter().map(|r| r.lease.max_ttl).max();
+    MEMORY_RETENTION.max(longest.unwrap_or_default() + Duration::from_secs(300))
+}
 
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
@@ -61,7 +70,7 @@ pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
     match &cfg.store.kind {
         config::StoreKind::Memory => Ok(Arc::new(MemoryStore::new(
             cfg.limits.max_tracked_tasks,
-            MEMORY_RETENTION,
+            memory_retention(cfg),
         ))),
         config::StoreKind::Redis { url } => {
             let rt = STORE_RUNTIME.get_or_init(|| {

@@ -226,12 +226,22 @@ impl TaskStore for MemoryStore {
     }
 
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
-        if let Some(mut rec) = self.tasks.get(key) {
-            if let Some(l) = rec.lease.take() {
-                self.index().remove(&(l.deadline_ms, key.clone()));
-                self.tasks.insert(key.clone(), rec);
+        // One atomic step on the entry (a read, then an insert, would undo an
+        // update or a new lease that came in between); a missing task stays
+        // missing.
+        self.tasks.entry_by_ref(key).and_compute_with(|old| {
+            let Some(entry) = old else {
+                return moka::ops::compute::Op::Nop;
+            };
+            let mut rec = entry.into_value();
+            match rec.lease.take() {
+                Some(l) => {
+                    self.index().remove(&(l.deadline_ms, key.clone()));
+                    moka::ops::compute::Op::Put(rec)
+                }
+                None => moka::ops::compute::Op::Nop,
             }
-        }
+        });
         Ok(())
     }
 

@@ -209,20 +209,21 @@ end
 return out
 "#;
 
-/// ARGV: MATCH pattern, limit. Returns up to `limit` records.
+/// ARGV: cursor, MATCH pattern, how many records at most. One `SCAN` step
+/// (`COUNT 1000`), so that a listing never holds Redis for a walk of the
+/// whole keyspace (the admin port's `/tasks` and `/budgets` match few keys
+/// among many): returns `{next cursor, record…}`; the caller steps until
+/// the cursor is `0` or it has enough.
 const LIST: &str = r#"
-local out, cursor, limit = {}, '0', num(ARGV[2])
-repeat
-  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', '1000')
-  cursor = r[1]
-  for _, k in ipairs(r[2]) do
-    if #out >= limit then break end
-    if redis.call('TYPE', k).ok == 'hash' then
-      local rec = redis.call('HGETALL', k)
-      if #rec > 0 then out[#out + 1] = rec end
-    end
+local r = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', '1000')
+local out, limit = {r[1]}, num(ARGV[3])
+for _, k in ipairs(r[2]) do
+  if #out - 1 >= limit then break end
+  if redis.call('TYPE', k).ok == 'hash' then
+    local rec = redis.call('HGETALL', k)
+    if #rec > 0 then out[#out + 1] = rec end
   end
-until cursor == '0' or #out >= limit
+end
 return out
 "#;
 
@@ -410,6 +411,41 @@ impl RedisStore {
         &self.leases_key
     }
 
+    /// Up to `limit` hashes whose keys match `pattern`, one bounded `SCAN`
+    /// step per round trip (see [`LIST`]).
+    async fn scan_hashes(
+        &self,
+        op: &str,
+        pattern: &str,
+        limit: usize,
+    ) -> Result<Vec<Value>, StoreError> {
+        let limit = limit.min(MAX_EXACT as usize);
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let mut inv = self.scripts.list.prepare_invoke();
+            inv.arg(&cursor).arg(pattern).arg(limit - out.len());
+            let v: Value = self
+                .call(op, |mut c| async move { inv.invoke_async(&mut c).await })
+                .await?;
+            let Value::Array(mut items) = v else {
+                return Err(StoreError(format!(
+                    "redis {op}: expected a list, got {v:?}"
+                )));
+            };
+            if items.is_empty() {
+                return Err(StoreError(format!("redis {op}: no cursor")));
+            }
+            let next = text_of(&items.remove(0))
+                .ok_or_else(|| StoreError(format!("redis {op}: a cursor that is not text")))?;
+            out.extend(items);
+            if next == "0" || out.len() >= limit {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+
     /// Runs one round trip with the call's time bound, naming `op` in errors.
     async fn call<T, F>(
         &self,
@@ -478,15 +514,8 @@ impl TaskStore for RedisStore {
             return Ok(Vec::new());
         }
         let pattern = format!("{}:task:*", glob_escape(&self.namespace));
-        let mut inv = self.scripts.list.prepare_invoke();
-        inv.arg(pattern).arg(limit.min(MAX_EXACT as usize));
-        let v: Value = self
-            .call(
-                "list",
-                |mut c| async move { inv.invoke_async(&mut c).await },
-            )
-            .await?;
-        records_of(&v).map_err(|e| StoreError(format!("redis list: {e}")))
+        let hashes = self.scan_hashes("list", &pattern, limit).await?;
+        records_of(&Value::Array(hashes)).map_err(|e| StoreError(format!("redis list: {e}")))
     }
 
     async fn lease_start(
@@ -649,18 +678,9 @@ impl TaskStore for RedisStore {
             return Ok(Vec::new());
         }
         let pattern = format!("{}:acct:*", glob_escape(&self.namespace));
-        let mut inv = self.scripts.list.prepare_invoke();
-        inv.arg(pattern).arg(limit.min(MAX_EXACT as usize));
-        let v: Value = self
-            .call("account_list", |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
-        let Value::Array(hashes) = &v else {
-            return Ok(Vec::new());
-        };
+        let hashes = self.scan_hashes("account_list", &pattern, limit).await?;
         let mut out = Vec::new();
-        for h in hashes {
+        for h in &hashes {
             let f = fields_of(h).map_err(|e| StoreError(format!("redis account_list: {e}")))?;
             let account = AccountKey {
                 route: f.get("route").map_or("", String::as_str).into(),
