@@ -377,3 +377,47 @@ async fn proxy_time_leaves_the_worker_out() {
     assert_eq!(card.status, 200, "{}", card.text());
     assert_eq!(count_reaches(2.0).await, 2.0, "{}", gw.metrics().await);
 }
+
+/// A caller that sends `Expect: 100-continue` (curl does for larger POSTs)
+/// gets the `100 Continue` from the gateway, which reads small bodies before
+/// it asks the worker, at once rather than after its own expect timeout; the
+/// worker (both kinds) answers the call as usual.
+#[tokio::test]
+async fn expect_continue_is_answered_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for kind in [Kind::Rust, Kind::Python] {
+        let worker = Worker::start(kind).await;
+        let gw = Gateway::in_front_of(&worker.url(), "").await;
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+            "params": {"message": crate::harness::worker::message("quick")}})
+        .to_string();
+        let (authority, _) = crate::harness::http::split_url(&gw.url);
+        let mut sock = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        let head = format!(
+            "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nexpect: 100-continue\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        sock.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_millis(500), sock.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{kind:?}: no 100 Continue within 500 ms"))
+            .unwrap();
+        let first = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(first.starts_with("HTTP/1.1 100"), "{kind:?}: {first}");
+        sock.write_all(body.as_bytes()).await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut rest))
+            .await
+            .expect("the answer")
+            .unwrap();
+        let all = format!("{first}{}", String::from_utf8_lossy(&rest));
+        assert!(all.contains("HTTP/1.1 200"), "{kind:?}: {all}");
+        assert!(all.contains("\"result\""), "{kind:?}: {all}");
+        assert_eq!(
+            all.matches("HTTP/1.1 100").count(),
+            1,
+            "{kind:?}: one 100: {all}"
+        );
+    }
+}

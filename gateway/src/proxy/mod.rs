@@ -179,6 +179,9 @@ pub struct Ctx {
     refusal: Option<Refusal>,
     /// A WebSocket upgraded by the worker: its frames are read both ways.
     ws: Option<WsSession>,
+    /// The gateway answered the caller's `Expect: 100-continue` itself
+    /// (it reads the body before the worker is asked).
+    continued: bool,
     /// When the request arrived (Unix ms): a grant's deadline counts from it.
     received_ms: u64,
     /// The caller, as the route's `budget.caller_header` names it (a bearer
@@ -712,6 +715,14 @@ impl Gateway {
     }
 }
 
+/// Whether the request asks for `100 Continue` before its body.
+fn expects_continue(req: &RequestHeader) -> bool {
+    req.headers
+        .get_all(http::header::EXPECT)
+        .iter()
+        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 /// Ends the id wait: from now on a caller's FIN aborts the request at once
 /// (pingora's default), and one that came during the wait is acted on.
 fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
@@ -1047,6 +1058,14 @@ impl ProxyHttp for Gateway {
         let small =
             content_length.is_some_and(|n| n <= PRE_READ_LIMIT.min(self.limits.max_inspect_body));
         if ctx.req_body.is_some() && small {
+            // A caller that asked `Expect: 100-continue` waits for the go
+            // ahead before it sends the body the gateway is about to read:
+            // give it here (the worker, which would have, is not asked
+            // yet), and drop the header on the way to the worker.
+            if expects_continue(session.req_header()) {
+                session.downstream_session.write_continue_response().await?;
+                ctx.continued = true;
+            }
             session.downstream_session.enable_retry_buffering();
             ctx.req_body = None;
             // Usually one chunk, read in place; copied only when it is not.
@@ -1135,6 +1154,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.times.upstream();
+        if ctx.continued {
+            upstream.remove_header(&http::header::EXPECT);
+        }
         // The caller's own origin-form target, when it is already the
         // worker's path (no base path, no stripped prefix), is kept as is.
         let unchanged = upstream.uri.authority().is_none()
@@ -1766,11 +1788,14 @@ impl Gateway {
         };
         let result = match card {
             Some(card) => {
-                // The card says whether the worker enforces leases itself.
-                let declares = card_declares(card, policies::lease::LEASE_EXTENSION_URI);
-                route
-                    .card_declares_lease
-                    .store(declares, std::sync::atomic::Ordering::Relaxed);
+                // The card says whether the worker enforces leases itself
+                // (a body that is no card says nothing).
+                if card.is_object() {
+                    let declares = card_declares(card, policies::lease::LEASE_EXTENSION_URI);
+                    route
+                        .card_declares_lease
+                        .store(declares, std::sync::atomic::Ordering::Relaxed);
+                }
                 rw.card_value(card)
             }
             None => Ok(0),

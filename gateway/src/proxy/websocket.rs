@@ -72,6 +72,18 @@ struct IdOnly {
     id: Option<serde_json::Value>,
 }
 
+/// a2a-rust's end-of-stream frame on its WebSocket binding:
+/// `{"result":{"status":"stream_complete"}}`, or from older servers
+/// `{"result":{"stream_complete":true}}` (a transport marker, not an A2A
+/// event; a2a-protocol-client 0.15 tells it apart the same way).
+fn is_stream_complete(doc: &[u8]) -> bool {
+    let Ok(frame) = serde_json::from_slice::<serde_json::Value>(doc) else {
+        return false;
+    };
+    let r = &frame["result"];
+    r.get("stream_complete").is_some() || r["status"].as_str() == Some("stream_complete")
+}
+
 fn count_item(item: &WsItem<'_>) {
     let reason = match item {
         WsItem::Binary => "ws_binary",
@@ -181,7 +193,9 @@ impl Gateway {
             if !pending.contains_key(&id) {
                 return;
             }
-            if memmem(doc, b"stream_complete") {
+            // The cheap test first (most frames never mention it), then the
+            // shape: an artifact that merely contains the words is an event.
+            if memmem(doc, b"stream_complete") && is_stream_complete(doc) {
                 pending.remove(&id);
                 return;
             }
@@ -356,6 +370,42 @@ impl Gateway {
             };
             let cascade = self.cascade.clone();
             tokio::spawn(async move { cascade.stream_ended(end).await });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_stream_complete;
+
+    #[test]
+    fn stream_complete_is_the_sentinel_frame_only() {
+        let table: &[(&str, bool)] = &[
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"status":"stream_complete"}}"#,
+                true,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"stream_complete":true}}"#,
+                true,
+            ),
+            // An event whose text mentions it is an event.
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"artifactUpdate":{"taskId":"t","artifact":{"parts":[{"text":"stream_complete"}]}}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"statusUpdate":{"taskId":"t","status":{"state":"TASK_STATE_INPUT_REQUIRED","message":{"parts":[{"text":"say stream_complete"}]}}}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"stream_complete"}}"#,
+                false,
+            ),
+            ("stream_complete", false),
+        ];
+        for (doc, want) in table {
+            assert_eq!(is_stream_complete(doc.as_bytes()), *want, "{doc}");
         }
     }
 }
