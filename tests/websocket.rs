@@ -289,3 +289,54 @@ async fn batch_over_the_socket_starts_nothing_on_a2a_rust() {
         1.0
     );
 }
+
+/// A non-blocking `SendMessage` over the socket, polled with `GetTask` until
+/// its task asks for input: closing the socket then leaves the task to its
+/// caller (input-required is handed back, never cancelled). The gateway
+/// reads the polls' answers; before it did, the task was cancelled on close
+/// as last seen (working).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_task_handed_back_is_not_cancelled_on_close() {
+    let (worker, gw, gw_ws) = setup("").await;
+    let mut ws = connect(&gw_ws).await.expect("upgrade");
+    let send = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": "poll-1", "role": "ROLE_USER",
+            "parts": [{"text": "ask"}]}, "configuration": {"returnImmediately": true}}});
+    let answer = round_trip(&mut ws, 1, send.to_string())
+        .await
+        .expect("answer");
+    let task = &answer["result"]["task"];
+    let id = task["id"].as_str().expect("a task").to_string();
+    let first = task["status"]["state"].as_str().unwrap_or("");
+    assert!(
+        matches!(first, "TASK_STATE_SUBMITTED" | "TASK_STATE_WORKING"),
+        "the answer must name a running task for this test to mean anything: {answer}"
+    );
+    let mut state = String::new();
+    for n in 2..100u64 {
+        let poll = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "GetTask",
+            "params": {"id": id}});
+        let a = round_trip(&mut ws, n, poll.to_string())
+            .await
+            .expect("GetTask");
+        state = a["result"]["status"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if state == "TASK_STATE_INPUT_REQUIRED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "TASK_STATE_INPUT_REQUIRED");
+    let _ = ws.close(None).await;
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "log:\n{}",
+        gw.log_text()
+    );
+    assert_eq!(worker.cancels(), 0);
+}

@@ -112,6 +112,7 @@ impl Gateway {
         };
         let mut renewals = Vec::new();
         let pending = &mut ws.pending;
+        let tasks = &ws.tasks;
         ws.client.feed(chunk, |item| {
             let WsItem::Text(doc) = item else {
                 count_item(&item);
@@ -162,8 +163,24 @@ impl Gateway {
                         },
                     );
                 }
-                Some(A2aMethod::GetTask) if lease_ext => {
-                    if let Some(task) = f.task_id {
+                Some(A2aMethod::GetTask) => {
+                    let Some(task) = f.task_id else { return };
+                    // A task of this socket polled until it settled or was
+                    // handed back (input-required) must not be cancelled
+                    // when the socket closes: its answer says the state.
+                    if let Some(id) = f.rpc_id {
+                        if tasks.contains_key(&*task) && pending.len() < MAX_PENDING {
+                            pending.insert(
+                                id.to_string(),
+                                Pending {
+                                    method: A2aMethod::GetTask,
+                                    tenant: f.tenant.clone(),
+                                    lease_grant: None,
+                                },
+                            );
+                        }
+                    }
+                    if lease_ext {
                         renewals.push((f.tenant, task));
                     }
                 }
@@ -219,7 +236,8 @@ impl Gateway {
             return;
         };
         let unary = p.method == A2aMethod::SendMessage;
-        if obs.error || obs.message_only || unary {
+        let poll = p.method == A2aMethod::GetTask;
+        if obs.error || obs.message_only || unary || poll {
             ws.pending.remove(id);
         }
         let Some(task_id) = obs.task_id else { return };
@@ -241,6 +259,8 @@ impl Gateway {
                     );
                 }
             }
+            // A poll only updates a task this socket already has.
+            None if poll => {}
             None => {
                 if ws.tasks.len() >= MAX_TASKS {
                     metrics::UNTRACKED
