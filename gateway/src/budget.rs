@@ -204,7 +204,7 @@ impl Budgets {
         route: &Arc<str>,
         policy: &config::BudgetPolicy,
         tenant: Option<&str>,
-        caller: Option<&str>,
+        caller: Option<&Caller>,
         sent: Option<Result<SentGrant, BudgetRefusal>>,
         received_ms: u64,
     ) -> Result<Option<ChildBudget>, BudgetError> {
@@ -218,7 +218,7 @@ impl Budgets {
             Some(Ok(g)) => Some(g),
             None => None,
         };
-        let caps = caps_for(policy, tenant, caller);
+        let caps = caps_for(policy, tenant, caller.map(|c| c.name.as_str()));
         let admitted = apply_caps(sent.as_ref().map(|s| &s.grant), &caps, policy.over_cap)
             .map_err(BudgetError::Refused)?;
         let Some(Admitted {
@@ -243,12 +243,19 @@ impl Budgets {
             || !filled.is_empty()
             || sent.as_ref().is_some_and(|s| s.had_floats);
         let reservations = self
-            .reserve(route, policy, tenant, caller, &grant, received_ms)
+            .reserve(
+                route,
+                policy,
+                tenant,
+                caller.map(|c| c.shown.as_str()),
+                &grant,
+                received_ms,
+            )
             .await?;
         let shared = Arc::new(Shared {
             route: route.clone(),
             tenant: tenant.map(str::to_owned),
-            caller: caller.map(str::to_owned),
+            caller: caller.map(|c| c.shown.clone()),
             deadline_ms: grant
                 .remaining_ms
                 .map(|ms| policies::budget::deadline_ms(received_ms, ms)),
@@ -274,7 +281,8 @@ impl Budgets {
         }))
     }
 
-    /// Reserves the grant's meters from every account the route keeps.
+    /// Reserves the grant's meters from every account the route keeps;
+    /// `caller` as [`Caller::shown`] (it becomes a store key).
     async fn reserve(
         &self,
         route: &Arc<str>,
@@ -626,10 +634,23 @@ impl ChildBudget {
     }
 }
 
+/// The caller a `caller_header` value names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// What `callers` caps are looked up by: a bearer JWT's `sub` claim, else
+    /// the header's value (an API key). Held in memory for the request only.
+    pub name: String,
+    /// What the store, `/budgets` and logs name the caller by: the `sub`
+    /// claim as it is (an identity, not a secret), else `sha256:` and the
+    /// first 16 hex digits of the value's SHA-256, so that an API key is
+    /// never written anywhere.
+    pub shown: String,
+}
+
 /// The caller a `caller_header` value names: the `sub` claim of a bearer
 /// JWT (read, not verified: put the gateway behind whatever verifies the
-/// token), else the value itself (an API key).
-pub fn caller_identity(value: &str) -> String {
+/// token), else the value itself (an API key, shown only as a fingerprint).
+pub fn caller_identity(value: &str) -> Caller {
     use base64::Engine as _;
     let value = value.trim();
     let token = value
@@ -645,7 +666,26 @@ pub fn caller_identity(value: &str) -> String {
         let claims: Value = serde_json::from_slice(&raw).ok()?;
         claims["sub"].as_str().map(str::to_owned)
     });
-    sub.unwrap_or_else(|| value.to_owned())
+    match sub {
+        Some(sub) => Caller {
+            name: sub.clone(),
+            shown: sub,
+        },
+        None => Caller {
+            name: value.to_owned(),
+            shown: fingerprint(value),
+        },
+    }
+}
+
+/// `sha256:` and the first 16 hex digits of the SHA-256 of `secret`.
+pub fn fingerprint(secret: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    let mut out = String::from("sha256:");
+    for b in &digest.as_ref()[..8] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
 }
 
 /// A grant as the extension writes it: integers, empty parts omitted.
@@ -859,16 +899,33 @@ mod tests {
     fn caller_identities() {
         // {"alg":"none"} . {"sub":"alice","iat":1} . sig
         let jwt = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhbGljZSIsImlhdCI6MX0.c2ln";
+        // `printf key-123 | sha256sum`
+        let key = fingerprint("key-123");
+        assert_eq!(key, "sha256:65803be0872fa538");
         let table = [
-            ("key-123", "key-123"),
-            (" key-123 ", "key-123"),
-            (&*format!("Bearer {jwt}"), "alice"),
-            (&*format!("bearer {jwt}"), "alice"),
-            ("Bearer opaque-token", "Bearer opaque-token"),
-            ("Bearer a.b.c", "Bearer a.b.c"),
+            ("key-123", "key-123", key.as_str()),
+            (" key-123 ", "key-123", key.as_str()),
+            (&*format!("Bearer {jwt}"), "alice", "alice"),
+            (&*format!("bearer {jwt}"), "alice", "alice"),
+            (
+                "Bearer opaque-token",
+                "Bearer opaque-token",
+                &*fingerprint("Bearer opaque-token"),
+            ),
+            (
+                "Bearer a.b.c",
+                "Bearer a.b.c",
+                &*fingerprint("Bearer a.b.c"),
+            ),
         ];
-        for (value, want) in table {
-            assert_eq!(caller_identity(value), want, "{value}");
+        for (value, name, shown) in table {
+            let c = caller_identity(value);
+            assert_eq!(
+                (c.name.as_str(), c.shown.as_str()),
+                (name, shown),
+                "{value}"
+            );
+            assert!(!c.shown.contains("key-123") && !c.shown.contains("opaque"));
         }
     }
 

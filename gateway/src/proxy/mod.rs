@@ -186,7 +186,7 @@ pub struct Ctx {
     received_ms: u64,
     /// The caller, as the route's `budget.caller_header` names it (a bearer
     /// JWT's `sub`, else the header's value).
-    caller: Option<String>,
+    caller: Option<crate::budget::Caller>,
     /// The grant the sent message carries, checked, until admission.
     sent_budget: Option<std::result::Result<SentGrant, policies::budget::BudgetRefusal>>,
     /// The child's budget, from admission until the request ends.
@@ -464,7 +464,7 @@ impl Gateway {
                 &route.name,
                 &route.cfg.budget,
                 ctx.tenant.as_deref(),
-                ctx.caller.as_deref(),
+                ctx.caller.as_ref(),
                 sent,
                 ctx.received_ms,
             )
