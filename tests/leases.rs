@@ -381,6 +381,83 @@ async fn replica_killed_other_replica_cancels() {
     drop(streams);
 }
 
+/// A rolling deploy that adds a route: replica A (with the route) dies while
+/// its children's leases are held; replica B, still on the old config
+/// without the route, claims the lapsed leases first and cannot cancel them.
+/// It hands them back instead of dropping them, and replica C, started with
+/// the route afterwards, cancels every child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_claimed_by_a_replica_without_the_route_is_handed_on() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let with_route = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"1s\" }}\n",
+        redis.url(),
+        worker.url()
+    );
+    let without = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"old\"\nworker = \"{}\"\n",
+        redis.url(),
+        worker.url()
+    );
+    let mut a = Gateway::start(&with_route).await;
+    let b = Gateway::start(&without).await;
+    let mut streams = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (s, id) =
+            crate::harness::worker::send_stream(&a.url, Bind::JsonRpc, None, "work:60000").await;
+        streams.push(s);
+        ids.push(id);
+    }
+    // A has written and renewed the leases (its tracker writes them behind
+    // the request).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.kill().await;
+    // B claims the lapsed leases (within TTL + a few ticks) and hands them back.
+    let mut handed_back = false;
+    for _ in 0..60 {
+        let log = b.log_text();
+        let named = |id: &String| {
+            log.lines().any(|l| {
+                l.contains("handed back for a replica that has it") && l.contains(id.as_str())
+            })
+        };
+        if ids.iter().all(named) {
+            handed_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        handed_back,
+        "B never claimed the lapses; its log:\n{}",
+        b.log_text()
+    );
+    for id in &ids {
+        assert_eq!(
+            worker.state(None, id).await.as_deref(),
+            Some("TASK_STATE_WORKING"),
+            "B cannot cancel {id}"
+        );
+    }
+    let c = Gateway::start(&with_route).await;
+    for id in &ids {
+        worker
+            .wait_state(None, id, CANCELED, Duration::from_secs(15))
+            .await
+            .unwrap_or_else(|s| {
+                panic!(
+                    "{id} not canceled by C ({s:?}); C's log:\n{}\nB's log:\n{}",
+                    c.log_text(),
+                    b.log_text()
+                )
+            });
+    }
+    assert_eq!(worker.cancels().await, 2, "each child canceled once");
+    drop(streams);
+}
+
 /// Redis dies and comes back mid-run. fail-open: proxying goes on, leases are
 /// not enforced while it is down, and work again once it is back.
 /// fail-closed: a send that needs a lease is refused while Redis is down

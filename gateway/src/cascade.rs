@@ -209,8 +209,12 @@ impl Cascade {
                         headers: std::mem::take(&mut end.cancel_headers),
                         cause: cause.as_str(),
                     };
-                    self.canceller.cancel(&job).await;
-                    self.end_lease(&job.key).await;
+                    // A cancel that failed every attempt leaves the task's
+                    // lease, if it has one, for the reaper to try again when
+                    // it lapses.
+                    if self.canceller.cancel(&job).await.is_done() {
+                        self.end_lease(&job.key).await;
+                    }
                     return;
                 }
                 Decision::AwaitGrace(d) => {

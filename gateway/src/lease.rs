@@ -3,7 +3,9 @@
 //! Two background duties, run by every replica on one tick:
 //! - **Reaper**: claims lapsed leases from the store's deadline index (an
 //!   atomic claim, so exactly one replica acts on each) and sends
-//!   `CancelTask` with the route's worker credential.
+//!   `CancelTask` with the route's worker credential. A lease whose cancel
+//!   failed every attempt, or whose route this replica lacks, is handed back
+//!   to be claimed again later (never revived: renewals still fail).
 //! - **Renewer**: renews the gateway-held leases of callers connected to this
 //!   replica, every third of their TTL, in one store call per tick. When this
 //!   replica dies the renewals stop and another replica's reaper cancels.
@@ -24,6 +26,16 @@ use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore};
 
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
+
+/// When a lapsed lease whose cancel failed (every attempt) is claimed again.
+pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
+
+/// When a lapsed lease of a route this replica does not have is claimed
+/// again (by any replica: one that has the route, in a rolling deploy).
+/// Short, since replicas without the route may win the next claims too; a
+/// route no replica has any more costs one claim per second per lease until
+/// its task record expires.
+pub const RETRY_UNKNOWN_ROUTE: Duration = Duration::from_secs(1);
 
 /// Gateway-held leases of this replica: when each is next due for renewal,
 /// and how many of this replica's streams hold it (a stream and a
@@ -180,7 +192,8 @@ impl Leases {
                 continue;
             }
             let Some(route) = self.routes.by_name(&rec.key.route) else {
-                tracing::warn!(task = %rec.key, "a lapsed lease names a route this replica does not have; not cancelled");
+                tracing::debug!(task = %rec.key, "a lapsed lease names a route this replica does not have; handed back for a replica that has it");
+                self.retry(&rec.key, now, RETRY_UNKNOWN_ROUTE).await;
                 continue;
             };
             let Some(target) = rec.target.clone() else {
@@ -198,12 +211,29 @@ impl Leases {
                 headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: "lease_lapsed",
             };
-            let canceller = self.canceller.clone();
+            let (canceller, store) = (self.canceller.clone(), self.store.clone());
             tokio::spawn(async move {
-                canceller.cancel(&job).await;
+                // Every attempt failed (the worker down, say): the lease goes
+                // back to be claimed and cancelled again, by any replica.
+                if !canceller.cancel(&job).await.is_done() {
+                    let at = now_ms() + RETRY_FAILED_CANCEL.as_millis() as u64;
+                    if let Err(e) = store.lease_retry(&job.key, at).await {
+                        tracing::warn!(task = %job.key, error = %e, "could not hand back a lapsed lease whose cancel failed");
+                    }
+                }
             });
         }
         n
+    }
+
+    async fn retry(&self, key: &TaskKey, now: u64, after: Duration) {
+        let at = now + after.as_millis() as u64;
+        if let Err(e) = self.store.lease_retry(key, at).await {
+            metrics::STORE_ERRORS
+                .with_label_values(&["lease_retry"])
+                .inc();
+            tracing::warn!(task = %key, error = %e, "could not hand back a lapsed lease");
+        }
     }
 }
 

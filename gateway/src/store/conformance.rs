@@ -317,6 +317,42 @@ async fn leases(store: &dyn TaskStore) {
         Renewal::NoLease
     );
 
+    // A claimed lease handed back (its cancel failed) is claimed again once
+    // its retry time comes, by one caller, and is never renewed meanwhile.
+    store.lease_retry(&lkey("l1"), 5_000).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(4_999, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.lease_renew(&lkey("l1"), 4_999).await.unwrap(),
+        Renewal::NoLease
+    );
+    let again = store.lease_claim_lapsed(5_000, 100).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].key, lkey("l1"));
+    assert!(store
+        .lease_claim_lapsed(99_999, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // Handed back after its lease ended (the task settled): nothing to claim.
+    store.lease_retry(&lkey("l1"), 6_000).await.unwrap();
+    store.lease_end(&lkey("l1")).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(99_999, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // Unknown tasks are not handed back.
+    store.lease_retry(&lkey("none"), 6_000).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(99_999, 100)
+        .await
+        .unwrap()
+        .is_empty());
+
     // Held leases renew in a batch; unknown keys are skipped.
     store
         .lease_start(&lkey("h1"), 2_000, Some("replica-a"), 0)

@@ -26,6 +26,8 @@ pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,
     /// (deadline, task) for every live lease.
     deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
+    /// (retry at, task) for lapsed leases handed back (`lease_retry`).
+    retries: Mutex<BTreeSet<(u64, TaskKey)>>,
     /// Budget accounts by (account, meter): the balance and when it may be
     /// forgotten. Small: one entry per tenant or caller and meter.
     accounts: Mutex<BTreeMap<(AccountKey, String), (Account, u64)>>,
@@ -39,6 +41,7 @@ impl MemoryStore {
                 .time_to_idle(retention)
                 .build(),
             deadlines: Mutex::new(BTreeSet::new()),
+            retries: Mutex::new(BTreeSet::new()),
             accounts: Mutex::new(BTreeMap::new()),
         }
     }
@@ -263,10 +266,41 @@ impl TaskStore for MemoryStore {
             }
             lapsed
         };
-        Ok(claimed
+        let mut out: Vec<TaskRecord> = claimed
             .into_iter()
             .filter_map(|(_, key)| self.tasks.get(&key))
-            .collect())
+            .collect();
+        if out.len() < limit {
+            let due: Vec<(u64, TaskKey)> = {
+                let mut retries = self.retries.lock().unwrap_or_else(|p| p.into_inner());
+                let due: Vec<(u64, TaskKey)> = retries
+                    .iter()
+                    .take_while(|(at, _)| *at <= now_ms)
+                    .take(limit - out.len())
+                    .cloned()
+                    .collect();
+                for item in &due {
+                    retries.remove(item);
+                }
+                due
+            };
+            out.extend(
+                due.into_iter()
+                    .filter_map(|(_, key)| self.tasks.get(&key))
+                    .filter(|rec| rec.lease.is_some()),
+            );
+        }
+        Ok(out)
+    }
+
+    async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError> {
+        if self.tasks.get(key).is_some_and(|rec| rec.lease.is_some()) {
+            self.retries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((at_ms, key.clone()));
+        }
+        Ok(())
     }
 
     async fn lease_count(&self) -> Result<u64, StoreError> {

@@ -197,7 +197,8 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Ends the task's lease (it settled, or it was cancelled).
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError>;
 
-    /// Takes up to `limit` lapsed leases out of the deadline index and
+    /// Takes up to `limit` lapsed leases out of the deadline index (then
+    /// handed-back ones due by `now_ms`, see [`TaskStore::lease_retry`]) and
     /// returns their records. Atomic: across every replica sharing the
     /// store, each lapsed lease is returned to exactly one caller.
     async fn lease_claim_lapsed(
@@ -205,6 +206,12 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<TaskRecord>, StoreError>;
+
+    /// Hands a lapsed lease claimed by [`TaskStore::lease_claim_lapsed`]
+    /// back for another claim at `at_ms` (its cancel failed, or the claiming
+    /// replica lacks its route), without reviving it: renewals still find no
+    /// lease. Does nothing once the task or its lease is gone.
+    async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError>;
 
     /// Live leases in the deadline index (for metrics and the admin endpoint).
     async fn lease_count(&self) -> Result<u64, StoreError>;

@@ -194,11 +194,12 @@ if redis.call('EXISTS', k) == 1 then expire(k) end
 return 1
 "#;
 
-/// KEYS: leases. ARGV: now, limit. Lapsed = deadline < now, strictly.
-/// Returns the claimed records (HGETALL each); an index entry whose hash is
+/// KEYS: leases, lease retries. ARGV: now, limit. Lapsed = deadline < now,
+/// strictly; then handed-back leases due by now whose task still holds a
+/// lease. Returns the claimed records (HGETALL each); an entry whose hash is
 /// gone is dropped.
 const LEASE_CLAIM: &str = r#"
-local z = KEYS[1]
+local z, r, limit = KEYS[1], KEYS[2], num(ARGV[2])
 local ks = redis.call('ZRANGEBYSCORE', z, '-inf', '(' .. ARGV[1], 'LIMIT', '0', ARGV[2])
 local out = {}
 for _, k in ipairs(ks) do
@@ -206,7 +207,26 @@ for _, k in ipairs(ks) do
   local rec = redis.call('HGETALL', k)
   if #rec > 0 then out[#out + 1] = rec end
 end
+if #out < limit then
+  local rs = redis.call('ZRANGEBYSCORE', r, '-inf', ARGV[1], 'LIMIT', '0', tostring(limit - #out))
+  for _, k in ipairs(rs) do
+    redis.call('ZREM', r, k)
+    if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
+      out[#out + 1] = redis.call('HGETALL', k)
+    end
+  end
+end
 return out
+"#;
+
+/// KEYS: task, lease retries. ARGV: retry at. Only while the task holds a
+/// lease; the deadline index is not touched, so renewals find none.
+const LEASE_RETRY: &str = r#"
+if redis.call('HEXISTS', KEYS[1], 'lease_ttl') == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+  return 1
+end
+return 0
 "#;
 
 /// ARGV: cursor, MATCH pattern, how many records at most. One `SCAN` step
@@ -281,6 +301,7 @@ struct Scripts {
     lease_renew_many: Script,
     lease_end: Script,
     lease_claim: Script,
+    lease_retry: Script,
     list: Script,
 }
 
@@ -314,6 +335,7 @@ impl Scripts {
             lease_renew_many: script(LEASE_RENEW_MANY),
             lease_end: script(LEASE_END),
             lease_claim: script(LEASE_CLAIM),
+            lease_retry: script(LEASE_RETRY),
             list: script(LIST),
         }
     }
@@ -324,6 +346,8 @@ pub struct RedisStore {
     conn: ConnectionManager,
     namespace: String,
     leases_key: String,
+    /// Lapsed leases handed back for another claim (`lease_retry`).
+    retries_key: String,
     scripts: Scripts,
 }
 
@@ -359,6 +383,7 @@ impl RedisStore {
             conn,
             namespace: namespace.to_string(),
             leases_key: format!("{namespace}:leases"),
+            retries_key: format!("{namespace}:leases:retry"),
             scripts: Scripts::new(),
         })
     }
@@ -613,6 +638,7 @@ impl TaskStore for RedisStore {
         }
         let mut inv = self.scripts.lease_claim.prepare_invoke();
         inv.key(&self.leases_key)
+            .key(&self.retries_key)
             .arg(now_ms.min(MAX_EXACT))
             .arg(limit.min(MAX_EXACT as usize));
         let v: Value = self
@@ -621,6 +647,19 @@ impl TaskStore for RedisStore {
             })
             .await?;
         records_of(&v).map_err(|e| StoreError(format!("redis lease_claim_lapsed: {e}")))
+    }
+
+    async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError> {
+        let mut inv = self.scripts.lease_retry.prepare_invoke();
+        inv.key(self.task_key(key))
+            .key(&self.retries_key)
+            .arg(at_ms.min(MAX_EXACT));
+        let _: Value = self
+            .call("lease_retry", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
     }
 
     async fn account_reserve(
