@@ -42,7 +42,8 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
     let timeouts = timeouts(root.section("timeouts"));
     let cancel = cancel(root.section("cancel"));
     let leases = leases(root.section("leases"));
-    let defaults = defaults(root.section("defaults"));
+    let mut defaults = defaults(root.section("defaults"));
+    defaults.tick = leases.tick;
     let routes = routes(root, sink, &defaults, env);
     if sink.count() > 0 {
         return None;
@@ -85,6 +86,8 @@ fn leases(mut r: Reader<'_>) -> Leases {
 pub(crate) struct Defaults {
     cascade: CascadePolicy,
     max_lease_ttl: Duration,
+    /// `leases.tick`, which imposed leases' renewals wait for.
+    tick: Duration,
 }
 
 const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
@@ -132,6 +135,17 @@ fn lease_policy(r: &mut Reader<'_>, d: &Defaults) -> LeasePolicy {
                     at,
                     "ttl",
                     format!("must be between 1s and max_lease_ttl ({max_ttl:?})"),
+                );
+            } else if t < 3 * d.tick {
+                // Renewals are due every TTL/3 and go out on the next tick.
+                let at = sub.pos("ttl");
+                sub.report_at(
+                    at,
+                    "ttl",
+                    format!(
+                        "must be at least 3 x leases.tick ({:?}), or its renewals may come after it lapsed",
+                        3 * d.tick
+                    ),
                 );
             }
         }
@@ -301,6 +315,7 @@ fn defaults(mut r: Reader<'_>) -> Defaults {
     Defaults {
         cascade,
         max_lease_ttl,
+        tick: Leases::default().tick,
     }
 }
 

@@ -520,6 +520,7 @@ fn single_errors() {
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ncancel_headers = \"x-tenant-id\"", "4:18: routes[0].cancel_headers: expected an array of header names, found \"x-tenant-id\""),
         // leases
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"500ms\"", "4:17: routes[0].max_lease_ttl: must be at least 1s (the shortest lease the extension allows)"),
+        ("[leases]\ntick = \"500ms\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"\nlease = { ttl = \"1s\" }", "6:17: routes[0].lease.ttl: must be at least 3 x leases.tick (1.5s), or its renewals may come after it lapsed"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"13h\"", "4:17: routes[0].max_lease_ttl: must be at most 12h (a lease must lapse while the store still keeps its task)"),
         ("[defaults]\nmax_lease_ttl = \"24h\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "2:17: defaults.max_lease_ttl: must be at most 12h (a lease must lapse while the store still keeps its task)"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nmax_lease_ttl = \"1m\"\nlease = { ttl = \"2m\" }", "5:17: routes[0].lease.ttl: must be between 1s and max_lease_ttl (60s)"),
