@@ -340,3 +340,95 @@ async fn a_polled_task_handed_back_is_not_cancelled_on_close() {
     );
     assert_eq!(worker.cancels(), 0);
 }
+
+/// A long-lived socket that has started more streamed children than its
+/// task table holds (4,096): the settled ones make room, so a child started
+/// after them is still tracked and cancelled when the socket closes. Before,
+/// the table only filled, and every later child ran on untracked. And every
+/// stream is tracked, however its frames are split into reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_socket_table_makes_room_from_settled_tasks() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    const SETTLED: u64 = 4100;
+    let (worker, gw, gw_ws) = setup("").await;
+    let mut ws = connect(&gw_ws).await.expect("upgrade");
+    let stream = |n: u64, text: &str| {
+        serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "SendStreamingMessage",
+            "params": {"message": {"messageId": format!("full-{n}"), "role": "ROLE_USER",
+                "parts": [{"text": text}]}}})
+        .to_string()
+    };
+    // Quick streams (each completes), 50 at a time: a2a-rust serves at most
+    // 64 requests at once on one socket.
+    let mut next = 1;
+    while next <= SETTLED {
+        let batch = (next..=SETTLED).take(50).count() as u64;
+        for n in next..next + batch {
+            ws.feed(Message::text(stream(n, "quick"))).await.unwrap();
+        }
+        ws.flush().await.unwrap();
+        let mut ended = 0;
+        while ended < batch {
+            let frame = tokio::time::timeout(Duration::from_secs(30), ws.next())
+                .await
+                .expect("frames keep coming")
+                .expect("the socket is open")
+                .expect("a frame");
+            if let Message::Text(t) = frame {
+                assert!(!t.as_str().contains("\"error\""), "{}", t.as_str());
+                if t.as_str().contains("\"stream_complete\"") {
+                    ended += 1;
+                }
+            }
+        }
+        next += batch;
+    }
+    assert_eq!(worker.tasks_started(), SETTLED as usize);
+    // Every one of them was tracked, including those whose task, updates
+    // and end came in one read (an end acted on before its events lost them).
+    assert_eq!(
+        gw.counter("a2agw_tasks_tracked_total", &[]).await,
+        SETTLED as f64
+    );
+    // One more child, long: tracked although the table once was full.
+    let long = SETTLED + 1;
+    ws.send(Message::text(stream(long, "work:30000")))
+        .await
+        .unwrap();
+    let mut id = None;
+    while id.is_none() {
+        let frame = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("the long child's first event")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = frame {
+            let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap_or_default();
+            if v["id"].as_u64() == Some(long) {
+                id = crate::harness::worker::task_id_of(&v);
+            }
+        }
+    }
+    let id = id.unwrap();
+    drop(ws);
+    wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_CANCELED",
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap_or_else(|s| panic!("not canceled ({s:?}); log tail:\n{}", tail(&gw.log_text())));
+    assert_eq!(
+        gw.counter("a2agw_untracked_total", &["reason=\"ws_too_many_tasks\""])
+            .await,
+        0.0
+    );
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}

@@ -193,8 +193,11 @@ impl Gateway {
     /// Worker → client bytes: answers and stream frames naming tasks.
     pub(super) fn ws_worker_bytes(&self, ctx: &mut Ctx, chunk: &[u8]) {
         let Some(ws) = ctx.ws.as_mut() else { return };
-        let mut seen: Vec<(String, Observation<'static>)> = Vec::new();
-        let pending = &mut ws.pending;
+        // In frame order: a stream's whole life (its task, its updates, its
+        // end) can arrive in one chunk, and its end must not be acted on
+        // before its events are.
+        let mut seen: Vec<(String, Option<Observation<'static>>)> = Vec::new();
+        let pending = &ws.pending;
         ws.worker.feed(chunk, |item| {
             let WsItem::Text(doc) = item else {
                 count_item(&item);
@@ -213,18 +216,25 @@ impl Gateway {
             // The cheap test first (most frames never mention it), then the
             // shape: an artifact that merely contains the words is an event.
             if memmem(doc, b"stream_complete") && is_stream_complete(doc) {
-                pending.remove(&id);
+                seen.push((id, None));
                 return;
             }
             match observe::observe(Binding::WebSocket, doc) {
-                Some(o) => seen.push((id, o.into_owned())),
+                Some(o) => seen.push((id, Some(o.into_owned()))),
                 None => metrics::UNTRACKED
                     .with_label_values(&["ws_bad_answer"])
                     .inc(),
             }
         });
         for (id, obs) in seen {
-            self.ws_observation(ctx, &id, obs);
+            match obs {
+                Some(obs) => self.ws_observation(ctx, &id, obs),
+                None => {
+                    if let Some(ws) = ctx.ws.as_mut() {
+                        ws.pending.remove(&id);
+                    }
+                }
+            }
         }
     }
 
@@ -263,11 +273,37 @@ impl Gateway {
             None if poll => {}
             None => {
                 if ws.tasks.len() >= MAX_TASKS {
-                    metrics::UNTRACKED
-                        .with_label_values(&["ws_too_many_tasks"])
-                        .inc();
-                    return;
+                    // Settled tasks are done with: they make room, ended as
+                    // the socket's end would end them (a watcher less, a
+                    // held lease released).
+                    let settled: Vec<std::sync::Arc<str>> = ws
+                        .tasks
+                        .iter()
+                        .filter(|(_, t)| t.seen.is_settled())
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    let done: Vec<(std::sync::Arc<str>, SocketTask)> = settled
+                        .into_iter()
+                        .filter_map(|id| ws.tasks.remove_entry(&*id))
+                        .collect();
+                    for (id, t) in done {
+                        self.ws_task_ended(
+                            ctx,
+                            &route,
+                            id,
+                            t,
+                            policies::cascade::Event::CallerGone,
+                        );
+                    }
+                    let Some(ws) = ctx.ws.as_mut() else { return };
+                    if ws.tasks.len() >= MAX_TASKS {
+                        metrics::UNTRACKED
+                            .with_label_values(&["ws_too_many_tasks"])
+                            .inc();
+                        return;
+                    }
                 }
+                let Some(ws) = ctx.ws.as_mut() else { return };
                 metrics::TASKS_TRACKED
                     .with_label_values(&[&route.name])
                     .inc();
@@ -358,39 +394,48 @@ impl Gateway {
             }
             _ => policies::cascade::Event::CallerGone,
         };
-        let path = ctx
-            .upstream_path
-            .split('?')
-            .next()
-            .unwrap_or("/")
-            .to_string();
         for (task_id, t) in ws.tasks {
-            let key = TaskKey::new(&route.name, t.tenant.as_deref(), task_id.clone());
-            if t.held {
-                self.leases.release(&key);
-            }
-            if t.seen.is_settled() && !t.watching {
-                continue;
-            }
-            let end = crate::cascade::StreamEnd {
-                route: route.name.clone(),
-                policy: route.cfg.cascade,
-                worker: route.cfg.worker.clone(),
-                target: CancelTarget {
-                    binding: Binding::WebSocket,
-                    path: path.clone(),
-                },
-                tenant: t.tenant,
-                task_id: Some(task_id),
-                seen: t.seen,
-                event,
-                was_watching: t.watching,
-                imposed_lease: t.held,
-                cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.caller_headers),
-            };
-            let cascade = self.cascade.clone();
-            tokio::spawn(async move { cascade.stream_ended(end).await });
+            self.ws_task_ended(ctx, &route, task_id, t, event);
         }
+    }
+
+    /// One task of a socket is done with (the socket ended, or the task
+    /// settled and its table needs the room): its held lease released, and
+    /// to the cascade unless it settled unwatched.
+    fn ws_task_ended(
+        &self,
+        ctx: &Ctx,
+        route: &std::sync::Arc<super::route::Route>,
+        task_id: std::sync::Arc<str>,
+        t: SocketTask,
+        event: policies::cascade::Event,
+    ) {
+        let key = TaskKey::new(&route.name, t.tenant.as_deref(), task_id.clone());
+        if t.held {
+            self.leases.release(&key);
+        }
+        if t.seen.is_settled() && !t.watching {
+            return;
+        }
+        let path = ctx.upstream_path.split('?').next().unwrap_or("/");
+        let end = crate::cascade::StreamEnd {
+            route: route.name.clone(),
+            policy: route.cfg.cascade,
+            worker: route.cfg.worker.clone(),
+            target: CancelTarget {
+                binding: Binding::WebSocket,
+                path: path.to_string(),
+            },
+            tenant: t.tenant,
+            task_id: Some(task_id),
+            seen: t.seen,
+            event,
+            was_watching: t.watching,
+            imposed_lease: t.held,
+            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.caller_headers),
+        };
+        let cascade = self.cascade.clone();
+        tokio::spawn(async move { cascade.stream_ended(end).await });
     }
 }
 
