@@ -214,21 +214,13 @@ fn server_tls(
             format!("{shared} is also a plain listener (server.listen or server.admin)"),
         );
     }
-    let cert = r.required("cert", |item| {
-        let path = config_path(string(item)?, env)?;
-        read_certificates(&path)?;
-        Ok::<_, String>(path)
-    });
-    let key = r.required("key", |item| {
-        let path = config_path(string(item)?, env)?;
-        read_private_key(&path)?;
-        Ok::<_, String>(path)
-    });
+    let cert = r.required("cert", |item| pem_file(item, env, read_certificates));
+    let key = r.required("key", |item| pem_file(item, env, read_private_key));
     r.finish();
     Some(ServerTls {
         listen: listen?,
-        cert: cert?,
-        key: key?,
+        cert: cert?.0,
+        key: key?.0,
     })
 }
 
@@ -434,7 +426,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let strip_prefix = r.or("strip_prefix", true, boolean);
     let cascade = cascade(r, defaults.cascade);
     let worker_credential = credential(r, env);
-    let worker_ca = r.opt("worker_ca", |item| worker_ca(string(item)?, env));
+    let worker_ca = r.opt("worker_ca", |item| worker_ca(item, env));
     let worker_client_cert = client_cert(r, env);
     let plain = worker.as_ref().is_some_and(|w| !w.tls);
     for (key, given) in [
@@ -473,14 +465,10 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
 /// `worker_client_cert` and `worker_client_key`: both or neither.
 fn client_cert(r: &mut Reader<'_>, env: Env<'_>) -> Option<ClientCert> {
     let cert = r.opt("worker_client_cert", |item| {
-        let path = config_path(string(item)?, env)?;
-        let certs = read_certificates(&path)?;
-        Ok::<_, String>((path, certs))
+        pem_file(item, env, read_certificates)
     });
     let key = r.opt("worker_client_key", |item| {
-        let path = config_path(string(item)?, env)?;
-        let key = read_private_key(&path)?;
-        Ok::<_, String>((path, key))
+        pem_file(item, env, read_private_key)
     });
     for (given, missing) in [
         ("worker_client_cert", "worker_client_key"),
@@ -504,9 +492,8 @@ fn client_cert(r: &mut Reader<'_>, env: Env<'_>) -> Option<ClientCert> {
 /// certificate (pingora's wrapper panics on one that is not, where the
 /// gateway builds its routes) and a trust anchor rustls accepts (else every
 /// connection to the worker would fail on it).
-fn worker_ca(path: &str, env: Env<'_>) -> Result<WorkerCa, String> {
-    let path = config_path(path, env)?;
-    let certs = read_certificates(&path)?;
+fn worker_ca(item: &Item, env: Env<'_>) -> Result<WorkerCa, String> {
+    let (path, certs) = pem_file(item, env, read_certificates)?;
     for (i, der) in certs.iter().enumerate() {
         let der = rustls_pki_types::CertificateDer::from(der.as_slice());
         if let Err(e) = webpki::anchor_from_trusted_cert(&der) {
@@ -518,6 +505,18 @@ fn worker_ca(path: &str, env: Env<'_>) -> Result<WorkerCa, String> {
         }
     }
     Ok(WorkerCa { path, certs })
+}
+
+/// A PEM file the config names (a path string), located by [`config_path`]
+/// and read by `read`: the path and what was read.
+fn pem_file<T>(
+    item: &Item,
+    env: Env<'_>,
+    read: fn(&Path) -> Result<T, String>,
+) -> Result<(PathBuf, T), String> {
+    let path = config_path(string(item)?, env)?;
+    let read = read(&path)?;
+    Ok((path, read))
 }
 
 /// A path the file names: relative ones start at the config file's

@@ -160,7 +160,8 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         proxy.add_tcp(&addr.to_string());
     }
     if let Some(tls) = &cfg.server.tls {
-        let (cert, key) = check_tls_files(tls)?;
+        // Loaded and checked by `check_tls` above.
+        let (cert, key) = tls_paths(tls)?;
         for addr in &tls.listen {
             proxy
                 .add_tls(&addr.to_string(), cert, key)
@@ -205,10 +206,10 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
 /// `worker_client_cert`. Run at start-up and by `check-config`.
 pub fn check_tls(cfg: &config::Config) -> Result<(), String> {
     use pingora::tls::{CertificateDer, ClientConfig, PrivateKeyDer, RootCertStore, RusTlsError};
+    pingora::tls::install_default_crypto_provider();
     if let Some(tls) = &cfg.server.tls {
         check_tls_files(tls)?;
     }
-    pingora::tls::install_default_crypto_provider();
     for (i, r) in cfg.routes.iter().enumerate() {
         let Some(c) = &r.worker_client_cert else {
             continue;
@@ -241,20 +242,22 @@ pub fn check_tls(cfg: &config::Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Loads `[server.tls]`'s files as pingora will when its listeners start
-/// (where a bad pair panics a proxy thread and the process hangs): a
-/// certificate chain and a key that belong together, or a message naming
-/// both files. Returns the paths as pingora takes them.
-fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
-    use pingora::tls::{
-        install_default_crypto_provider, load_certs_and_key_files, RusTlsError, ServerConfig,
-    };
+/// `[server.tls]`'s certificate and key paths as pingora takes them.
+fn tls_paths(tls: &config::ServerTls) -> Result<(&str, &str), String> {
     fn utf8(p: &std::path::Path) -> Result<&str, String> {
         p.to_str()
             .ok_or_else(|| format!("server.tls: {} is not a UTF-8 path", p.display()))
     }
-    let (cert, key) = (utf8(&tls.cert)?, utf8(&tls.key)?);
-    install_default_crypto_provider();
+    Ok((utf8(&tls.cert)?, utf8(&tls.key)?))
+}
+
+/// Loads `[server.tls]`'s files as pingora will when its listeners start
+/// (where a bad pair panics a proxy thread and the process hangs): a
+/// certificate chain and a key that belong together, or a message naming
+/// both files.
+fn check_tls_files(tls: &config::ServerTls) -> Result<(), String> {
+    use pingora::tls::{load_certs_and_key_files, RusTlsError, ServerConfig};
+    let (cert, key) = tls_paths(tls)?;
     let (chain, key_der) = match load_certs_and_key_files(cert, key) {
         Ok(Some(pair)) => pair,
         Ok(None) => {
@@ -268,7 +271,7 @@ fn check_tls_files(tls: &config::ServerTls) -> Result<(&str, &str), String> {
         .with_no_client_auth()
         .with_single_cert(chain, key_der)
     {
-        Ok(_) => Ok((cert, key)),
+        Ok(_) => Ok(()),
         Err(RusTlsError::InconsistentKeys(e)) => Err(format!(
             "server.tls: {key} is not the key of {cert}'s certificate ({e:?})"
         )),

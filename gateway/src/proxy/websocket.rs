@@ -276,16 +276,8 @@ impl Gateway {
                     // Settled tasks are done with: they make room, ended as
                     // the socket's end would end them (a watcher less, a
                     // held lease released).
-                    let settled: Vec<std::sync::Arc<str>> = ws
-                        .tasks
-                        .iter()
-                        .filter(|(_, t)| t.seen.is_settled())
-                        .map(|(id, _)| id.clone())
-                        .collect();
-                    let done: Vec<(std::sync::Arc<str>, SocketTask)> = settled
-                        .into_iter()
-                        .filter_map(|id| ws.tasks.remove_entry(&*id))
-                        .collect();
+                    let done: Vec<(std::sync::Arc<str>, SocketTask)> =
+                        ws.tasks.extract_if(|_, t| t.seen.is_settled()).collect();
                     for (id, t) in done {
                         self.ws_task_ended(
                             ctx,
