@@ -374,3 +374,53 @@ async fn rest_query_tenant_is_the_cancel_tenant() {
             )
         });
 }
+
+/// A task handed back (input-required) by an event the gateway could not
+/// read (over `limits.max_sse_event`): the stream's end looks like a task
+/// abandoned while working, so the gateway asks the worker (`GetTask`)
+/// before cancelling, and leaves the task alone.
+async fn input_required_unseen(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::start(&format!(
+        "[limits]\nmax_sse_event = \"1KiB\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        worker.url()
+    ))
+    .await;
+    let (mut stream, id) = send_stream(&gw.url, bind, None, "ask:4096").await;
+    let events = stream.rest(Duration::from_secs(10)).await;
+    let last = events.last().expect("events after the first");
+    assert_eq!(
+        state_of(last).as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "the caller gets the question whole"
+    );
+    assert!(last.to_string().len() > 4096, "an event over the limit");
+    stream.close();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "gateway log:\n{}",
+        gw.log_text()
+    );
+    assert_eq!(worker.cancels().await, 0);
+    assert_eq!(gw.counter("a2agw_cancel_attempts_total", &[]).await, 0.0);
+    assert_eq!(
+        gw.counter("a2agw_cancel_probes_total", &["found=\"settled\""])
+            .await,
+        1.0,
+        "one GetTask, which found the task handed back"
+    );
+    assert!(
+        gw.counter("a2agw_untracked_total", &["sse_event_too_large"])
+            .await
+            >= 1.0
+    );
+}
+
+scenarios! {
+    rust_jsonrpc_unseen_input_required_no_cancel => input_required_unseen(Kind::Rust, Bind::JsonRpc);
+    rust_rest_unseen_input_required_no_cancel => input_required_unseen(Kind::Rust, Bind::Rest);
+    python_jsonrpc_unseen_input_required_no_cancel => input_required_unseen(Kind::Python, Bind::JsonRpc);
+    python_rest_unseen_input_required_no_cancel => input_required_unseen(Kind::Python, Bind::Rest);
+}

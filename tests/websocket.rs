@@ -432,3 +432,67 @@ fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
+
+/// A streamed child handed back (input-required) in a frame over
+/// `limits.max_inspect_body`, which the gateway cannot read: on close its
+/// last seen state is working, so the gateway asks the worker (`GetTask`
+/// over a fresh socket) before cancelling, and leaves the task alone.
+/// Before, the task was cancelled as last seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_handed_back_in_an_unreadable_frame_is_not_cancelled() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let worker = RustWorker::start(RustWorkerOptions {
+        lease_store: false,
+        websocket: true,
+        header_tenant: false,
+    })
+    .await;
+    let ws_url = worker.ws_url().expect("a WebSocket listener");
+    let http_of_ws = ws_url
+        .replacen("ws://", "http://", 1)
+        .trim_end_matches("/ws")
+        .to_string();
+    let gw = Gateway::start(&format!(
+        "[limits]\nmax_inspect_body = \"1KiB\"\n\n[[routes]]\nname = \"w\"\nworker = \"{http_of_ws}\"\n"
+    ))
+    .await;
+    let gw_ws = format!("{}/ws", gw.url.replacen("http://", "ws://", 1));
+    let mut ws = connect(&gw_ws).await.expect("upgrade");
+    let send = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": {"messageId": "big-ask", "role": "ROLE_USER",
+            "parts": [{"text": "ask:4096"}]}}});
+    ws.send(Message::text(send.to_string())).await.unwrap();
+    let mut id = None;
+    let mut handed_back = false;
+    while let Ok(Some(Ok(msg))) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+        let Message::Text(t) = msg else { continue };
+        let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+        let r = &v["result"];
+        if let Some(t) = r["task"]["id"].as_str() {
+            id = Some(t.to_string());
+        }
+        if r["statusUpdate"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED" {
+            assert!(t.len() > 4096, "a frame over the limit");
+            handed_back = true;
+            break;
+        }
+    }
+    let id = id.expect("the stream named its task");
+    assert!(handed_back, "the caller gets the question");
+    let _ = ws.close(None).await;
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "log:\n{}",
+        gw.log_text()
+    );
+    assert_eq!(worker.cancels(), 0);
+    assert_eq!(
+        gw.counter("a2agw_cancel_probes_total", &["found=\"settled\""])
+            .await,
+        1.0
+    );
+}

@@ -16,10 +16,11 @@ use pingora::connectors::http::Connector;
 use pingora::connectors::TransportConnector;
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::HttpPeer;
+use policies::TaskState;
 use serde_json::{json, Value};
 
 use crate::a2a::classify::percent_encode_segment;
-use crate::a2a::Binding;
+use crate::a2a::{observe, Binding};
 use crate::metrics;
 use crate::resolve::{WorkerAddr, WorkerAddrs};
 use crate::store::{CancelTarget, TaskKey};
@@ -127,6 +128,40 @@ enum Attempt {
     Refused(String),
 }
 
+/// What the gateway asks a worker about a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Cancel,
+    /// `GetTask`, to learn the state before a cancel ([`Canceller::task_state`]).
+    Get,
+}
+
+impl Call {
+    /// How much of the worker's answer is read: a cancel's is judged by its
+    /// first bytes; a task's state may come after large artifacts.
+    fn answer_cap(self) -> usize {
+        match self {
+            Call::Cancel => 64 * 1024,
+            Call::Get => PROBE_ANSWER_CAP,
+        }
+    }
+}
+
+/// The largest `GetTask` answer a probe reads (history is not asked for;
+/// artifacts come whole); a larger one leaves the state unknown.
+pub const PROBE_ANSWER_CAP: usize = 4 << 20;
+
+/// What a probe learned of a task's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probed {
+    /// The worker's task is in this state.
+    State(TaskState),
+    /// The worker does not know the task (`-32001` / 404).
+    NotFound,
+    /// No answer that names a state (the reason is logged).
+    Unknown,
+}
+
 /// Sends cancels. Cheap to clone; connections to workers are pooled.
 #[derive(Clone)]
 pub struct Canceller {
@@ -201,7 +236,49 @@ impl Canceller {
         outcome
     }
 
-    fn request(&self, job: &CancelJob) -> (String, Value) {
+    /// Asks the worker for the job's task state (`GetTask`, one attempt
+    /// within the cancel timeout, in the cancel's binding, tenant and
+    /// headers): before cancelling a task whose state the gateway could not
+    /// see, so that one handed back (input-required, auth-required) or
+    /// already finished is left alone. Logged and counted.
+    pub async fn task_state(&self, job: &CancelJob) -> Probed {
+        let route = &*job.key.route;
+        let res = tokio::time::timeout(self.cfg.timeout, self.send(job, Call::Get)).await;
+        let (probed, why) = match res {
+            Ok(Ok((status, body))) => read_task_state(job.target.binding, status, &body),
+            Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => (Probed::Unknown, e),
+            Ok(Err(Attempt::Final(_))) => (Probed::Unknown, String::new()),
+            Err(_) => (
+                Probed::Unknown,
+                format!("timed out after {:?}", self.cfg.timeout),
+            ),
+        };
+        let label = match probed {
+            Probed::State(s) if s.is_settled() => "settled",
+            Probed::State(_) => "unsettled",
+            Probed::NotFound => "not_found",
+            Probed::Unknown => "failed",
+        };
+        metrics::CANCEL_PROBES
+            .with_label_values(&[route, label])
+            .inc();
+        match probed {
+            Probed::State(s) => {
+                tracing::debug!(task = %job.key, state = s.as_wire(), "GetTask before CancelTask");
+            }
+            Probed::NotFound => {
+                tracing::debug!(task = %job.key, "GetTask before CancelTask: the worker does not know the task");
+            }
+            Probed::Unknown => {
+                tracing::warn!(task = %job.key, error = %why, "GetTask before CancelTask failed; cancelling");
+            }
+        }
+        probed
+    }
+
+    /// The path and JSON body of `call` for the job's task (REST `GetTask`:
+    /// the body is unused).
+    fn request(&self, job: &CancelJob, call: Call) -> (String, Value) {
         let id = &*job.key.task_id;
         let tenant = job.key.tenant();
         match job.target.binding {
@@ -210,11 +287,18 @@ impl Canceller {
                 if let Some(t) = tenant {
                     params["tenant"] = json!(t);
                 }
+                let (method, tag) = match call {
+                    Call::Cancel => ("CancelTask", "cancel"),
+                    Call::Get => {
+                        params["historyLength"] = json!(0);
+                        ("GetTask", "probe")
+                    }
+                };
                 let n = self.seq.fetch_add(1, Ordering::Relaxed);
                 let body = json!({
                     "jsonrpc": "2.0",
-                    "id": format!("a2a-gateway-cancel-{n}"),
-                    "method": "CancelTask",
+                    "id": format!("a2a-gateway-{tag}-{n}"),
+                    "method": method,
                     "params": params,
                 });
                 let path = if job.target.path.is_empty() {
@@ -234,7 +318,10 @@ impl Canceller {
                 }
                 path.push_str("/tasks/");
                 path.push_str(&percent_encode_segment(id));
-                path.push_str(":cancel");
+                path.push_str(match call {
+                    Call::Cancel => ":cancel",
+                    Call::Get => "?historyLength=0",
+                });
                 (path, body)
             }
         }
@@ -252,93 +339,116 @@ impl Canceller {
     }
 
     async fn attempt(&self, job: &CancelJob) -> Attempt {
-        if job.target.binding == Binding::WebSocket {
-            return self.attempt_ws(job).await;
+        match self.send(job, Call::Cancel).await {
+            Ok((status, body)) => judge(job.target.binding, status, &body),
+            Err(failed) => failed,
         }
-        let (path, body) = self.request(job);
-        let body = Bytes::from(body.to_string());
-        let (worker_addr, mut peer) = match self.peer(&job.worker).await {
-            Ok(p) => p,
-            Err(why) => return Attempt::Retry(why),
+    }
+
+    /// Sends `call` for the job's task in the binding the caller used and
+    /// returns the answer's status and body (a WebSocket answer as 200 and
+    /// its text frame). `Err`: the attempt's failure, never `Final`.
+    async fn send(&self, job: &CancelJob, call: Call) -> Result<(u16, Vec<u8>), Attempt> {
+        if job.target.binding == Binding::WebSocket {
+            return self.send_ws(job, call).await.map(|frame| (200, frame));
+        }
+        let (path, body) = self.request(job, call);
+        let (method, body) = match call {
+            Call::Get if job.target.binding == Binding::Rest => ("GET", None),
+            _ => ("POST", Some(Bytes::from(body.to_string()))),
         };
+        let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
         peer.options.read_timeout = Some(self.cfg.timeout);
         peer.options.write_timeout = Some(self.cfg.timeout);
 
-        let mut req = match RequestHeader::build("POST", path.as_bytes(), None) {
-            Ok(r) => r,
-            Err(e) => return Attempt::Refused(format!("bad cancel path {path}: {e}")),
-        };
-        let headers: [(&str, &str); 4] = [
-            ("host", worker_addr.authority()),
-            ("content-type", "application/json"),
-            ("a2a-version", "1.0"),
-            ("content-length", &body.len().to_string()),
-        ];
+        let mut req = RequestHeader::build(method, path.as_bytes(), None)
+            .map_err(|e| Attempt::Refused(format!("bad path {path}: {e}")))?;
+        let len = body.as_ref().map(|b| b.len().to_string());
+        let mut headers = vec![("host", worker_addr.authority()), ("a2a-version", "1.0")];
+        if let Some(len) = &len {
+            headers.push(("content-type", "application/json"));
+            headers.push(("content-length", len));
+        }
         for (k, v) in headers {
             if req.insert_header(k, v).is_err() {
-                return Attempt::Refused(format!("bad header {k}"));
+                return Err(Attempt::Refused(format!("bad header {k}")));
             }
         }
         for (k, v) in &job.headers {
             if req.append_header(k.clone(), v.as_str()).is_err() {
-                return Attempt::Refused(format!("{k}: not a valid header value"));
+                return Err(Attempt::Refused(format!("{k}: not a valid header value")));
             }
         }
 
-        let (mut session, _reused) = match self.connector.get_http_session(&peer).await {
-            Ok(s) => s,
-            Err(e) => return Attempt::Retry(format!("connect: {e}")),
-        };
-        if let Err(e) = session.write_request_header(Box::new(req)).await {
-            return Attempt::Retry(format!("write: {e}"));
+        let (mut session, _reused) = self
+            .connector
+            .get_http_session(&peer)
+            .await
+            .map_err(|e| Attempt::Retry(format!("connect: {e}")))?;
+        session
+            .write_request_header(Box::new(req))
+            .await
+            .map_err(|e| Attempt::Retry(format!("write: {e}")))?;
+        if let Some(body) = body {
+            session
+                .write_request_body(body, true)
+                .await
+                .map_err(|e| Attempt::Retry(format!("write body: {e}")))?;
         }
-        if let Err(e) = session.write_request_body(body, true).await {
-            return Attempt::Retry(format!("write body: {e}"));
-        }
-        if let Err(e) = session.finish_request_body().await {
-            return Attempt::Retry(format!("finish body: {e}"));
-        }
-        if let Err(e) = session.read_response_header().await {
-            return Attempt::Retry(format!("read: {e}"));
-        }
+        session
+            .finish_request_body()
+            .await
+            .map_err(|e| Attempt::Retry(format!("finish body: {e}")))?;
+        session
+            .read_response_header()
+            .await
+            .map_err(|e| Attempt::Retry(format!("read: {e}")))?;
         let status = session.response_header().map_or(0, |h| h.status.as_u16());
+        let cap = call.answer_cap();
         let mut resp = Vec::new();
+        let mut whole = true;
         loop {
             match session.read_response_body().await {
                 Ok(Some(chunk)) => {
-                    if resp.len() < 64 * 1024 {
+                    if resp.len() + chunk.len() <= cap {
                         resp.extend_from_slice(&chunk);
+                    } else {
+                        whole = false;
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return Attempt::Retry(format!("read body: {e}")),
+                Err(e) => return Err(Attempt::Retry(format!("read body: {e}"))),
             }
         }
         self.connector
             .release_http_session(session, &peer, Some(Duration::from_secs(30)))
             .await;
-        judge(job.target.binding, status, &resp)
+        if !whole && call == Call::Get {
+            return Err(Attempt::Refused(format!("GetTask answer over {cap} bytes")));
+        }
+        Ok((status, resp))
     }
 }
 
 impl Canceller {
-    /// `CancelTask` over a2a-rust's WebSocket binding: a fresh socket to the
-    /// path the caller upgraded on (`wss://` for an `https` worker), one
-    /// JSON-RPC text frame, the answer with the same id. (The caller's socket
+    /// `call` over a2a-rust's WebSocket binding: a fresh socket to the path
+    /// the caller upgraded on (`wss://` for an `https` worker), one JSON-RPC
+    /// text frame; returns the answer with the same id. (The caller's socket
     /// is gone by the time a cancel is owed.)
-    async fn attempt_ws(&self, job: &CancelJob) -> Attempt {
+    async fn send_ws(&self, job: &CancelJob, call: Call) -> Result<Vec<u8>, Attempt> {
         use futures_util::{SinkExt, StreamExt};
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
         use tokio_tungstenite::tungstenite::Message;
 
-        let (path, body) = self.request(job);
+        let (path, body) = self.request(job, call);
         let w = &job.worker;
         let scheme = if w.tls { "wss" } else { "ws" };
         let url = format!("{scheme}://{}{}", w.authority(), path);
-        let mut req = match url.as_str().into_client_request() {
-            Ok(r) => r,
-            Err(e) => return Attempt::Refused(format!("bad WebSocket URL {url}: {e}")),
-        };
+        let mut req = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| Attempt::Refused(format!("bad WebSocket URL {url}: {e}")))?;
         req.headers_mut()
             .insert("a2a-version", http::HeaderValue::from_static("1.0"));
         for (k, v) in &job.headers {
@@ -346,53 +456,89 @@ impl Canceller {
                 http::HeaderName::from_bytes(k.as_bytes()),
                 http::HeaderValue::from_str(v),
             ) else {
-                return Attempt::Refused(format!("{k}: not a valid header"));
+                return Err(Attempt::Refused(format!("{k}: not a valid header")));
             };
             req.headers_mut().append(name, value);
         }
         // The connection as the proxy makes it (TLS with the worker's
         // `worker_ca` and client certificate for wss://); the upgrade over
         // it is tungstenite's.
-        let peer = match self.peer(w).await {
-            Ok((_, p)) => p,
-            Err(why) => return Attempt::Retry(why),
-        };
+        let (_, peer) = self.peer(w).await.map_err(Attempt::Retry)?;
+        let limits = WebSocketConfig::default()
+            .max_message_size(Some(call.answer_cap()))
+            .max_frame_size(Some(call.answer_cap()));
         let connect = async {
             let stream = self
                 .transport
                 .new_stream(&peer)
                 .await
                 .map_err(|e| format!("connect: {e}"))?;
-            tokio_tungstenite::client_async(req, stream)
+            tokio_tungstenite::client_async_with_config(req, stream, Some(limits))
                 .await
                 .map_err(|e| format!("WebSocket upgrade: {e}"))
         };
         let mut ws = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok((ws, _))) => ws,
-            Ok(Err(e)) => return Attempt::Retry(e),
-            Err(_) => return Attempt::Retry("WebSocket connect timed out".into()),
+            Ok(Err(e)) => return Err(Attempt::Retry(e)),
+            Err(_) => return Err(Attempt::Retry("WebSocket connect timed out".into())),
         };
         let id = body["id"].clone();
         if let Err(e) = ws.send(Message::text(body.to_string())).await {
-            return Attempt::Retry(format!("WebSocket send: {e}"));
+            return Err(Attempt::Retry(format!("WebSocket send: {e}")));
         }
-        let verdict = loop {
+        let answer = loop {
             match ws.next().await {
                 Some(Ok(Message::Text(t))) => {
                     let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
                     if v["id"] == id {
-                        break judge(Binding::JsonRpc, 200, t.as_bytes());
+                        break Ok(t.as_bytes().to_vec());
                     }
                 }
                 Some(Ok(Message::Close(_))) | None => {
-                    break Attempt::Retry("WebSocket closed before the answer".into())
+                    break Err(Attempt::Retry("WebSocket closed before the answer".into()))
                 }
                 Some(Ok(_)) => {}
-                Some(Err(e)) => break Attempt::Retry(format!("WebSocket read: {e}")),
+                Some(Err(e)) => break Err(Attempt::Retry(format!("WebSocket read: {e}"))),
             }
         };
         let _ = ws.close(None).await;
-        verdict
+        answer
+    }
+}
+
+/// Reads a worker's answer to `GetTask`; the string says why there is no
+/// state.
+fn read_task_state(binding: Binding, status: u16, body: &[u8]) -> (Probed, String) {
+    let brief = || String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+    if status == 404 {
+        return (Probed::NotFound, String::new());
+    }
+    if !(200..300).contains(&status) {
+        return (Probed::Unknown, format!("HTTP {status}: {}", brief()));
+    }
+    let observed = match binding {
+        // A bare Task, which `observe` reads as a send's `{"task":…}`.
+        Binding::Rest => {
+            let mut wrapped = Vec::with_capacity(body.len() + 9);
+            wrapped.extend_from_slice(b"{\"task\":");
+            wrapped.extend_from_slice(body);
+            wrapped.push(b'}');
+            observe::observe(binding, &wrapped).map(|o| (o.state, o.error))
+        }
+        Binding::JsonRpc | Binding::WebSocket => {
+            observe::observe(binding, body).map(|o| (o.state, o.error))
+        }
+    };
+    match observed {
+        Some((Some(state), _)) => (Probed::State(state), String::new()),
+        Some((None, true)) => {
+            let v: Option<Value> = serde_json::from_slice(body).ok();
+            match v.as_ref().and_then(|v| v["error"]["code"].as_i64()) {
+                Some(-32001) => (Probed::NotFound, String::new()),
+                _ => (Probed::Unknown, format!("error: {}", brief())),
+            }
+        }
+        _ => (Probed::Unknown, format!("no task state in: {}", brief())),
     }
 }
 
@@ -585,5 +731,61 @@ mod tests {
             judge(Binding::Rest, 400, b"{}"),
             Attempt::Refused(_)
         ));
+    }
+
+    #[test]
+    fn read_task_state_table() {
+        use Probed::*;
+        let table: Vec<(Binding, u16, &[u8], Probed)> = vec![
+            (
+                Binding::JsonRpc,
+                200,
+                br#"{"jsonrpc":"2.0","id":"p","result":{"id":"t","status":{"state":"TASK_STATE_INPUT_REQUIRED"}}}"#,
+                State(TaskState::InputRequired),
+            ),
+            (
+                Binding::WebSocket,
+                200,
+                br#"{"jsonrpc":"2.0","id":"p","result":{"id":"t","status":{"state":"TASK_STATE_WORKING"}}}"#,
+                State(TaskState::Working),
+            ),
+            (
+                Binding::Rest,
+                200,
+                br#"{"id":"t","contextId":"c","status":{"state":"TASK_STATE_COMPLETED"},"artifacts":[{"parts":[{"text":"x"}]}]}"#,
+                State(TaskState::Completed),
+            ),
+            (
+                Binding::JsonRpc,
+                200,
+                br#"{"jsonrpc":"2.0","id":"p","error":{"code":-32001,"message":"Task not found"}}"#,
+                NotFound,
+            ),
+            (
+                Binding::JsonRpc,
+                200,
+                br#"{"jsonrpc":"2.0","id":"p","error":{"code":-32603,"message":"boom"}}"#,
+                Unknown,
+            ),
+            (Binding::Rest, 404, b"{}", NotFound),
+            (Binding::Rest, 500, b"oops", Unknown),
+            (Binding::Rest, 200, b"not json", Unknown),
+            // A state this gateway does not know leaves it unknown.
+            (
+                Binding::Rest,
+                200,
+                br#"{"id":"t","status":{"state":"TASK_STATE_DREAMING"}}"#,
+                Unknown,
+            ),
+        ];
+        for (binding, status, body, want) in table {
+            let (got, _) = read_task_state(binding, status, body);
+            assert_eq!(
+                got,
+                want,
+                "{binding:?} {status} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 }

@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use policies::cascade::{decide, CascadePolicy, Decision, Event, Keep, Seen};
+use policies::cascade::{decide, CancelCause, CascadePolicy, Decision, Event, Keep, Seen};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cancel::{CancelJob, Canceller};
+use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
 use crate::store::{now_ms, CancelTarget, TaskKey, TaskStore, TaskUpdate};
 
@@ -173,13 +173,15 @@ impl Cascade {
             };
             watchers = self.merge(key, rec, &mut end.seen);
         }
-        let mut decision = decide(&end.policy, &end.seen, end.event, watchers);
+        let mut event = end.event;
+        let mut decision = decide(&end.policy, &end.seen, event, watchers);
         loop {
             let label = match decision {
                 Decision::Keep(Keep::Settled) => "keep_settled",
                 Decision::Keep(Keep::Detached) => "keep_detached",
                 Decision::Keep(Keep::Watched) => "keep_watched",
                 Decision::Cancel(_) => "cancel",
+                Decision::Probe(_) => "probe",
                 Decision::AwaitId(_) => "await_id",
                 Decision::AwaitGrace(_) => "await_grace",
                 Decision::Unreachable => "unreachable",
@@ -200,15 +202,34 @@ impl Cascade {
                     tracing::debug!(route = %end.route, task = ?end.task_id, decision = label, "stream ended; nothing to cancel");
                     return;
                 }
+                Decision::Probe(cause) => {
+                    let Some(key) = &key else { return };
+                    let job = self.job(&end, key.clone(), cause);
+                    match self.canceller.task_state(&job).await {
+                        Probed::State(s) => {
+                            end.seen.state = Some(s);
+                            end.seen.unsure = false;
+                            if s.is_settled() {
+                                // Others may read the store's record (a
+                                // resubscribe's cascade, `/tasks`).
+                                self.tracker.update(
+                                    key.clone(),
+                                    TaskUpdate {
+                                        state: Some(s),
+                                        ..TaskUpdate::default()
+                                    },
+                                );
+                            }
+                        }
+                        Probed::NotFound | Probed::Unknown => {}
+                    }
+                    end.seen.probed = true;
+                    decision = decide(&end.policy, &end.seen, event, watchers);
+                }
                 Decision::Cancel(cause) => {
                     let Some(key) = key else { return };
-                    let job = CancelJob {
-                        key,
-                        worker: end.worker.clone(),
-                        target: end.target.clone(),
-                        headers: std::mem::take(&mut end.cancel_headers),
-                        cause: cause.as_str(),
-                    };
+                    let mut job = self.job(&end, key, cause);
+                    job.headers = std::mem::take(&mut end.cancel_headers);
                     // A cancel that failed every attempt leaves the task's
                     // lease, if it has one, for the reaper to try again when
                     // it lapses.
@@ -219,16 +240,18 @@ impl Cascade {
                 }
                 Decision::AwaitGrace(d) => {
                     tokio::time::sleep(d).await;
-                    let watchers = match &key {
+                    watchers = match &key {
                         Some(k) => self.refresh(k, &mut end.seen).await,
                         None => 0,
                     };
-                    decision = decide(&end.policy, &end.seen, Event::GraceElapsed, watchers);
+                    event = Event::GraceElapsed;
+                    decision = decide(&end.policy, &end.seen, event, watchers);
                 }
                 Decision::AwaitId(_) => {
                     // The worker's stream is gone with the caller's connection,
                     // so no event can name the task any more.
-                    decision = decide(&end.policy, &end.seen, Event::IdWaitElapsed, 0);
+                    event = Event::IdWaitElapsed;
+                    decision = decide(&end.policy, &end.seen, event, 0);
                 }
                 Decision::Unreachable => {
                     metrics::UNREACHABLE.with_label_values(&[&end.route]).inc();
@@ -236,6 +259,17 @@ impl Cascade {
                     return;
                 }
             }
+        }
+    }
+
+    /// The call a cancel (or its probe) makes for a stream's task.
+    fn job(&self, end: &StreamEnd, key: TaskKey, cause: CancelCause) -> CancelJob {
+        CancelJob {
+            key,
+            worker: end.worker.clone(),
+            target: end.target.clone(),
+            headers: end.cancel_headers.clone(),
+            cause: cause.as_str(),
         }
     }
 

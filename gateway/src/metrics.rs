@@ -73,6 +73,12 @@ counter!(
     &["route", "cause", "outcome"]
 );
 counter!(
+    CANCEL_PROBES,
+    "a2agw_cancel_probes_total",
+    "GetTask calls sent before a CancelTask whose task's state the gateway could not see, by what they found (settled: not cancelled).",
+    &["route", "found"]
+);
+counter!(
     CANCEL_ATTEMPTS,
     "a2agw_cancel_attempts_total",
     "CancelTask attempts, retries included.",

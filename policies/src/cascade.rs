@@ -48,12 +48,26 @@ pub struct Seen {
     /// The worker answered with a `message` before any task id: there is no
     /// task to cancel (the a2a-rust `Delegation` counts this as settled).
     pub message_only: bool,
+    /// An event after the latest state could not be read (over the size
+    /// limits, or not A2A): it may have settled the task, so `state` may be
+    /// stale. Cleared by the next event that carries a state.
+    pub unsure: bool,
+    /// The worker was asked for the task's state ([`Decision::Probe`]) and
+    /// its answer is folded in: never asked twice.
+    pub probed: bool,
 }
 
 impl Seen {
     /// Settled: a terminal or interrupted state, or a message-only reply.
     pub fn is_settled(&self) -> bool {
         self.message_only || self.state.is_some_and(TaskState::is_settled)
+    }
+
+    /// The gateway cannot tell from what it saw whether the task settled:
+    /// no event carried a state (the id came from the request, as for
+    /// `SubscribeToTask`), or a later event was unreadable.
+    pub fn state_unknown(&self) -> bool {
+        self.state.is_none() || self.unsure
     }
 }
 
@@ -131,6 +145,12 @@ pub enum Decision {
     Keep(Keep),
     /// Send `CancelTask` now.
     Cancel(CancelCause),
+    /// A cancel is owed unless the task already settled, which the gateway
+    /// could not see ([`Seen::state_unknown`]): ask the worker (`GetTask`),
+    /// fold its answer into [`Seen`] with `probed` set, and decide again on
+    /// the same event. A task handed back (input-required) is never
+    /// cancelled for want of having seen it hand back.
+    Probe(CancelCause),
     /// Keep reading the worker's stream for up to this long to learn the id,
     /// then decide again (with the id, or with [`Event::IdWaitElapsed`]).
     AwaitId(Duration),
@@ -160,7 +180,7 @@ pub fn decide(policy: &CascadePolicy, seen: &Seen, event: Event, watchers: u32) 
         Event::IdWaitElapsed if !seen.id_known => return Decision::Unreachable,
         Event::IdWaitElapsed => CancelCause::CallerGone,
         Event::GraceElapsed if watchers > 0 => return Decision::Keep(Keep::Watched),
-        Event::GraceElapsed => return Decision::Cancel(CancelCause::CallerGone),
+        Event::GraceElapsed => return cancel(seen, CancelCause::CallerGone),
     };
     if !seen.id_known {
         return Decision::AwaitId(policy.id_wait);
@@ -171,7 +191,16 @@ pub fn decide(policy: &CascadePolicy, seen: &Seen, event: Event, watchers: u32) 
     if !policy.disconnect_grace.is_zero() {
         return Decision::AwaitGrace(policy.disconnect_grace);
     }
-    Decision::Cancel(cause)
+    cancel(seen, cause)
+}
+
+/// A cancel, or first a probe when the task may have settled unseen.
+fn cancel(seen: &Seen, cause: CancelCause) -> Decision {
+    if seen.state_unknown() && !seen.probed {
+        Decision::Probe(cause)
+    } else {
+        Decision::Cancel(cause)
+    }
 }
 
 #[cfg(test)]
@@ -184,7 +213,7 @@ mod tests {
         Seen {
             id_known,
             state,
-            message_only: false,
+            ..Seen::default()
         }
     }
 
@@ -203,10 +232,14 @@ mod tests {
         let working = seen(true, Some(Working));
         let no_id = seen(false, None);
         let message = Seen {
-            id_known: false,
-            state: None,
             message_only: true,
+            ..Seen::default()
         };
+        let unsure = Seen {
+            unsure: true,
+            ..working
+        };
+        let probed = |s: Seen| Seen { probed: true, ..s };
         let table: Vec<(&str, CascadePolicy, Seen, Event, u32, Decision)> = vec![
             (
                 "working, caller gone",
@@ -233,12 +266,76 @@ mod tests {
                 Decision::Cancel(CancelCause::CallerGone),
             ),
             (
-                "id seen, no state yet",
+                "id seen, no state yet: ask the worker first",
                 policy(Cancel, Duration::ZERO),
                 seen(true, None),
                 Event::CallerGone,
                 0,
+                Decision::Probe(CancelCause::CallerGone),
+            ),
+            (
+                "id seen, no state, asked: the worker did not say settled",
+                policy(Cancel, Duration::ZERO),
+                probed(seen(true, None)),
+                Event::CallerGone,
+                0,
                 Decision::Cancel(CancelCause::CallerGone),
+            ),
+            (
+                "asked: the worker said input-required",
+                policy(Cancel, Duration::ZERO),
+                probed(seen(true, Some(InputRequired))),
+                Event::CallerGone,
+                0,
+                Decision::Keep(Keep::Settled),
+            ),
+            (
+                "an unreadable event after working: ask the worker first",
+                policy(Cancel, Duration::ZERO),
+                unsure,
+                Event::StreamLost,
+                0,
+                Decision::Probe(CancelCause::StreamLost),
+            ),
+            (
+                "unsure, asked, still working",
+                policy(Cancel, Duration::ZERO),
+                probed(unsure),
+                Event::StreamLost,
+                0,
+                Decision::Cancel(CancelCause::StreamLost),
+            ),
+            (
+                "unsure waits out the grace before asking",
+                policy(Cancel, 2 * S),
+                unsure,
+                Event::CallerGone,
+                0,
+                Decision::AwaitGrace(2 * S),
+            ),
+            (
+                "unsure, grace over: ask",
+                policy(Cancel, 2 * S),
+                unsure,
+                Event::GraceElapsed,
+                0,
+                Decision::Probe(CancelCause::CallerGone),
+            ),
+            (
+                "unsure but watched: nothing to ask",
+                policy(Cancel, Duration::ZERO),
+                unsure,
+                Event::CallerGone,
+                1,
+                Decision::Keep(Keep::Watched),
+            ),
+            (
+                "unsure, detached",
+                policy(Detach, Duration::ZERO),
+                unsure,
+                Event::CallerGone,
+                0,
+                Decision::Keep(Keep::Detached),
             ),
             (
                 "completed",

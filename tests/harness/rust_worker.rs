@@ -374,7 +374,9 @@ enum Behaviour {
     /// COMPLETED (the streaming benchmark's worker).
     Burst(usize),
     Quick,
-    Ask,
+    /// `ask`, `ask:<bytes>`: WORKING, then INPUT_REQUIRED with a question
+    /// padded to `<bytes>` (an event over a gateway's `max_sse_event`).
+    Ask(usize),
     /// `idle:<ms>`: WORKING once, quiet until `<ms>` passed, COMPLETED.
     Idle(Duration),
     /// `trickle:<n>:<ms>`: n WORKING updates `<ms>` apart, then COMPLETED.
@@ -420,7 +422,12 @@ fn behaviour(text: &str) -> Behaviour {
         }
     }
     if text == "ask" {
-        return Behaviour::Ask;
+        return Behaviour::Ask(0);
+    }
+    if let Some(n) = text.strip_prefix("ask:") {
+        if let Ok(n) = n.trim().parse::<usize>() {
+            return Behaviour::Ask(n);
+        }
     }
     Behaviour::Quick
 }
@@ -480,8 +487,12 @@ async fn run(
             }
             emit.status(TaskState::Completed).await
         }
-        Behaviour::Ask => {
-            let note = Message::agent(next_message_id(), vec![Part::text("what next?")])
+        Behaviour::Ask(len) => {
+            let mut question = String::from("what next?");
+            while question.len() < *len {
+                question.push('.');
+            }
+            let note = Message::agent(next_message_id(), vec![Part::text(question)])
                 .with_task_id(ctx.task_id.clone())
                 .with_context_id(ContextId::new(ctx.context_id.clone()));
             let mut status = TaskStatus::new(TaskState::InputRequired);

@@ -21,6 +21,8 @@ What the agent does is chosen by the first text part of the user message:
 - `quick`      WORKING then COMPLETED (no artifact).
 - `ask`        WORKING then INPUT_REQUIRED (the stream closes; a follow-up
                message with the task id runs again by the same rules).
+- `ask:<bytes>` like `ask`, its question padded to <bytes> characters (an
+               event larger than a gateway's `limits.max_sse_event`).
 - `spend:<ms>:<meter>=<n>`  like work:<ms>, but the k-th status update carries
                metadata {"a2a-rust.com/budget": {"spent": {"<meter>": k*n}}}.
 - `late:<ms>:<text>`  waits <ms> before the task's first event, then does
@@ -140,6 +142,11 @@ def _parse(text: str) -> tuple[str, float, str | None, float]:
             return 'quick', 0, None, 0
     if text == 'ask':
         return 'ask', 0, None, 0
+    if text.startswith('ask:'):
+        try:
+            return 'ask', 0, None, max(0, int(text[4:]))
+        except ValueError:
+            return 'quick', 0, None, 0
     return 'quick', 0, None, 0
 
 
@@ -202,11 +209,11 @@ class TestAgentExecutor(AgentExecutor):
         try:
             await status(TaskState.TASK_STATE_WORKING)
             if kind == 'ask':
+                question = 'need more input'
+                question += '.' * max(0, int(n) - len(question))
                 await status(
                     TaskState.TASK_STATE_INPUT_REQUIRED,
-                    message=updater.new_agent_message(
-                        [Part(text='need more input')]
-                    ),
+                    message=updater.new_agent_message([Part(text=question)]),
                 )
                 return
             if kind == 'work':

@@ -587,6 +587,7 @@ impl Gateway {
         let prev_settled = ctx.seen.is_settled();
         if let Some(s) = obs.state {
             ctx.seen.state = Some(s);
+            ctx.seen.unsure = false;
         }
         let key = |tenant: &Option<String>, task_id: Arc<str>| {
             TaskKey::new(&route.name, tenant.as_deref(), task_id)
@@ -834,6 +835,15 @@ enum Held {
     /// It grew past its limit: what was held went out as it was, and the
     /// rest passes unread.
     Released,
+}
+
+/// An SSE event the gateway could not read (over `max_sse_event`, or not an
+/// A2A document): counted; if it carried the settling state, the cascade
+/// must not take the stream's end for a caller abandoning a running task, so
+/// the state seen so far is marked unsure ([`Seen::unsure`]).
+fn unreadable_event(ctx: &mut Ctx, reason: &'static str) {
+    metrics::UNTRACKED.with_label_values(&[reason]).inc();
+    ctx.seen.unsure = true;
 }
 
 /// Adds this chunk to `held`, releasing everything unchanged (and counting
@@ -1359,13 +1369,9 @@ impl ProxyHttp for Gateway {
                         SseItem::Event { data, .. } => match observe::observe(binding, data) {
                             Some(o) if !o.is_empty() => self.on_observation(ctx, o),
                             Some(_) => {}
-                            None => metrics::UNTRACKED
-                                .with_label_values(&["bad_sse_event"])
-                                .inc(),
+                            None => unreadable_event(ctx, "bad_sse_event"),
                         },
-                        SseItem::Overlong => metrics::UNTRACKED
-                            .with_label_values(&["sse_event_too_large"])
-                            .inc(),
+                        SseItem::Overlong => unreadable_event(ctx, "sse_event_too_large"),
                     });
                 }
                 ctx.body = Body::Sse(parser);
@@ -1632,24 +1638,27 @@ impl Gateway {
         }
         let Some(binding) = ctx.binding else { return };
         let chunk = body.take().unwrap_or_default();
+        // In stream order, an unreadable event as `Err` (it may have
+        // settled the task: a later state clears that doubt, an earlier one
+        // does not).
         let mut events = Vec::new();
         let last = parser.feed(&chunk, |item| match item {
             SseItem::Event { data, end, .. } => {
                 events.push((
-                    end,
-                    observe::observe(binding, data).map(Observation::into_owned),
+                    Some(end),
+                    observe::observe(binding, data)
+                        .map(Observation::into_owned)
+                        .ok_or("bad_sse_event"),
                 ));
             }
-            SseItem::Overlong => metrics::UNTRACKED
-                .with_label_values(&["sse_event_too_large"])
-                .inc(),
+            SseItem::Overlong => events.push((None, Err("sse_event_too_large"))),
         });
         let base = ctx.sse_pending.len();
         let mut replace: Option<(usize, Vec<u8>)> = None;
         let mut prev_end = 0;
         for (end, obs) in events {
             match obs {
-                Some(o) if !o.is_empty() => {
+                Ok(o) if !o.is_empty() => {
                     let settles = o.state.is_some_and(policies::TaskState::is_settled);
                     self.on_observation(ctx, o);
                     let exhausted = ctx.budget.as_ref().and_then(ChildBudget::stopped);
@@ -1667,12 +1676,12 @@ impl Gateway {
                         break;
                     }
                 }
-                Some(_) => {}
-                None => metrics::UNTRACKED
-                    .with_label_values(&["bad_sse_event"])
-                    .inc(),
+                Ok(_) => {}
+                Err(reason) => unreadable_event(ctx, reason),
             }
-            prev_end = base + end;
+            if let Some(end) = end {
+                prev_end = base + end;
+            }
         }
         if replace.is_none() && base == 0 && last == Some(chunk.len()) && !end_of_stream {
             *body = Some(chunk); // whole events only: pass as is

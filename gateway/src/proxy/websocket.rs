@@ -196,11 +196,20 @@ impl Gateway {
         // In frame order: a stream's whole life (its task, its updates, its
         // end) can arrive in one chunk, and its end must not be acted on
         // before its events are.
+        // `(id, None)`: the end of that call's stream; `("", None)`: a
+        // message the gateway could not read, which may have settled any of
+        // the socket's tasks.
         let mut seen: Vec<(String, Option<Observation<'static>>)> = Vec::new();
         let pending = &ws.pending;
         ws.worker.feed(chunk, |item| {
             let WsItem::Text(doc) = item else {
                 count_item(&item);
+                if matches!(
+                    item,
+                    WsItem::Overlong | WsItem::Compressed | WsItem::Invalid(_)
+                ) {
+                    seen.push((String::new(), None));
+                }
                 return;
             };
             let Some(id) = serde_json::from_slice::<IdOnly>(doc)
@@ -221,16 +230,26 @@ impl Gateway {
             }
             match observe::observe(Binding::WebSocket, doc) {
                 Some(o) => seen.push((id, Some(o.into_owned()))),
-                None => metrics::UNTRACKED
-                    .with_label_values(&["ws_bad_answer"])
-                    .inc(),
+                None => {
+                    metrics::UNTRACKED
+                        .with_label_values(&["ws_bad_answer"])
+                        .inc();
+                    seen.push((String::new(), None));
+                }
             }
         });
         for (id, obs) in seen {
             match obs {
                 Some(obs) => self.ws_observation(ctx, &id, obs),
                 None => {
-                    if let Some(ws) = ctx.ws.as_mut() {
+                    let Some(ws) = ctx.ws.as_mut() else { continue };
+                    if id.is_empty() {
+                        // Unattributable: each unsettled task's state may
+                        // be stale (see `Seen::unsure`).
+                        for t in ws.tasks.values_mut() {
+                            t.seen.unsure = true;
+                        }
+                    } else {
                         ws.pending.remove(&id);
                     }
                 }
@@ -258,6 +277,7 @@ impl Gateway {
                 let was_settled = t.seen.is_settled();
                 if let Some(s) = obs.state {
                     t.seen.state = Some(s);
+                    t.seen.unsure = false;
                 }
                 if t.seen.is_settled() && !was_settled {
                     tracker.update(
@@ -303,7 +323,7 @@ impl Gateway {
                 let seen = Seen {
                     id_known: true,
                     state: obs.state,
-                    message_only: false,
+                    ..Seen::default()
                 };
                 // A unary answer naming a settled task leaves nothing to
                 // cancel, watch or renew: neither the store nor the
