@@ -132,7 +132,7 @@ pub fn run(args: &[String]) -> ! {
     let upstream = value("--upstream");
     let l4_read_buffer = after(L4_READ_BUFFER).and_then(|v| v.parse::<usize>().ok());
 
-    let mut conf = a2a_gateway::server::server_conf(THREADS);
+    let mut conf = a2a_gateway::server::server_conf(THREADS, std::time::Duration::ZERO);
     if let Some(t) = after("--threads").and_then(|v| v.parse().ok()) {
         conf.threads = t;
     }

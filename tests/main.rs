@@ -10,6 +10,7 @@ mod harness;
 mod leases;
 mod parent_selftest;
 mod python_selftest;
+mod shutdown;
 mod sse_recorded;
 mod store_conformance;
 mod tls;

@@ -159,7 +159,16 @@ pub struct Timeouts {
     /// looked up again (in the background; requests keep using the last
     /// address meanwhile). IP addresses are never looked up. Default 30s.
     pub dns_refresh: Duration,
+    /// After SIGTERM: how long requests in flight, and the cancels and store
+    /// writes they left owed, may take before the process exits anyway (it
+    /// exits as soon as none are left). Zero cuts them at once, as SIGINT
+    /// does. Default 20s (under the 30 s Kubernetes waits before SIGKILL); at
+    /// most [`MAX_DRAIN`].
+    pub drain: Duration,
 }
+
+/// The longest `timeouts.drain`.
+pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
 
 impl Default for Timeouts {
     fn default() -> Self {
@@ -168,6 +177,7 @@ impl Default for Timeouts {
             upstream_idle: Some(Duration::from_secs(3600)),
             downstream_idle: Some(Duration::from_secs(3600)),
             dns_refresh: Duration::from_secs(30),
+            drain: Duration::from_secs(20),
         }
     }
 }

@@ -270,6 +270,13 @@ fn timeouts(mut r: Reader<'_>) -> Timeouts {
         upstream_idle: r.or("upstream_idle", d.upstream_idle, idle),
         downstream_idle: r.or("downstream_idle", d.downstream_idle, idle),
         dns_refresh: r.or("dns_refresh", d.dns_refresh, nonzero_duration),
+        drain: r.or("drain", d.drain, |item| -> Result<Duration, String> {
+            let d = duration(item)?;
+            if d > crate::MAX_DRAIN {
+                return Err("must be at most 1h".into());
+            }
+            Ok(d)
+        }),
     };
     r.finish();
     timeouts

@@ -132,6 +132,7 @@ fn defaults() {
     assert_eq!(c.timeouts.upstream_idle, Some(3600 * S));
     assert_eq!(c.timeouts.downstream_idle, Some(3600 * S));
     assert_eq!(c.timeouts.dns_refresh, 30 * S);
+    assert_eq!(c.timeouts.drain, 20 * S);
     assert_eq!(c.cancel.attempts, 5);
     assert_eq!(c.cancel.backoff, Duration::from_millis(100));
     assert_eq!(c.cancel.backoff_max, 5 * S);
@@ -429,11 +430,12 @@ fn valid_files() {
         ("[limits]\nmax_card_body = \"2MB\"\nmax_tracked_tasks = 1", |c| {
             c.limits.max_card_body == 2_000_000 && c.limits.max_tracked_tasks == 1
         }),
-        ("[timeouts]\nconnect = \"250ms\"\nupstream_idle = \"0s\"\ndownstream_idle = \"1h30m\"\ndns_refresh = \"5m\"", |c| {
+        ("[timeouts]\nconnect = \"250ms\"\nupstream_idle = \"0s\"\ndownstream_idle = \"1h30m\"\ndns_refresh = \"5m\"\ndrain = \"0s\"", |c| {
             c.timeouts.connect == Duration::from_millis(250)
                 && c.timeouts.upstream_idle.is_none()
                 && c.timeouts.downstream_idle == Some(5400 * S)
                 && c.timeouts.dns_refresh == 300 * S
+                && c.timeouts.drain.is_zero()
         }),
         ("[cancel]\nattempts = 1\nbackoff = \"1s\"\nbackoff_max = \"1s\"\ntimeout = \"2m\"", |c| {
             c.cancel
@@ -546,7 +548,7 @@ fn single_errors() {
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "2:1: timeouts.conect: unknown key \"conect\" (did you mean \"connect\"?); expected one of: connect, upstream_idle, downstream_idle, dns_refresh",
+            "2:1: timeouts.conect: unknown key \"conect\" (did you mean \"connect\"?); expected one of: connect, upstream_idle, downstream_idle, dns_refresh, drain",
         ),
         // wrong types
         ("server = 1\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "1:10: server: expected a table, found integer 1"),
@@ -586,6 +588,7 @@ fn single_errors() {
         ("[timeouts]\nconnect = \"5\"\n", "2:11: timeouts.connect: duration \"5\" needs a unit (ms, s, m or h), e.g. \"5s\""),
         ("[timeouts]\nconnect = \"0s\"\n", "2:11: timeouts.connect: must be more than zero"),
         ("[timeouts]\ndns_refresh = \"0s\"\n", "2:15: timeouts.dns_refresh: must be more than zero"),
+        ("[timeouts]\ndrain = \"2h\"\n", "2:9: timeouts.drain: must be at most 1h"),
         ("[timeouts]\nupstream_idle = \"5 minutes\"\n", "2:17: timeouts.upstream_idle: invalid duration \"5 minutes\": a number needs a unit (ms, s, m or h)"),
         ("[timeouts]\ndownstream_idle = true\n", "2:19: timeouts.downstream_idle: expected a duration string like \"5s\", found boolean true"),
         // bad values: cancel

@@ -412,7 +412,7 @@ impl Budgets {
 
     fn send_cancel(&self, job: CancelJob) {
         let canceller = self.canceller.clone();
-        tokio::spawn(async move {
+        crate::drain::spawn_work(async move {
             canceller.cancel(&job).await;
         });
     }
@@ -598,7 +598,7 @@ impl ChildBudget {
                 .inc_by(*charged);
         }
         let store = budgets.store.clone();
-        tokio::spawn(async move {
+        crate::drain::spawn_work(async move {
             if let Err(e) = store.account_settle(&settled).await {
                 metrics::STORE_ERRORS
                     .with_label_values(&["account_settle"])

@@ -212,7 +212,7 @@ impl Leases {
                 cause: "lease_lapsed",
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
-            tokio::spawn(async move {
+            crate::drain::spawn_work(async move {
                 // Every attempt failed (the worker down, say): the lease goes
                 // back to be claimed and cancelled again, by any replica.
                 if !canceller.cancel(&job).await.is_done() {
@@ -239,16 +239,20 @@ impl Leases {
 
 #[async_trait]
 impl BackgroundService for Leases {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Renews and reaps every tick. In a graceful shutdown it keeps renewing
+    /// the leases of streams still open (they drain for up to
+    /// `timeouts.drain`) but claims no more lapses: a cancel it started could
+    /// be cut with the process, and other replicas claim them.
+    async fn start(&self, shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
+            tick.tick().await;
             let now = now_ms();
             self.renew_due(now).await;
+            if *shutdown.borrow() {
+                continue;
+            }
             // Drain a backlog of lapses without waiting a tick per batch.
             while self.reap(now_ms()).await == CLAIM_BATCH {}
         }

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod budget;
 pub mod cancel;
 pub mod cascade;
+pub mod drain;
 pub mod lease;
 pub mod metrics;
 pub mod proxy;

@@ -31,18 +31,16 @@ pub fn memory_retention(cfg: &config::Config) -> Duration {
 
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-/// Runs the tracker's queue consumer for the life of the server.
+/// Runs the tracker's queue consumer for the life of the server, a
+/// graceful shutdown's drain included (streams still open keep writing).
 struct TrackerLoop(Mutex<Option<BoxFuture>>);
 
 #[async_trait]
 impl BackgroundService for TrackerLoop {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    async fn start(&self, _shutdown: ShutdownWatch) {
         let run = self.0.lock().ok().and_then(|mut f| f.take());
         if let Some(run) = run {
-            tokio::select! {
-                _ = run => {}
-                _ = shutdown.changed() => {}
-            }
+            run.await;
         }
     }
 }
@@ -92,14 +90,17 @@ pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
     }
 }
 
-/// The pingora server settings of a gateway with `threads` worker threads:
-/// no grace period before shutdown, at most 5 s to drain. The benches' bare
-/// pass-through uses the same, so that it differs from the gateway only in
-/// its filters.
-pub fn server_conf(threads: usize) -> ServerConf {
+/// The pingora server settings of a gateway with `threads` worker threads
+/// that drains for `drain` after SIGTERM (pingora's grace period, in whole
+/// seconds, rounded up; [`crate::drain::Drainer`] ends the process sooner
+/// when nothing is left), then gives its runtimes at most 5 s to stop. The
+/// benches' bare pass-through uses the same, so that it differs from the
+/// gateway only in its filters.
+pub fn server_conf(threads: usize, drain: Duration) -> ServerConf {
+    let grace = drain.as_secs() + u64::from(drain.subsec_nanos() > 0);
     ServerConf {
         threads,
-        grace_period_seconds: Some(0),
+        grace_period_seconds: Some(grace),
         graceful_shutdown_timeout_seconds: Some(5),
         ..ServerConf::default()
     }
@@ -118,7 +119,11 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         cfg.timeouts.connect,
         worker_addrs.clone(),
     );
-    let cascade = Arc::new(Cascade::new(store.clone(), tracker, canceller.clone()));
+    let cascade = Arc::new(Cascade::new(
+        store.clone(),
+        tracker.clone(),
+        canceller.clone(),
+    ));
     let replica_id = cfg
         .leases
         .replica_id
@@ -140,7 +145,8 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         health.clone(),
     ));
 
-    let mut server = Server::new_with_opt_and_conf(None, server_conf(cfg.server.threads));
+    let mut server =
+        Server::new_with_opt_and_conf(None, server_conf(cfg.server.threads, cfg.timeouts.drain));
     server.bootstrap();
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
@@ -176,6 +182,13 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     server.add_service(background_service(
         "tracker",
         TrackerLoop(Mutex::new(Some(Box::pin(tracker_run)))),
+    ));
+    server.add_service(background_service(
+        "drain",
+        crate::drain::Drainer {
+            tracker,
+            timeout: cfg.timeouts.drain,
+        },
     ));
     server.add_service(pingora::services::background::GenBackgroundService::new(
         "leases".to_string(),

@@ -154,4 +154,24 @@ impl Gateway {
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
+
+    /// Sends SIGTERM (a graceful shutdown) and returns at once.
+    pub fn terminate(&self) {
+        let pid = self.pid().expect("the gateway runs");
+        let ok = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -TERM {pid}");
+    }
+
+    /// Waits up to `within` for the process to exit: its status, or `None`
+    /// if it still runs.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()
+            .map(|s| s.expect("wait for the gateway"))
+    }
 }

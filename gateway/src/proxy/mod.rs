@@ -208,6 +208,9 @@ pub struct Ctx {
     /// Moments that split the request's time between the gateway and the
     /// worker, for `a2agw_proxy_seconds`.
     times: ProxyTimes,
+    /// Counts the request as in flight until pingora drops its context: a
+    /// graceful shutdown waits for it ([`crate::drain`]).
+    _in_flight: crate::drain::InFlight,
 }
 
 impl Ctx {
@@ -1506,7 +1509,7 @@ impl ProxyHttp for Gateway {
             cancel_headers: cancel_headers(&route.cfg, &ctx.caller_headers),
         };
         let cascade = self.cascade.clone();
-        tokio::spawn(async move { cascade.stream_ended(end).await });
+        crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
     }
 
     /// A request refused while its (large) body streamed gets the A2A error

@@ -447,7 +447,7 @@ impl Gateway {
             cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.caller_headers),
         };
         let cascade = self.cascade.clone();
-        tokio::spawn(async move { cascade.stream_ended(end).await });
+        crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
     }
 }
 

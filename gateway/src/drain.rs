@@ -1,0 +1,144 @@
+//! Graceful shutdown.
+//!
+//! On SIGTERM pingora closes the listeners and idle connections at once and
+//! lets each request in flight finish (its connection then closes); it keeps
+//! the process up for a fixed grace period (`timeouts.drain`), then drops
+//! whatever is left. The gateway has more to finish than pingora knows of:
+//! the cascade decisions and `CancelTask` calls a request's end started in
+//! spawned tasks, and the tracker's queued store writes. This module counts
+//! both ([`InFlight`], [`Work`]) and the [`Drainer`] ends the process as
+//! soon as neither has anything left, instead of sleeping out the period.
+//! SIGINT still stops at once.
+//!
+//! Streams still open when the period runs out are cut without a cascade:
+//! their callers did not leave and may resubscribe through another replica;
+//! a lease (granted or imposed) stops a child nobody comes back for, as it
+//! does when a replica dies.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use crate::cascade::Tracker;
+
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static WORK: AtomicUsize = AtomicUsize::new(0);
+
+/// Held by a request for its whole life (in its context, dropped when
+/// pingora drops the context, whatever way the request ended).
+#[derive(Debug)]
+pub struct InFlight(());
+
+impl InFlight {
+    pub fn enter() -> InFlight {
+        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        InFlight(())
+    }
+}
+
+/// A new request's context counts itself (`Ctx` is built by `Default`).
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight::enter()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Held by follow-up work a request left owed (a cascade decision, a
+/// cancel) while it runs.
+#[derive(Debug)]
+pub struct Work(());
+
+impl Work {
+    pub fn start() -> Work {
+        WORK.fetch_add(1, Ordering::Relaxed);
+        Work(())
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        WORK.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Spawns owed work that a drain waits for (see [`Work`]).
+pub fn spawn_work<F>(fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let work = Work::start();
+    tokio::spawn(async move {
+        fut.await;
+        drop(work);
+    });
+}
+
+/// Requests in flight and owed work running, for the drain and the metrics.
+pub fn pending() -> (usize, usize) {
+    (
+        IN_FLIGHT.load(Ordering::Relaxed),
+        WORK.load(Ordering::Relaxed),
+    )
+}
+
+/// How often a drain looks whether anything is left.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Ends the process once a graceful shutdown has nothing left to finish.
+#[derive(Debug)]
+pub struct Drainer {
+    pub tracker: Tracker,
+    /// `timeouts.drain`: pingora's grace period; the drainer gives up then.
+    pub timeout: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Drainer {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                return;
+            }
+        }
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.timeout;
+        let (requests, work) = pending();
+        tracing::info!(
+            requests,
+            work,
+            drain = ?self.timeout,
+            "shutting down: no new connections; waiting for requests in flight and owed cancels"
+        );
+        loop {
+            if pending() == (0, 0) {
+                // Queued store writes (a stream's last state, its watcher
+                // count) go out before the process does.
+                let flushed = tokio::time::timeout_at(deadline, self.tracker.flush()).await;
+                if flushed.is_ok() && pending() == (0, 0) {
+                    tracing::info!(took = ?started.elapsed(), "drained; exiting");
+                    std::process::exit(0);
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let (requests, work) = pending();
+                tracing::warn!(
+                    requests,
+                    work,
+                    "timeouts.drain ran out; cutting what is left (streams' children are left to their leases)"
+                );
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
