@@ -424,3 +424,48 @@ scenarios! {
     python_jsonrpc_unseen_input_required_no_cancel => input_required_unseen(Kind::Python, Bind::JsonRpc);
     python_rest_unseen_input_required_no_cancel => input_required_unseen(Kind::Python, Bind::Rest);
 }
+
+/// A child whose `CancelTask` answer is long (the Python SDK answers with
+/// the task's history, here a 100 KB message; a2a-rust's answer stays
+/// short): the cancel counts as done at the first attempt. Before, the
+/// gateway kept only the answer's first 64 KiB, could not parse it, and
+/// retried until it called a successful cancel failed.
+async fn long_cancel_answer(kind: Kind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let mut msg = crate::harness::worker::message(LONG);
+    msg["parts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"text": "x".repeat(100_000)}));
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": msg}});
+    let mut stream = SseStream::open(&gw.url, "/", &[], &body).await;
+    let id = stream.task_id().await;
+    worker
+        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .await
+        .expect("the task runs");
+    stream.close();
+    worker
+        .wait_state(None, &id, CANCELED, Duration::from_secs(2))
+        .await
+        .expect("cancelled");
+    let mut done = 0.0;
+    for _ in 0..100 {
+        done = gw
+            .counter("a2agw_cancels_total", &["outcome=\"canceled\""])
+            .await;
+        if done > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(done, 1.0, "log:\n{}", gw.log_text());
+    assert_eq!(gw.counter("a2agw_cancel_attempts_total", &[]).await, 1.0);
+}
+
+scenarios! {
+    rust_long_cancel_answer => long_cancel_answer(Kind::Rust);
+    python_long_cancel_answer => long_cancel_answer(Kind::Python);
+}

@@ -137,8 +137,9 @@ enum Call {
 }
 
 impl Call {
-    /// How much of the worker's answer is read: a cancel's is judged by its
-    /// first bytes; a task's state may come after large artifacts.
+    /// How much of the worker's answer is kept: a cancel's long answer is
+    /// the cancelled task (errors are short); a task's state may come after
+    /// large artifacts.
     fn answer_cap(self) -> usize {
         match self {
             Call::Cancel => 64 * 1024,
@@ -341,13 +342,14 @@ impl Canceller {
     async fn attempt(&self, job: &CancelJob) -> Attempt {
         match self.send(job, Call::Cancel).await {
             Ok((status, body)) => judge(job.target.binding, status, &body),
-            Err(failed) => failed,
+            Err(ended) => ended,
         }
     }
 
     /// Sends `call` for the job's task in the binding the caller used and
     /// returns the answer's status and body (a WebSocket answer as 200 and
-    /// its text frame). `Err`: the attempt's failure, never `Final`.
+    /// its text frame). `Err`: the attempt's failure, or (a cancel answered
+    /// at length) its `Final` outcome.
     async fn send(&self, job: &CancelJob, call: Call) -> Result<(u16, Vec<u8>), Attempt> {
         if job.target.binding == Binding::WebSocket {
             return self.send_ws(job, call).await.map(|frame| (200, frame));
@@ -423,8 +425,16 @@ impl Canceller {
         self.connector
             .release_http_session(session, &peer, Some(Duration::from_secs(30)))
             .await;
-        if !whole && call == Call::Get {
-            return Err(Attempt::Refused(format!("GetTask answer over {cap} bytes")));
+        if !whole {
+            return match call {
+                Call::Get => Err(Attempt::Refused(format!("GetTask answer over {cap} bytes"))),
+                // An error answer is short: a long one is the cancelled task
+                // (with its artifacts), unreadable once cut.
+                Call::Cancel if (200..300).contains(&status) => {
+                    Err(Attempt::Final(CancelOutcome::Canceled))
+                }
+                Call::Cancel => Ok((status, resp)),
+            };
         }
         Ok((status, resp))
     }
@@ -464,9 +474,14 @@ impl Canceller {
         // `worker_ca` and client certificate for wss://); the upgrade over
         // it is tungstenite's.
         let (_, peer) = self.peer(w).await.map_err(Attempt::Retry)?;
-        let limits = WebSocketConfig::default()
-            .max_message_size(Some(call.answer_cap()))
-            .max_frame_size(Some(call.answer_cap()));
+        // A cancel's answer (the cancelled task) is read whole, up to
+        // tungstenite's own limits; a probe's up to its cap.
+        let limits = match call {
+            Call::Get => WebSocketConfig::default()
+                .max_message_size(Some(PROBE_ANSWER_CAP))
+                .max_frame_size(Some(PROBE_ANSWER_CAP)),
+            Call::Cancel => WebSocketConfig::default(),
+        };
         let connect = async {
             let stream = self
                 .transport
