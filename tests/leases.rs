@@ -556,3 +556,60 @@ async fn batch_with_a_leased_send_is_refused() {
     );
     assert_eq!(worker.tasks_started(), 1);
 }
+
+/// Replica A dies (SIGKILL) with a caller streaming a child through it; no
+/// lease anywhere. The caller resubscribes through replica B and then
+/// leaves too: B cancels the child. Before, A's stream stayed counted as a
+/// watcher in Redis for ever, so B kept the child for it and the child ran
+/// on. A dead replica's watchers stop counting once its heartbeat key
+/// expires (5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_streams_stop_keeping_children_alive() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        redis.url(),
+        worker.url()
+    );
+    let mut a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    let (stream, id) =
+        crate::harness::worker::send_stream(&a.url, Bind::JsonRpc, None, "work:30000").await;
+    // A's stream is counted in Redis (as every replica sees it) before A dies.
+    let watchers = || async {
+        let r = crate::harness::http::request("GET", &b.admin, "/tasks", &[], b"").await;
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        v["tasks"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["id"] == id.as_str()))
+            .and_then(|t| t["watchers"].as_u64())
+    };
+    for _ in 0..100 {
+        if watchers().await == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(watchers().await, Some(1), "A's stream is a watcher");
+    a.kill().await;
+    drop(stream);
+    let mut resubscribed =
+        crate::harness::worker::subscribe(&b.url, Bind::JsonRpc, None, &id).await;
+    assert!(
+        resubscribed.next(Duration::from_secs(5)).await.is_some(),
+        "B streams the task"
+    );
+    // Past the dead replica's heartbeat.
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_WORKING")
+    );
+    resubscribed.close();
+    worker
+        .wait_state(None, &id, CANCELED, Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|s| panic!("not cancelled by B ({s:?}); B's log:\n{}", b.log_text()));
+    assert_eq!(worker.cancels().await, 1);
+}

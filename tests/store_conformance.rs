@@ -435,3 +435,54 @@ async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         })
         .sum()
 }
+
+/// Each replica's streams count as watchers only while its heartbeat key
+/// lives: one that died (key expired) or stopped (`replica_gone`) no longer
+/// keeps tasks watched for the others.
+#[tokio::test]
+async fn watchers_of_a_replica_count_while_it_lives() {
+    let server = RedisServer::start().await;
+    let a = RedisStore::connect_as(&server.url(), "ns", "a/1")
+        .await
+        .unwrap();
+    let b = RedisStore::connect_as(&server.url(), "ns", "b")
+        .await
+        .unwrap();
+    let k = key("r", "", "t");
+    let watch = |n: i32| TaskUpdate {
+        watchers_delta: n,
+        ..state(TaskState::Working)
+    };
+    assert_eq!(a.update(&k, watch(1), 1).await.unwrap().watchers, 1);
+    assert_eq!(b.update(&k, watch(1), 2).await.unwrap().watchers, 2);
+    assert_eq!(a.get(&k).await.unwrap().unwrap().watchers, 2);
+    // The key layout: one heartbeat key per replica, its id percent-encoded.
+    let mut c = raw(&server).await;
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("ns:replica:a%2F1")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        (1..=a2a_gateway::store::redis::REPLICA_TTL.as_millis() as i64).contains(&ttl),
+        "{ttl}"
+    );
+    a.replica_gone().await.unwrap();
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
+    assert_eq!(b.list(10).await.unwrap()[0].watchers, 1);
+    a.replica_alive().await.unwrap();
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 2);
+    // A replica that dies without a word: its heartbeat runs out.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg("ns:replica:a%2F1")
+        .arg(50)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
+    // B's own count is its own: uncounting leaves none, whatever A left.
+    assert_eq!(b.update(&k, watch(-1), 3).await.unwrap().watchers, 0);
+    a.replica_alive().await.unwrap();
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
+}

@@ -17,6 +17,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,6 +25,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::cascade::Tracker;
+use crate::store::TaskStore;
 
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static WORK: AtomicUsize = AtomicUsize::new(0);
@@ -93,11 +95,16 @@ pub fn pending() -> (usize, usize) {
 
 /// How often a drain looks whether anything is left.
 const POLL: Duration = Duration::from_millis(20);
+/// How long before the end of `timeouts.drain` the drainer gives up.
+const MARGIN: Duration = Duration::from_millis(250);
 
 /// Ends the process once a graceful shutdown has nothing left to finish.
 #[derive(Debug)]
 pub struct Drainer {
     pub tracker: Tracker,
+    /// Told when the drain runs out with streams open
+    /// ([`TaskStore::replica_gone`]).
+    pub store: Arc<dyn TaskStore>,
     /// `timeouts.drain`: pingora's grace period; the drainer gives up then.
     pub timeout: Duration,
 }
@@ -111,7 +118,9 @@ impl BackgroundService for Drainer {
             }
         }
         let started = tokio::time::Instant::now();
-        let deadline = started + self.timeout;
+        // A little before pingora's grace period ends and it drops what is
+        // left, so that the store hears of this replica's end first.
+        let deadline = started + self.timeout.saturating_sub(MARGIN);
         let (requests, work) = pending();
         tracing::info!(
             requests,
@@ -136,6 +145,9 @@ impl BackgroundService for Drainer {
                     work,
                     "timeouts.drain ran out; cutting what is left (streams' children are left to their leases)"
                 );
+                // The streams cut now stop counting as watchers at once.
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), self.store.replica_gone()).await;
                 return;
             }
             tokio::time::sleep(POLL).await;

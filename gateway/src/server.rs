@@ -63,8 +63,9 @@ static STORE_RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::
 /// Redis keys are namespaced with this prefix.
 pub const REDIS_NAMESPACE: &str = "a2agw";
 
-/// Builds the store a config names. Redis must answer at start-up.
-pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
+/// Builds the store a config names, for replica `replica`. Redis must
+/// answer at start-up.
+pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskStore>, String> {
     match &cfg.store.kind {
         config::StoreKind::Memory => Ok(Arc::new(MemoryStore::new(
             cfg.limits.max_tracked_tasks,
@@ -80,9 +81,10 @@ pub fn build_store(cfg: &config::Config) -> Result<Arc<dyn TaskStore>, String> {
                     .expect("a tokio runtime for the store")
             });
             let store = rt
-                .block_on(crate::store::redis::RedisStore::connect(
+                .block_on(crate::store::redis::RedisStore::connect_as(
                     url,
                     REDIS_NAMESPACE,
+                    replica,
                 ))
                 .map_err(|e| format!("store {url}: {e}"))?;
             Ok(Arc::new(store))
@@ -109,7 +111,12 @@ pub fn server_conf(threads: usize, drain: Duration) -> ServerConf {
 /// Builds every service and runs until a signal stops the process.
 pub fn run(cfg: config::Config) -> Result<(), String> {
     check_tls(&cfg)?;
-    let store = build_store(&cfg)?;
+    let replica_id = cfg
+        .leases
+        .replica_id
+        .clone()
+        .unwrap_or_else(default_replica_id);
+    let store = build_store(&cfg, &replica_id)?;
     let store_kind = store.kind();
     let (tracker, tracker_run) = Tracker::new(store.clone());
     let routes = Arc::new(Routes::new(&cfg.routes, cfg.timeouts.dns_refresh));
@@ -124,11 +131,6 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         tracker.clone(),
         canceller.clone(),
     ));
-    let replica_id = cfg
-        .leases
-        .replica_id
-        .clone()
-        .unwrap_or_else(default_replica_id);
     let health = Arc::new(crate::store::StoreHealth::default());
     let budgets = Arc::new(crate::budget::Budgets::new(
         store.clone(),
@@ -187,6 +189,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         "drain",
         crate::drain::Drainer {
             tracker,
+            store: store.clone(),
             timeout: cfg.timeouts.drain,
         },
     ));

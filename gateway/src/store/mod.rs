@@ -234,9 +234,29 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Up to `limit` account meters in live windows, for the admin endpoint.
     async fn account_list(&self, limit: usize) -> Result<Vec<AccountView>, StoreError>;
 
+    /// Marks this replica alive for a few seconds (Redis:
+    /// [`redis::REPLICA_TTL`]): the watchers it records count for other
+    /// replicas only meanwhile, so that the streams of a replica that died
+    /// stop keeping tasks alive. Sent every [`HEARTBEAT_EVERY`] by the lease
+    /// service. A store only this process uses has nothing to do.
+    async fn replica_alive(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// This replica is about to stop with streams still open (the end of a
+    /// drain): its watchers stop counting now rather than when the
+    /// heartbeat runs out.
+    async fn replica_gone(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// `memory` or `redis`, for logs and metrics.
     fn kind(&self) -> &'static str;
 }
+
+/// How often a replica tells the store it is alive
+/// ([`TaskStore::replica_alive`]).
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl TaskRecord {
     /// A record for a task seen for the first time.

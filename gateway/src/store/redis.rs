@@ -6,15 +6,24 @@
 //! | --- | --- | --- |
 //! | `{ns}:task:{route}:{tenant}:{task_id}` | hash | one [`TaskRecord`] |
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
+//! | `{ns}:leases:retry` | sorted set | lapsed leases handed back for another claim, score = when |
+//! | `{ns}:replica:{id}` | string | present while replica `{id}` is alive: set every second with a 5 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, and `route`, `scope`, `holder`, `window`; expires an hour after its window ends |
 //!
 //! Route, tenant and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
 //! share a key. The hash has one field per record field: `route`, `tenant`,
 //! `task_id`, `context_id`, `state` (the wire name, `TASK_STATE_*`),
-//! `binding` (`jsonrpc`/`rest`) and `target_path`, `watchers`, `updated_ms`,
-//! `lease_ttl`, `lease_deadline`, `lease_holder`. A missing or unreadable
+//! `binding` (`jsonrpc`/`rest`) and `target_path`, `updated_ms`,
+//! `lease_ttl`, `lease_deadline`, `lease_holder`, and `w:{replica}`: the
+//! streams replica `{replica}` watches the task with. A missing or unreadable
 //! field reads as `None`/`0`; bad data never panics.
+//!
+//! A record's `watchers` is read as the sum of the `w:` fields of replicas
+//! whose `{ns}:replica:{id}` key still exists: a replica that crashed (or
+//! was cut at the end of its drain) with streams open stops counting within
+//! [`REPLICA_TTL`], so those streams no longer keep a task alive for ever
+//! against the cascade of a caller that resubscribed elsewhere and left.
 //!
 //! Finding lapsed leases is one `ZRANGEBYSCORE` on the deadline index,
 //! O(log n + claimed), never a scan.
@@ -33,7 +42,8 @@
 //! # Round trips
 //!
 //! Each [`TaskStore`] call is exactly one round trip: one `EVALSHA` or one
-//! command (`HGETALL`, `ZCARD`); none for an empty batch or a zero limit.
+//! command (`ZCARD`, and the heartbeat's `SET` or `DEL`); none for an empty
+//! batch or a zero limit.
 //! A task costs a constant number of calls over its lifetime (start, settle,
 //! lease start/renew/end), and none per streamed event. Only after Redis lost its script cache (a restart) does the first
 //! call of each script cost a second trip to load it (`SCRIPT LOAD`).
@@ -88,13 +98,17 @@ const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bound on [`RedisStore::connect`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a replica counts as alive after its last heartbeat
+/// ([`TaskStore::replica_alive`], sent every [`super::HEARTBEAT_EVERY`]).
+pub const REPLICA_TTL: Duration = Duration::from_secs(5);
 
 /// Lua numbers are doubles: integers above this are not exact. Times and
 /// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
 const MAX_EXACT: u64 = (1 << 53) - 1;
 
-/// Helpers every script starts with. `{TERMINAL}`, `{SETTLED}`, `{LIVE_MS}`
-/// and `{SETTLED_MS}` are filled in from Rust.
+/// Helpers every script starts with. `{TERMINAL}`, `{SETTLED}`, `{LIVE_MS}`,
+/// `{SETTLED_MS}` and `{REPLICAS}` (the replica keys' prefix, a Lua string)
+/// are filled in from Rust.
 const PRELUDE: &str = r#"
 local MAX = 9007199254740991
 local TERMINAL = {TERMINAL}
@@ -106,6 +120,27 @@ local function num(s)
 end
 -- Integers as exact decimal strings (redis.call would print 1e+15).
 local function fmt(n) return string.format('%.0f', n) end
+-- A task's hash as a flat list, its `w:{replica}` fields summed into
+-- `watchers` over the replicas still alive; {} when there is no hash.
+local function record(k)
+  local rec = redis.call('HGETALL', k)
+  if #rec == 0 then return rec end
+  local out, w = {}, 0
+  for i = 1, #rec, 2 do
+    local f = rec[i]
+    if string.sub(f, 1, 2) == 'w:' then
+      if redis.call('EXISTS', {REPLICAS} .. string.sub(f, 3)) == 1 then
+        w = w + math.max(num(rec[i + 1]), 0)
+      end
+    elseif f ~= 'watchers' then
+      out[#out + 1] = f
+      out[#out + 1] = rec[i + 1]
+    end
+  end
+  out[#out + 1] = 'watchers'
+  out[#out + 1] = fmt(math.min(w, 4294967295))
+  return out
+end
 -- Short retention once settled without a lease; long otherwise.
 local function expire(k)
   local st = redis.call('HGET', k, 'state')
@@ -131,8 +166,8 @@ end
 "#;
 
 /// KEYS: task, leases. ARGV: now, route, tenant, task_id, has_context,
-/// context, state (`""` = none), has_target, binding, path, watchers_delta.
-/// Returns the record (HGETALL).
+/// context, state (`""` = none), has_target, binding, path, watchers_delta,
+/// replica (its `w:` field takes the delta). Returns the record (`record`).
 const UPDATE: &str = r#"
 local k, z = KEYS[1], KEYS[2]
 redis.call('HSET', k, 'route', ARGV[2], 'tenant', ARGV[3], 'task_id', ARGV[4], 'updated_ms', ARGV[1])
@@ -147,11 +182,20 @@ if s ~= '' then
   end
 end
 if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
-local w = math.max(num(redis.call('HGET', k, 'watchers')), 0) + num(ARGV[11])
-if w < 0 then w = 0 elseif w > 4294967295 then w = 4294967295 end
-redis.call('HSET', k, 'watchers', fmt(w))
+local wf = 'w:' .. ARGV[12]
+local w = math.max(num(redis.call('HGET', k, wf)), 0) + num(ARGV[11])
+if w <= 0 then
+  redis.call('HDEL', k, wf)
+else
+  redis.call('HSET', k, wf, fmt(math.min(w, 4294967295)))
+end
 expire(k)
-return redis.call('HGETALL', k)
+return record(k)
+"#;
+
+/// KEYS: task. The record (`record`), `{}` when there is none.
+const GET: &str = r#"
+return record(KEYS[1])
 "#;
 
 /// KEYS: task, leases. ARGV: now, deadline, ttl, has_holder, holder, route,
@@ -204,7 +248,7 @@ local ks = redis.call('ZRANGEBYSCORE', z, '-inf', '(' .. ARGV[1], 'LIMIT', '0', 
 local out = {}
 for _, k in ipairs(ks) do
   redis.call('ZREM', z, k)
-  local rec = redis.call('HGETALL', k)
+  local rec = record(k)
   if #rec > 0 then out[#out + 1] = rec end
 end
 if #out < limit then
@@ -212,7 +256,7 @@ if #out < limit then
   for _, k in ipairs(rs) do
     redis.call('ZREM', r, k)
     if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
-      out[#out + 1] = redis.call('HGETALL', k)
+      out[#out + 1] = record(k)
     end
   end
 end
@@ -240,7 +284,7 @@ local out, limit = {r[1]}, num(ARGV[3])
 for _, k in ipairs(r[2]) do
   if #out - 1 >= limit then break end
   if redis.call('TYPE', k).ok == 'hash' then
-    local rec = redis.call('HGETALL', k)
+    local rec = record(k)
     if #rec > 0 then out[#out + 1] = rec end
   end
 end
@@ -303,10 +347,12 @@ struct Scripts {
     lease_claim: Script,
     lease_retry: Script,
     list: Script,
+    get: Script,
 }
 
-/// The prelude with the state sets and retention filled in.
-fn prelude() -> String {
+/// The prelude with the state sets, retention and the replica keys' prefix
+/// (`{namespace}:replica:`) filled in.
+fn prelude(namespace: &str) -> String {
     let lua_set = |pred: fn(TaskState) -> bool| {
         let mut s = String::from("{");
         for st in TaskState::ALL.into_iter().filter(|s| pred(*s)) {
@@ -320,11 +366,31 @@ fn prelude() -> String {
         .replace("{SETTLED}", &lua_set(TaskState::is_settled))
         .replace("{LIVE_MS}", &LIVE_TTL.as_millis().to_string())
         .replace("{SETTLED_MS}", &SETTLED_RETENTION.as_millis().to_string())
+        .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
+}
+
+/// `s` as a Lua string literal.
+fn lua_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for b in s.bytes() {
+        match b {
+            b'"' | b'\\' => {
+                out.push('\\');
+                out.push(b as char);
+            }
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\{b:03}");
+            }
+        }
+    }
+    out.push('"');
+    out
 }
 
 impl Scripts {
-    fn new() -> Self {
-        let prelude = prelude();
+    fn new(namespace: &str) -> Self {
+        let prelude = prelude(namespace);
         let script = |body: &str| Script::new(&format!("{prelude}{body}"));
         Scripts {
             account_reserve: script(ACCOUNT_RESERVE),
@@ -337,6 +403,7 @@ impl Scripts {
             lease_claim: script(LEASE_CLAIM),
             lease_retry: script(LEASE_RETRY),
             list: script(LIST),
+            get: script(GET),
         }
     }
 }
@@ -348,6 +415,9 @@ pub struct RedisStore {
     leases_key: String,
     /// Lapsed leases handed back for another claim (`lease_retry`).
     retries_key: String,
+    /// This replica's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
+    replica_key: String,
+    replica: String,
     scripts: Scripts,
 }
 
@@ -361,9 +431,21 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to `url` (`redis://[user:pass@]host:port/db`, or `rediss://`
-    /// where the build has TLS) and keeps every key under `namespace`.
-    /// Fails if the server cannot be reached now.
+    /// where the build has TLS) and keeps every key under `namespace`, as
+    /// replica `"default"` (see [`RedisStore::connect_as`]). Fails if the
+    /// server cannot be reached now.
     pub async fn connect(url: &str, namespace: &str) -> Result<RedisStore, StoreError> {
+        RedisStore::connect_as(url, namespace, "default").await
+    }
+
+    /// [`RedisStore::connect`] as replica `replica` (`leases.replica_id`):
+    /// the watchers it records count only while it sends heartbeats
+    /// ([`TaskStore::replica_alive`]); this sends the first.
+    pub async fn connect_as(
+        url: &str,
+        namespace: &str,
+        replica: &str,
+    ) -> Result<RedisStore, StoreError> {
         let client =
             redis::Client::open(url).map_err(|e| StoreError(format!("redis: bad url: {e}")))?;
         let config = ConnectionManagerConfig::new()
@@ -379,13 +461,18 @@ impl RedisStore {
         .await
         .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| StoreError(format!("redis: cannot connect: {e}")))?;
-        Ok(RedisStore {
+        let replica = pct(replica);
+        let store = RedisStore {
             conn,
             namespace: namespace.to_string(),
             leases_key: format!("{namespace}:leases"),
             retries_key: format!("{namespace}:leases:retry"),
-            scripts: Scripts::new(),
-        })
+            replica_key: format!("{namespace}:replica:{replica}"),
+            replica,
+            scripts: Scripts::new(namespace),
+        };
+        store.replica_alive().await?;
+        Ok(store)
     }
 
     /// The namespace every key starts with.
@@ -512,7 +599,8 @@ impl TaskStore for RedisStore {
             .arg(u8::from(update.target.is_some()))
             .arg(update.target.as_ref().map_or("", |t| t.binding.as_str()))
             .arg(update.target.as_ref().map_or("", |t| t.path.as_str()))
-            .arg(update.watchers_delta);
+            .arg(update.watchers_delta)
+            .arg(&self.replica);
         let v: Value = self
             .call(
                 "update",
@@ -524,11 +612,10 @@ impl TaskStore for RedisStore {
     }
 
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
-        let k = self.task_key(key);
+        let mut inv = self.scripts.get.prepare_invoke();
+        inv.key(self.task_key(key));
         let v: Value = self
-            .call("get", |mut c| async move {
-                redis::cmd("HGETALL").arg(&k).query_async(&mut c).await
-            })
+            .call("get", |mut c| async move { inv.invoke_async(&mut c).await })
             .await?;
         let fields = fields_of(&v).map_err(|e| StoreError(format!("redis get: {e}")))?;
         Ok((!fields.is_empty()).then(|| record_from(&fields, Some(key))))
@@ -762,6 +849,28 @@ impl TaskStore for RedisStore {
         }
     }
 
+    async fn replica_alive(&self) -> Result<(), StoreError> {
+        let (k, ttl) = (self.replica_key.clone(), REPLICA_TTL.as_millis() as u64);
+        self.call("replica_alive", |mut c| async move {
+            redis::cmd("SET")
+                .arg(&k)
+                .arg(1)
+                .arg("PX")
+                .arg(ttl)
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    async fn replica_gone(&self) -> Result<(), StoreError> {
+        let k = self.replica_key.clone();
+        self.call("replica_gone", |mut c| async move {
+            redis::cmd("DEL").arg(&k).query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
@@ -895,7 +1004,7 @@ mod tests {
 
     #[test]
     fn scripts_know_the_states() {
-        let p = prelude();
+        let p = prelude("ns\"x");
         assert!(p.contains(
             "local TERMINAL = {['TASK_STATE_COMPLETED']=true,['TASK_STATE_FAILED']=true,\
              ['TASK_STATE_CANCELED']=true,['TASK_STATE_REJECTED']=true,}"
@@ -903,7 +1012,14 @@ mod tests {
         assert!(p.contains("['TASK_STATE_INPUT_REQUIRED']=true,['TASK_STATE_REJECTED']=true,['TASK_STATE_AUTH_REQUIRED']=true,}"));
         assert!(p.contains("redis.call('PEXPIRE', k, 600000)"));
         assert!(p.contains("redis.call('PEXPIRE', k, 86400000)"));
-        for placeholder in ["{TERMINAL}", "{SETTLED}", "{LIVE_MS}", "{SETTLED_MS}"] {
+        assert!(p.contains(r#"redis.call('EXISTS', "ns\"x:replica:" .. string.sub(f, 3))"#));
+        for placeholder in [
+            "{TERMINAL}",
+            "{SETTLED}",
+            "{LIVE_MS}",
+            "{SETTLED_MS}",
+            "{REPLICAS}",
+        ] {
             assert!(!p.contains(placeholder), "{placeholder}");
         }
     }
