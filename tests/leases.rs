@@ -562,7 +562,7 @@ async fn batch_with_a_leased_send_is_refused() {
 /// leaves too: B cancels the child. Before, A's stream stayed counted as a
 /// watcher in Redis for ever, so B kept the child for it and the child ran
 /// on. A dead replica's watchers stop counting once its heartbeat key
-/// expires (5 s).
+/// expires (6 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_streams_stop_keeping_children_alive() {
     let redis = RedisServer::start().await;
@@ -601,7 +601,7 @@ async fn a_dead_replicas_streams_stop_keeping_children_alive() {
         "B streams the task"
     );
     // Past the dead replica's heartbeat.
-    tokio::time::sleep(Duration::from_millis(5500)).await;
+    tokio::time::sleep(Duration::from_millis(6500)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some("TASK_STATE_WORKING")

@@ -137,3 +137,25 @@ async fn a_stream_open_at_the_end_of_the_drain_is_cut_and_its_child_left() {
     assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING));
     assert_eq!(worker.cancels().await, 0);
 }
+
+/// A second SIGTERM during the drain stops the gateway at once (exit status
+/// 143) instead of being swallowed for the rest of the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_stops_the_drain() {
+    use std::os::unix::process::ExitStatusExt;
+    let worker = Worker::start(Kind::Python).await;
+    let mut gw = Gateway::start(&route(&worker.url(), "30s")).await;
+    let (_stream, _id) = send_stream(&gw.url, Bind::Rest, None, "work:30000").await;
+    gw.terminate();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(gw.wait_exit(Duration::ZERO).await, None, "draining");
+    let again = Instant::now();
+    gw.terminate();
+    let status = gw.wait_exit(Duration::from_secs(5)).await.expect("exited");
+    assert_eq!(status.code(), Some(143), "{status:?} {:?}", status.signal());
+    assert!(
+        again.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        again.elapsed()
+    );
+}

@@ -436,9 +436,10 @@ async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         .sum()
 }
 
-/// Each replica's streams count as watchers only while its heartbeat key
-/// lives: one that died (key expired) or stopped (`replica_gone`) no longer
-/// keeps tasks watched for the others.
+/// Each replica process's streams count as watchers only while its
+/// heartbeat key lives: one that died (key expired) or stopped
+/// (`replica_gone`) no longer keeps tasks watched for the others, and a
+/// replica restarted under the same id does not bring them back.
 #[tokio::test]
 async fn watchers_of_a_replica_count_while_it_lives() {
     let server = RedisServer::start().await;
@@ -456,10 +457,17 @@ async fn watchers_of_a_replica_count_while_it_lives() {
     assert_eq!(a.update(&k, watch(1), 1).await.unwrap().watchers, 1);
     assert_eq!(b.update(&k, watch(1), 2).await.unwrap().watchers, 2);
     assert_eq!(a.get(&k).await.unwrap().unwrap().watchers, 2);
-    // The key layout: one heartbeat key per replica, its id percent-encoded.
+    // The key layout: one heartbeat key per replica process, its id
+    // (`replica_id@start`) percent-encoded.
     let mut c = raw(&server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("ns:replica:a%2F1%40*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
     let ttl: i64 = redis::cmd("PTTL")
-        .arg("ns:replica:a%2F1")
+        .arg(&keys[0])
         .query_async(&mut c)
         .await
         .unwrap();
@@ -467,22 +475,37 @@ async fn watchers_of_a_replica_count_while_it_lives() {
         (1..=a2a_gateway::store::redis::REPLICA_TTL.as_millis() as i64).contains(&ttl),
         "{ttl}"
     );
-    a.replica_gone().await.unwrap();
-    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
-    assert_eq!(b.list(10).await.unwrap()[0].watchers, 1);
-    a.replica_alive().await.unwrap();
-    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 2);
     // A replica that dies without a word: its heartbeat runs out.
     let _: () = redis::cmd("PEXPIRE")
-        .arg("ns:replica:a%2F1")
+        .arg(&keys[0])
         .arg(50)
         .query_async(&mut c)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
-    // B's own count is its own: uncounting leaves none, whatever A left.
-    assert_eq!(b.update(&k, watch(-1), 3).await.unwrap().watchers, 0);
+    assert_eq!(b.list(10).await.unwrap()[0].watchers, 1);
+    a.replica_alive().await.unwrap();
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 2);
+    // One that stops: at once, and for good.
+    a.replica_gone().await.unwrap();
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
     a.replica_alive().await.unwrap();
     assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
+    // Restarted under the same id: a new process, none of the old streams.
+    let a2 = RedisStore::connect_as(&server.url(), "ns", "a/1")
+        .await
+        .unwrap();
+    assert_eq!(a2.get(&k).await.unwrap().unwrap().watchers, 1);
+    // B's own count is its own.
+    assert_eq!(b.update(&k, watch(-1), 3).await.unwrap().watchers, 0);
+    // The count an older version kept in `watchers` still counts.
+    let _: () = redis::cmd("HSET")
+        .arg(b.task_key(&k))
+        .arg("watchers")
+        .arg(3)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 3);
 }

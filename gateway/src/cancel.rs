@@ -137,20 +137,17 @@ enum Call {
 }
 
 impl Call {
-    /// How much of the worker's answer is kept: a cancel's long answer is
-    /// the cancelled task (errors are short); a task's state may come after
-    /// large artifacts.
+    /// How much of the worker's answer is read: the task (a cancel's answer
+    /// too) may carry large artifacts and history.
     fn answer_cap(self) -> usize {
-        match self {
-            Call::Cancel => 64 * 1024,
-            Call::Get => PROBE_ANSWER_CAP,
-        }
+        ANSWER_CAP
     }
 }
 
-/// The largest `GetTask` answer a probe reads (history is not asked for;
-/// artifacts come whole); a larger one leaves the state unknown.
-pub const PROBE_ANSWER_CAP: usize = 4 << 20;
+/// The longest answer to the gateway's own calls that is read whole. A
+/// longer `GetTask` answer leaves the state unknown; a longer 2xx answer to
+/// `CancelTask` counts as the cancelled task (no error is that long).
+pub const ANSWER_CAP: usize = 4 << 20;
 
 /// What a probe learned of a task's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -412,7 +409,7 @@ impl Canceller {
         loop {
             match session.read_response_body().await {
                 Ok(Some(chunk)) => {
-                    if resp.len() + chunk.len() <= cap {
+                    if whole && resp.len() + chunk.len() <= cap {
                         resp.extend_from_slice(&chunk);
                     } else {
                         whole = false;
@@ -428,8 +425,7 @@ impl Canceller {
         if !whole {
             return match call {
                 Call::Get => Err(Attempt::Refused(format!("GetTask answer over {cap} bytes"))),
-                // An error answer is short: a long one is the cancelled task
-                // (with its artifacts), unreadable once cut.
+                // No error answer is that long: it is the cancelled task.
                 Call::Cancel if (200..300).contains(&status) => {
                     Err(Attempt::Final(CancelOutcome::Canceled))
                 }
@@ -478,8 +474,8 @@ impl Canceller {
         // tungstenite's own limits; a probe's up to its cap.
         let limits = match call {
             Call::Get => WebSocketConfig::default()
-                .max_message_size(Some(PROBE_ANSWER_CAP))
-                .max_frame_size(Some(PROBE_ANSWER_CAP)),
+                .max_message_size(Some(ANSWER_CAP))
+                .max_frame_size(Some(ANSWER_CAP)),
             Call::Cancel => WebSocketConfig::default(),
         };
         let connect = async {

@@ -210,15 +210,17 @@ impl Cascade {
                             end.seen.state = Some(s);
                             end.seen.unsure = false;
                             if s.is_settled() {
-                                // Others may read the store's record (a
-                                // resubscribe's cascade, `/tasks`).
-                                self.tracker.update(
-                                    key.clone(),
-                                    TaskUpdate {
-                                        state: Some(s),
-                                        ..TaskUpdate::default()
-                                    },
-                                );
+                                // Recorded (it ends the task's lease too),
+                                // so that the reaper does not cancel what
+                                // the worker handed back.
+                                let update = TaskUpdate {
+                                    state: Some(s),
+                                    ..TaskUpdate::default()
+                                };
+                                if let Err(e) = self.store.update(key, update, now_ms()).await {
+                                    metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
+                                    tracing::warn!(task = %key, error = %e, "could not record the state a GetTask found");
+                                }
                             }
                         }
                         Probed::NotFound | Probed::Unknown => {}
@@ -301,8 +303,13 @@ impl Cascade {
         match rec {
             Ok(Some(rec)) => {
                 if let Some(s) = rec.state {
-                    if s.is_settled() || seen.state.is_none() {
+                    if s.is_settled() {
                         seen.state = Some(s);
+                    } else if seen.state.is_none() {
+                        // Another stream's last sight of it, maybe long
+                        // ago: not enough to cancel on without asking.
+                        seen.state = Some(s);
+                        seen.unsure = true;
                     }
                 }
                 rec.watchers

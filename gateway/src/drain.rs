@@ -8,7 +8,8 @@
 //! spawned tasks, and the tracker's queued store writes. This module counts
 //! both ([`InFlight`], [`Work`]) and the [`Drainer`] ends the process as
 //! soon as neither has anything left, instead of sleeping out the period.
-//! SIGINT still stops at once.
+//! SIGINT still stops at once, and so does SIGINT or a second SIGTERM
+//! during the drain.
 //!
 //! Streams still open when the period runs out are cut without a cascade:
 //! their callers did not leave and may resubscribe through another replica;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::cascade::Tracker;
 use crate::store::TaskStore;
@@ -37,7 +39,7 @@ pub struct InFlight(());
 
 impl InFlight {
     pub fn enter() -> InFlight {
-        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
         InFlight(())
     }
 }
@@ -51,7 +53,7 @@ impl Default for InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -62,14 +64,14 @@ pub struct Work(());
 
 impl Work {
     pub fn start() -> Work {
-        WORK.fetch_add(1, Ordering::Relaxed);
+        WORK.fetch_add(1, Ordering::SeqCst);
         Work(())
     }
 }
 
 impl Drop for Work {
     fn drop(&mut self) {
-        WORK.fetch_sub(1, Ordering::Relaxed);
+        WORK.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -85,12 +87,28 @@ where
     });
 }
 
-/// Requests in flight and owed work running, for the drain and the metrics.
+/// Requests in flight and owed work running.
 pub fn pending() -> (usize, usize) {
     (
-        IN_FLIGHT.load(Ordering::Relaxed),
-        WORK.load(Ordering::Relaxed),
+        IN_FLIGHT.load(Ordering::SeqCst),
+        WORK.load(Ordering::SeqCst),
     )
+}
+
+/// The next signal of a listener, never for a listener that could not be
+/// made.
+async fn recv(sig: &mut Option<Signal>) -> Option<()> {
+    match sig {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A signal during the drain: exit without waiting for what is left.
+fn stop_now(what: &str, code: i32) {
+    let (requests, work) = pending();
+    tracing::warn!(requests, work, "{what} during the drain; exiting now");
+    std::process::exit(code);
 }
 
 /// How often a drain looks whether anything is left.
@@ -117,6 +135,12 @@ impl BackgroundService for Drainer {
                 return;
             }
         }
+        // Listening only now: the SIGTERM that started the drain is behind
+        // us; another signal means "stop now" (pingora no longer listens).
+        let (mut int, mut term) = (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        );
         let started = tokio::time::Instant::now();
         // A little before pingora's grace period ends and it drops what is
         // left, so that the store hears of this replica's end first.
@@ -150,7 +174,11 @@ impl BackgroundService for Drainer {
                     tokio::time::timeout(Duration::from_secs(1), self.store.replica_gone()).await;
                 return;
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                Some(()) = recv(&mut int) => stop_now("SIGINT", 130),
+                Some(()) = recv(&mut term) => stop_now("a second SIGTERM", 143),
+            }
         }
     }
 }

@@ -239,27 +239,32 @@ impl Leases {
 
 #[async_trait]
 impl BackgroundService for Leases {
-    /// Renews and reaps every tick, and tells the store the replica is
-    /// alive every [`crate::store::HEARTBEAT_EVERY`]. In a graceful shutdown
-    /// it keeps renewing the leases of streams still open (they drain for up
-    /// to `timeouts.drain`) and its heartbeat, but claims no more lapses: a
+    /// Renews and reaps every tick; beside it, on its own clock (a slow
+    /// renewal must not delay it), tells the store the replica is alive
+    /// every [`crate::store::HEARTBEAT_EVERY`]. In a graceful shutdown it
+    /// keeps renewing the leases of streams still open (they drain for up to
+    /// `timeouts.drain`) and its heartbeat, but claims no more lapses: a
     /// cancel it started could be cut with the process, and other replicas
     /// claim them.
     async fn start(&self, shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(self.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut heartbeat = tokio::time::Instant::now();
-        loop {
-            tick.tick().await;
-            if heartbeat.elapsed() >= crate::store::HEARTBEAT_EVERY {
-                heartbeat = tokio::time::Instant::now();
-                if let Err(e) = self.store.replica_alive().await {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(crate::store::HEARTBEAT_EVERY);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                beat.tick().await;
+                if let Err(e) = store.replica_alive().await {
                     metrics::STORE_ERRORS
                         .with_label_values(&["replica_alive"])
                         .inc();
-                    tracing::debug!(error = %e, "could not send the replica's heartbeat");
+                    tracing::warn!(error = %e, "could not send the replica's heartbeat");
                 }
             }
+        });
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
             let now = now_ms();
             self.renew_due(now).await;
             if *shutdown.borrow() {

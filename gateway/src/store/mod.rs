@@ -245,7 +245,7 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 
     /// This replica is about to stop with streams still open (the end of a
     /// drain): its watchers stop counting now rather than when the
-    /// heartbeat runs out.
+    /// heartbeat runs out, and later heartbeats are not sent.
     async fn replica_gone(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! | `{ns}:task:{route}:{tenant}:{task_id}` | hash | one [`TaskRecord`] |
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
 //! | `{ns}:leases:retry` | sorted set | lapsed leases handed back for another claim, score = when |
-//! | `{ns}:replica:{id}` | string | present while replica `{id}` is alive: set every second with a 5 s expiry ([`REPLICA_TTL`]) |
+//! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, and `route`, `scope`, `holder`, `window`; expires an hour after its window ends |
 //!
 //! Route, tenant and task id are percent-encoded (everything but
@@ -19,11 +19,16 @@
 //! streams replica `{replica}` watches the task with. A missing or unreadable
 //! field reads as `None`/`0`; bad data never panics.
 //!
-//! A record's `watchers` is read as the sum of the `w:` fields of replicas
-//! whose `{ns}:replica:{id}` key still exists: a replica that crashed (or
-//! was cut at the end of its drain) with streams open stops counting within
-//! [`REPLICA_TTL`], so those streams no longer keep a task alive for ever
-//! against the cascade of a caller that resubscribed elsewhere and left.
+//! A record's `watchers` is read as the sum of the `w:` fields of replica
+//! processes whose `{ns}:replica:{id}` key still exists: one that crashed
+//! (or was cut at the end of its drain) with streams open stops counting
+//! within [`REPLICA_TTL`], so those streams no longer keep a task alive for
+//! ever against the cascade of a caller that resubscribed elsewhere and
+//! left. `{id}` names the process, not only the replica, so that a replica
+//! restarted under a fixed `replica_id` does not revive its dead streams.
+//! A `watchers` field (written by versions before these fields) still
+//! counts, so that a rolling upgrade does not drop the old replicas'
+//! watchers.
 //!
 //! Finding lapsed leases is one `ZRANGEBYSCORE` on the deadline index,
 //! O(log n + claimed), never a scan.
@@ -99,8 +104,10 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bound on [`RedisStore::connect`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a replica counts as alive after its last heartbeat
-/// ([`TaskStore::replica_alive`], sent every [`super::HEARTBEAT_EVERY`]).
-pub const REPLICA_TTL: Duration = Duration::from_secs(5);
+/// ([`TaskStore::replica_alive`], sent every [`super::HEARTBEAT_EVERY`]):
+/// room for three missed beats and a slow call ([`CALL_TIMEOUT`]) before a
+/// live replica's streams would stop counting.
+pub const REPLICA_TTL: Duration = Duration::from_secs(6);
 
 /// Lua numbers are doubles: integers above this are not exact. Times and
 /// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
@@ -132,7 +139,9 @@ local function record(k)
       if redis.call('EXISTS', {REPLICAS} .. string.sub(f, 3)) == 1 then
         w = w + math.max(num(rec[i + 1]), 0)
       end
-    elseif f ~= 'watchers' then
+    elseif f == 'watchers' then
+      w = w + math.max(num(rec[i + 1]), 0)
+    else
       out[#out + 1] = f
       out[#out + 1] = rec[i + 1]
     end
@@ -415,9 +424,11 @@ pub struct RedisStore {
     leases_key: String,
     /// Lapsed leases handed back for another claim (`lease_retry`).
     retries_key: String,
-    /// This replica's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
+    /// This process's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
     replica_key: String,
     replica: String,
+    /// Set by `replica_gone`: no more heartbeats.
+    gone: std::sync::atomic::AtomicBool,
     scripts: Scripts,
 }
 
@@ -440,7 +451,9 @@ impl RedisStore {
 
     /// [`RedisStore::connect`] as replica `replica` (`leases.replica_id`):
     /// the watchers it records count only while it sends heartbeats
-    /// ([`TaskStore::replica_alive`]); this sends the first.
+    /// ([`TaskStore::replica_alive`]); this sends the first. They are this
+    /// connection's own (`{replica}@{now}`): after a restart under the same
+    /// `replica_id` the dead process's watchers stay dead.
     pub async fn connect_as(
         url: &str,
         namespace: &str,
@@ -461,7 +474,7 @@ impl RedisStore {
         .await
         .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| StoreError(format!("redis: cannot connect: {e}")))?;
-        let replica = pct(replica);
+        let replica = pct(&format!("{replica}@{}", super::now_ms()));
         let store = RedisStore {
             conn,
             namespace: namespace.to_string(),
@@ -469,6 +482,7 @@ impl RedisStore {
             retries_key: format!("{namespace}:leases:retry"),
             replica_key: format!("{namespace}:replica:{replica}"),
             replica,
+            gone: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts::new(namespace),
         };
         store.replica_alive().await?;
@@ -850,6 +864,9 @@ impl TaskStore for RedisStore {
     }
 
     async fn replica_alive(&self) -> Result<(), StoreError> {
+        if self.gone.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         let (k, ttl) = (self.replica_key.clone(), REPLICA_TTL.as_millis() as u64);
         self.call("replica_alive", |mut c| async move {
             redis::cmd("SET")
@@ -864,6 +881,7 @@ impl TaskStore for RedisStore {
     }
 
     async fn replica_gone(&self) -> Result<(), StoreError> {
+        self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
         let k = self.replica_key.clone();
         self.call("replica_gone", |mut c| async move {
             redis::cmd("DEL").arg(&k).query_async::<()>(&mut c).await
