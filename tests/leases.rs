@@ -613,3 +613,104 @@ async fn a_dead_replicas_streams_stop_keeping_children_alive() {
         .unwrap_or_else(|s| panic!("not cancelled by B ({s:?}); B's log:\n{}", b.log_text()));
     assert_eq!(worker.cancels().await, 1);
 }
+
+/// A TCP pass-through to `to` that can stop passing: while closed it
+/// accepts connections and leaves them hanging (a worker that stopped
+/// answering).
+struct Gate {
+    port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gate {
+    async fn start(to: String) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = open.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let (flag, to) = (flag.clone(), to.clone());
+                tokio::spawn(async move {
+                    if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        return;
+                    }
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(&to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+            }
+        });
+        Gate { port, open, task }
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.store(open, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A replica claims a lapsed lease and dies while its cancel waits on a
+/// worker that stopped answering. The claim is held only as long as a
+/// cancel can take: then another replica claims the lapse again and
+/// cancels the child. Before, the claim was lost with the replica and the
+/// child ran on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let (authority, _) = crate::harness::http::split_url(&worker.url());
+    let gate = Gate::start(authority).await;
+    // A cancel takes at most 2 x 1 s + 100 ms here; the claim is held 2 s more.
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n[cancel]\nattempts = 2\ntimeout = \"1s\"\nbackoff = \"100ms\"\n\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:{}\"\ncascade = \"detach\"\n",
+        redis.url(),
+        gate.port
+    );
+    let mut a = Gateway::start(&cfg).await;
+    // The caller grants a 1 s lease, never renews it, and leaves.
+    let (stream, id) = leased_stream(&a.url, 1000, "work:60000").await;
+    drop(stream);
+    gate.set_open(false);
+    // A claims the lapse and starts its cancel, which hangs at the gate.
+    let mut claimed = false;
+    for _ in 0..50 {
+        if a.log_text()
+            .lines()
+            .any(|l| l.contains("lease lapsed; cancelling the task") && l.contains(id.as_str()))
+        {
+            claimed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        claimed,
+        "A never claimed the lapse; its log:\n{}",
+        a.log_text()
+    );
+    a.kill().await;
+    gate.set_open(true);
+    let b = Gateway::start(&cfg).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_WORKING"),
+        "held by A's claim for now"
+    );
+    worker
+        .wait_state(None, &id, CANCELED, Duration::from_secs(8))
+        .await
+        .unwrap_or_else(|s| panic!("not cancelled by B ({s:?}); B's log:\n{}", b.log_text()));
+    assert_eq!(worker.cancels().await, 1);
+}

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use a2a_gateway::store::conformance::NEVER;
 use a2a_gateway::store::redis::{RedisStore, LIVE_TTL, SETTLED_RETENTION};
 use a2a_gateway::store::{Renewal, TaskKey, TaskStore, TaskUpdate};
 use policies::TaskState;
@@ -52,7 +53,7 @@ async fn redis_store_conformance() {
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
-    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3);
+    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3 + 1);
 }
 
 #[tokio::test]
@@ -153,7 +154,7 @@ async fn concurrent_claims_take_each_lease_once() {
         claimers.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
-                let got = s.lease_claim_lapsed(5_000, 7).await.unwrap();
+                let got = s.lease_claim_lapsed(5_000, 7, NEVER).await.unwrap();
                 if got.is_empty() {
                     return mine;
                 }
@@ -193,7 +194,7 @@ async fn renewal_racing_a_claim_never_both() {
             },
             {
                 let s = claimer.clone();
-                tokio::spawn(async move { s.lease_claim_lapsed(2_000, 10).await.unwrap() })
+                tokio::spawn(async move { s.lease_claim_lapsed(2_000, 10, NEVER).await.unwrap() })
             }
         );
         let (r, c) = (r.unwrap(), c.unwrap());
@@ -211,7 +212,7 @@ async fn renewal_racing_a_claim_never_both() {
             },
             {
                 let s = claimer.clone();
-                tokio::spawn(async move { s.lease_claim_lapsed(1_500, 10).await.unwrap() })
+                tokio::spawn(async move { s.lease_claim_lapsed(1_500, 10, NEVER).await.unwrap() })
             }
         );
         match (r.unwrap(), c.unwrap().len()) {
@@ -246,7 +247,7 @@ async fn dead_server_fails_fast_then_recovers() {
                 0 => s.get(&k).await.map(|_| ()),
                 1 => s.update(&k, TaskUpdate::default(), 2).await.map(|_| ()),
                 2 => s.lease_renew(&k, 3).await.map(|_| ()),
-                _ => s.lease_claim_lapsed(9_999, 10).await.map(|_| ()),
+                _ => s.lease_claim_lapsed(9_999, 10, NEVER).await.map(|_| ()),
             }
         })
         .await

@@ -191,6 +191,18 @@ impl Canceller {
         }
     }
 
+    /// The longest a [`Canceller::cancel`] can take: every attempt timing
+    /// out, with every backoff between them.
+    pub fn longest(&self) -> Duration {
+        let mut total = self.cfg.timeout * self.cfg.attempts;
+        let mut delay = self.cfg.backoff;
+        for _ in 1..self.cfg.attempts {
+            total += delay;
+            delay = (delay * 2).min(self.cfg.backoff_max);
+        }
+        total
+    }
+
     /// Cancels with retries and backoff; logs and counts the outcome.
     pub async fn cancel(&self, job: &CancelJob) -> CancelOutcome {
         let started = Instant::now();

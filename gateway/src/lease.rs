@@ -27,6 +27,11 @@ use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore};
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
 
+/// How much longer than its cancel can take ([`Canceller::longest`]) a
+/// claimed lapse is held before it is claimed again: its claimer neither
+/// ended it nor handed it back, so it died mid-cancel.
+pub const CLAIM_HOLD_MARGIN: Duration = Duration::from_secs(2);
+
 /// When a lapsed lease whose cancel failed (every attempt) is claimed again.
 pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
 
@@ -174,7 +179,8 @@ impl Leases {
 
     /// Claims lapsed leases and cancels their tasks; returns how many.
     pub async fn reap(&self, now: u64) -> usize {
-        let claimed = self.store.lease_claim_lapsed(now, CLAIM_BATCH).await;
+        let hold = now + (self.canceller.longest() + CLAIM_HOLD_MARGIN).as_millis() as u64;
+        let claimed = self.store.lease_claim_lapsed(now, CLAIM_BATCH, hold).await;
         self.health.record(&claimed);
         let lapsed = match claimed {
             Ok(l) => l,
@@ -189,6 +195,7 @@ impl Leases {
         let n = lapsed.len();
         for rec in lapsed {
             if rec.state.is_some_and(|s| s.is_settled()) {
+                self.end(&rec.key).await;
                 continue;
             }
             let Some(route) = self.routes.by_name(&rec.key.route) else {
@@ -198,6 +205,7 @@ impl Leases {
             };
             let Some(target) = rec.target.clone() else {
                 tracing::warn!(task = %rec.key, "a lapsed lease has no cancel target; not cancelled");
+                self.end(&rec.key).await;
                 continue;
             };
             metrics::LEASES_LAPSED
@@ -213,9 +221,14 @@ impl Leases {
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
             crate::drain::spawn_work(async move {
-                // Every attempt failed (the worker down, say): the lease goes
+                // Done: the lease ends (else its claim's hold would bring it
+                // back). Every attempt failed (the worker down, say): it goes
                 // back to be claimed and cancelled again, by any replica.
-                if !canceller.cancel(&job).await.is_done() {
+                if canceller.cancel(&job).await.is_done() {
+                    if let Err(e) = store.lease_end(&job.key).await {
+                        tracing::warn!(task = %job.key, error = %e, "could not end a lapsed lease after its cancel; it is claimed again after its hold");
+                    }
+                } else {
                     let at = now_ms() + RETRY_FAILED_CANCEL.as_millis() as u64;
                     if let Err(e) = store.lease_retry(&job.key, at).await {
                         tracing::warn!(task = %job.key, error = %e, "could not hand back a lapsed lease whose cancel failed");
@@ -224,6 +237,15 @@ impl Leases {
             });
         }
         n
+    }
+
+    async fn end(&self, key: &TaskKey) {
+        if let Err(e) = self.store.lease_end(key).await {
+            metrics::STORE_ERRORS
+                .with_label_values(&["lease_end"])
+                .inc();
+            tracing::warn!(task = %key, error = %e, "could not end a lapsed lease");
+        }
     }
 
     async fn retry(&self, key: &TaskKey, now: u64, after: Duration) {

@@ -6,6 +6,9 @@
 use super::*;
 use policies::lease::Renewal;
 
+/// A claim's hold that never comes within these tests.
+pub const NEVER: u64 = 1 << 50;
+
 fn key(id: &str) -> TaskKey {
     TaskKey {
         route: "r".into(),
@@ -289,7 +292,7 @@ async fn leases(store: &dyn TaskStore) {
     );
     // Nothing has lapsed yet.
     assert!(store
-        .lease_claim_lapsed(2_600, 100)
+        .lease_claim_lapsed(2_600, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
@@ -298,11 +301,11 @@ async fn leases(store: &dyn TaskStore) {
         store.lease_renew(&lkey("l1"), 2_601).await.unwrap(),
         Renewal::Lapsed
     );
-    let claimed = store.lease_claim_lapsed(2_601, 100).await.unwrap();
+    let claimed = store.lease_claim_lapsed(2_601, 100, NEVER).await.unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].key, lkey("l1"));
     assert!(store
-        .lease_claim_lapsed(9_999, 100)
+        .lease_claim_lapsed(9_999, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
@@ -321,7 +324,7 @@ async fn leases(store: &dyn TaskStore) {
     // its retry time comes, by one caller, and is never renewed meanwhile.
     store.lease_retry(&lkey("l1"), 5_000).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(4_999, 100)
+        .lease_claim_lapsed(4_999, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
@@ -329,11 +332,11 @@ async fn leases(store: &dyn TaskStore) {
         store.lease_renew(&lkey("l1"), 4_999).await.unwrap(),
         Renewal::NoLease
     );
-    let again = store.lease_claim_lapsed(5_000, 100).await.unwrap();
+    let again = store.lease_claim_lapsed(5_000, 100, NEVER).await.unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].key, lkey("l1"));
     assert!(store
-        .lease_claim_lapsed(99_999, 100)
+        .lease_claim_lapsed(99_999, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
@@ -341,14 +344,14 @@ async fn leases(store: &dyn TaskStore) {
     store.lease_retry(&lkey("l1"), 6_000).await.unwrap();
     store.lease_end(&lkey("l1")).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(99_999, 100)
+        .lease_claim_lapsed(99_999, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
     // Unknown tasks are not handed back.
     store.lease_retry(&lkey("none"), 6_000).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(99_999, 100)
+        .lease_claim_lapsed(99_999, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
@@ -395,7 +398,7 @@ async fn leases(store: &dyn TaskStore) {
     // An ended lease is gone too.
     store.lease_end(&lkey("h2")).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(99_999, 100)
+        .lease_claim_lapsed(99_999, 100, NEVER)
         .await
         .unwrap()
         .is_empty());
@@ -408,8 +411,8 @@ async fn leases(store: &dyn TaskStore) {
             .await
             .unwrap();
     }
-    let first = store.lease_claim_lapsed(5_000, 3).await.unwrap();
-    let second = store.lease_claim_lapsed(5_000, 3).await.unwrap();
+    let first = store.lease_claim_lapsed(5_000, 3, NEVER).await.unwrap();
+    let second = store.lease_claim_lapsed(5_000, 3, NEVER).await.unwrap();
     assert_eq!((first.len(), second.len()), (3, 2));
     let mut ids: Vec<String> = first
         .iter()
@@ -418,4 +421,47 @@ async fn leases(store: &dyn TaskStore) {
         .collect();
     ids.sort();
     assert_eq!(ids, ["b0", "b1", "b2", "b3", "b4"]);
+
+    // A claimer that dies mid-cancel: the lapse comes back at its hold, to
+    // one claimer, and again at the next hold; ended, it is gone.
+    store
+        .lease_start(&lkey("d1"), 1_000, None, 0)
+        .await
+        .unwrap();
+    let got = store.lease_claim_lapsed(5_000, 10, 8_000).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(store
+        .lease_claim_lapsed(7_999, 10, NEVER)
+        .await
+        .unwrap()
+        .is_empty());
+    let again = store.lease_claim_lapsed(8_000, 10, 9_000).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].key, lkey("d1"));
+    assert!(store
+        .lease_claim_lapsed(8_999, 10, NEVER)
+        .await
+        .unwrap()
+        .is_empty());
+    // Handed back sooner than its hold: due then, once (the hold replaced).
+    store.lease_retry(&lkey("d1"), 8_500).await.unwrap();
+    assert_eq!(
+        store
+            .lease_claim_lapsed(8_500, 10, 20_000)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(store
+        .lease_claim_lapsed(19_999, 10, NEVER)
+        .await
+        .unwrap()
+        .is_empty());
+    store.lease_end(&lkey("d1")).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(NEVER - 1, 10, NEVER)
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -21,13 +21,46 @@ use super::{
 ///
 /// Leases are indexed by deadline in an ordered set, so finding lapsed ones
 /// is O(log n) per lease, never a scan.
+/// Handed-back leases by when they are due, one time per task (a later
+/// hand-back replaces the earlier, as a Redis sorted set's `ZADD` does).
+#[derive(Debug, Default)]
+struct Retries {
+    due: BTreeSet<(u64, TaskKey)>,
+    at: std::collections::HashMap<TaskKey, u64>,
+}
+
+impl Retries {
+    fn set(&mut self, key: TaskKey, at_ms: u64) {
+        if let Some(old) = self.at.insert(key.clone(), at_ms) {
+            self.due.remove(&(old, key.clone()));
+        }
+        self.due.insert((at_ms, key));
+    }
+
+    /// Takes up to `limit` entries due by `now_ms`.
+    fn take_due(&mut self, now_ms: u64, limit: usize) -> Vec<TaskKey> {
+        let due: Vec<(u64, TaskKey)> = self
+            .due
+            .iter()
+            .take_while(|(at, _)| *at <= now_ms)
+            .take(limit)
+            .cloned()
+            .collect();
+        for item in &due {
+            self.due.remove(item);
+            self.at.remove(&item.1);
+        }
+        due.into_iter().map(|(_, k)| k).collect()
+    }
+}
+
 #[derive(Debug)]
 pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,
     /// (deadline, task) for every live lease.
     deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
-    /// (retry at, task) for lapsed leases handed back (`lease_retry`).
-    retries: Mutex<BTreeSet<(u64, TaskKey)>>,
+    /// Lapsed leases handed back (`lease_retry`, and each claim's hold).
+    retries: Mutex<Retries>,
     /// Budget accounts by (account, meter): the balance and when it may be
     /// forgotten. Small: one entry per tenant or caller and meter.
     accounts: Mutex<BTreeMap<(AccountKey, String), (Account, u64)>>,
@@ -41,7 +74,7 @@ impl MemoryStore {
                 .time_to_idle(retention)
                 .build(),
             deadlines: Mutex::new(BTreeSet::new()),
-            retries: Mutex::new(BTreeSet::new()),
+            retries: Mutex::new(Retries::default()),
             accounts: Mutex::new(BTreeMap::new()),
         }
     }
@@ -252,6 +285,7 @@ impl TaskStore for MemoryStore {
         &self,
         now_ms: u64,
         limit: usize,
+        hold_until_ms: u64,
     ) -> Result<Vec<TaskRecord>, StoreError> {
         let claimed: Vec<(u64, TaskKey)> = {
             let mut index = self.index();
@@ -270,25 +304,17 @@ impl TaskStore for MemoryStore {
             .into_iter()
             .filter_map(|(_, key)| self.tasks.get(&key))
             .collect();
+        let mut retries = self.retries.lock().unwrap_or_else(|p| p.into_inner());
         if out.len() < limit {
-            let due: Vec<(u64, TaskKey)> = {
-                let mut retries = self.retries.lock().unwrap_or_else(|p| p.into_inner());
-                let due: Vec<(u64, TaskKey)> = retries
-                    .iter()
-                    .take_while(|(at, _)| *at <= now_ms)
-                    .take(limit - out.len())
-                    .cloned()
-                    .collect();
-                for item in &due {
-                    retries.remove(item);
-                }
-                due
-            };
+            let due = retries.take_due(now_ms, limit - out.len());
             out.extend(
                 due.into_iter()
-                    .filter_map(|(_, key)| self.tasks.get(&key))
+                    .filter_map(|key| self.tasks.get(&key))
                     .filter(|rec| rec.lease.is_some()),
             );
+        }
+        for rec in &out {
+            retries.set(rec.key.clone(), hold_until_ms);
         }
         Ok(out)
     }
@@ -298,7 +324,7 @@ impl TaskStore for MemoryStore {
             self.retries
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert((at_ms, key.clone()));
+                .set(key.clone(), at_ms);
         }
         Ok(())
     }

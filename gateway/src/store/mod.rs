@@ -200,11 +200,15 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Takes up to `limit` lapsed leases out of the deadline index (then
     /// handed-back ones due by `now_ms`, see [`TaskStore::lease_retry`]) and
     /// returns their records. Atomic: across every replica sharing the
-    /// store, each lapsed lease is returned to exactly one caller.
+    /// store, each lapsed lease is returned to exactly one caller. Each is
+    /// also handed back for `hold_until_ms`, so that it is claimed again if
+    /// its claimer dies before ending it ([`TaskStore::lease_end`]) or
+    /// handing it back sooner.
     async fn lease_claim_lapsed(
         &self,
         now_ms: u64,
         limit: usize,
+        hold_until_ms: u64,
     ) -> Result<Vec<TaskRecord>, StoreError>;
 
     /// Hands a lapsed lease claimed by [`TaskStore::lease_claim_lapsed`]

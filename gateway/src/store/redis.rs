@@ -247,18 +247,22 @@ if redis.call('EXISTS', k) == 1 then expire(k) end
 return 1
 "#;
 
-/// KEYS: leases, lease retries. ARGV: now, limit. Lapsed = deadline < now,
-/// strictly; then handed-back leases due by now whose task still holds a
-/// lease. Returns the claimed records (HGETALL each); an entry whose hash is
-/// gone is dropped.
+/// KEYS: leases, lease retries. ARGV: now, limit, hold until. Lapsed =
+/// deadline < now, strictly; then handed-back leases due by now whose task
+/// still holds a lease. Each claimed one is handed back for `hold until`
+/// (its claimer ends it or hands it back sooner). Returns the claimed
+/// records (`record`); an entry whose hash is gone is dropped.
 const LEASE_CLAIM: &str = r#"
-local z, r, limit = KEYS[1], KEYS[2], num(ARGV[2])
+local z, r, limit, hold = KEYS[1], KEYS[2], num(ARGV[2]), ARGV[3]
 local ks = redis.call('ZRANGEBYSCORE', z, '-inf', '(' .. ARGV[1], 'LIMIT', '0', ARGV[2])
 local out = {}
 for _, k in ipairs(ks) do
   redis.call('ZREM', z, k)
   local rec = record(k)
-  if #rec > 0 then out[#out + 1] = rec end
+  if #rec > 0 then
+    out[#out + 1] = rec
+    redis.call('ZADD', r, hold, k)
+  end
 end
 if #out < limit then
   local rs = redis.call('ZRANGEBYSCORE', r, '-inf', ARGV[1], 'LIMIT', '0', tostring(limit - #out))
@@ -266,6 +270,7 @@ if #out < limit then
     redis.call('ZREM', r, k)
     if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
       out[#out + 1] = record(k)
+      redis.call('ZADD', r, hold, k)
     end
   end
 end
@@ -733,6 +738,7 @@ impl TaskStore for RedisStore {
         &self,
         now_ms: u64,
         limit: usize,
+        hold_until_ms: u64,
     ) -> Result<Vec<TaskRecord>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
@@ -741,7 +747,8 @@ impl TaskStore for RedisStore {
         inv.key(&self.leases_key)
             .key(&self.retries_key)
             .arg(now_ms.min(MAX_EXACT))
-            .arg(limit.min(MAX_EXACT as usize));
+            .arg(limit.min(MAX_EXACT as usize))
+            .arg(hold_until_ms.min(MAX_EXACT));
         let v: Value = self
             .call("lease_claim_lapsed", |mut c| async move {
                 inv.invoke_async(&mut c).await
