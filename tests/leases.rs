@@ -671,7 +671,7 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
     let worker = Worker::start(Kind::Rust).await;
     let (authority, _) = crate::harness::http::split_url(&worker.url());
     let gate = Gate::start(authority).await;
-    // A cancel takes at most 2 x 1 s + 100 ms here; the claim is held 2 s more.
+    // A cancel takes at most 2 x 1 s + 100 ms here; the claim is held 5 s more.
     let cfg = format!(
         "[store]\nurl = \"{}\"\n\n[cancel]\nattempts = 2\ntimeout = \"1s\"\nbackoff = \"100ms\"\n\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:{}\"\ncascade = \"detach\"\n",
         redis.url(),
@@ -709,7 +709,7 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
         "held by A's claim for now"
     );
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_secs(8))
+        .wait_state(None, &id, CANCELED, Duration::from_secs(12))
         .await
         .unwrap_or_else(|s| panic!("not cancelled by B ({s:?}); B's log:\n{}", b.log_text()));
     assert_eq!(worker.cancels().await, 1);

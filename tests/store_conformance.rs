@@ -53,7 +53,7 @@ async fn redis_store_conformance() {
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
-    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3 + 1);
+    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3 + 2);
 }
 
 #[tokio::test]

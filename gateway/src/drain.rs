@@ -104,13 +104,6 @@ async fn recv(sig: &mut Option<Signal>) -> Option<()> {
     }
 }
 
-/// A signal during the drain: exit without waiting for what is left.
-fn stop_now(what: &str, code: i32) {
-    let (requests, work) = pending();
-    tracing::warn!(requests, work, "{what} during the drain; exiting now");
-    std::process::exit(code);
-}
-
 /// How often a drain looks whether anything is left.
 const POLL: Duration = Duration::from_millis(20);
 /// How long before the end of `timeouts.drain` the drainer gives up.
@@ -125,6 +118,17 @@ pub struct Drainer {
     pub store: Arc<dyn TaskStore>,
     /// `timeouts.drain`: pingora's grace period; the drainer gives up then.
     pub timeout: Duration,
+}
+
+impl Drainer {
+    /// A signal during the drain: exit without waiting for what is left
+    /// (the streams cut stop counting as watchers first).
+    async fn stop_now(&self, what: &str, code: i32) {
+        let (requests, work) = pending();
+        tracing::warn!(requests, work, "{what} during the drain; exiting now");
+        let _ = tokio::time::timeout(Duration::from_millis(200), self.store.replica_gone()).await;
+        std::process::exit(code);
+    }
 }
 
 #[async_trait]
@@ -176,8 +180,8 @@ impl BackgroundService for Drainer {
             }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
-                Some(()) = recv(&mut int) => stop_now("SIGINT", 130),
-                Some(()) = recv(&mut term) => stop_now("a second SIGTERM", 143),
+                Some(()) = recv(&mut int) => self.stop_now("SIGINT", 130).await,
+                Some(()) = recv(&mut term) => self.stop_now("a second SIGTERM", 143).await,
             }
         }
     }

@@ -29,8 +29,10 @@ pub const CLAIM_BATCH: usize = 1000;
 
 /// How much longer than its cancel can take ([`Canceller::longest`]) a
 /// claimed lapse is held before it is claimed again: its claimer neither
-/// ended it nor handed it back, so it died mid-cancel.
-pub const CLAIM_HOLD_MARGIN: Duration = Duration::from_secs(2);
+/// ended it nor handed it back, so it died mid-cancel. Room for the claim's
+/// own answer and the `lease_end` after the cancel, each up to the Redis
+/// call timeout (2 s), and a tick.
+pub const CLAIM_HOLD_MARGIN: Duration = Duration::from_secs(5);
 
 /// When a lapsed lease whose cancel failed (every attempt) is claimed again.
 pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
@@ -226,6 +228,9 @@ impl Leases {
                 // back to be claimed and cancelled again, by any replica.
                 if canceller.cancel(&job).await.is_done() {
                     if let Err(e) = store.lease_end(&job.key).await {
+                        metrics::STORE_ERRORS
+                            .with_label_values(&["lease_end"])
+                            .inc();
                         tracing::warn!(task = %job.key, error = %e, "could not end a lapsed lease after its cancel; it is claimed again after its hold");
                     }
                 } else {

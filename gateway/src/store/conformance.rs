@@ -464,4 +464,35 @@ async fn leases(store: &dyn TaskStore) {
         .await
         .unwrap()
         .is_empty());
+
+    // A task that gets a new lease after a claim (the caller resumed it):
+    // the old claim's hold does not reap the new lease.
+    store
+        .lease_start(&lkey("n1"), 1_000, None, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .lease_claim_lapsed(5_000, 10, 8_000)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    store
+        .lease_start(&lkey("n1"), 60_000, None, 6_000)
+        .await
+        .unwrap();
+    assert!(store
+        .lease_claim_lapsed(8_000, 10, NEVER)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.lease_renew(&lkey("n1"), 9_000).await.unwrap(),
+        Renewal::Renewed {
+            deadline_ms: 69_000
+        }
+    );
+    store.lease_end(&lkey("n1")).await.unwrap();
 }

@@ -37,6 +37,12 @@ impl Retries {
         self.due.insert((at_ms, key));
     }
 
+    fn remove(&mut self, key: &TaskKey) {
+        if let Some(at) = self.at.remove(key) {
+            self.due.remove(&(at, key.clone()));
+        }
+    }
+
     /// Takes up to `limit` entries due by `now_ms`.
     fn take_due(&mut self, now_ms: u64, limit: usize) -> Vec<TaskKey> {
         let due: Vec<(u64, TaskKey)> = self
@@ -77,6 +83,10 @@ impl MemoryStore {
             retries: Mutex::new(Retries::default()),
             accounts: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    fn retries(&self) -> std::sync::MutexGuard<'_, Retries> {
+        self.retries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, BTreeSet<(u64, TaskKey)>> {
@@ -209,6 +219,8 @@ impl TaskStore for MemoryStore {
         holder: Option<&str>,
         now_ms: u64,
     ) -> Result<(), StoreError> {
+        // A hand-back or claim hold of an earlier lease must not reap this one.
+        self.retries().remove(key);
         self.modify(key, now_ms, |rec| {
             let mut index = self.index();
             if let Some(old) = &rec.lease {
@@ -262,6 +274,7 @@ impl TaskStore for MemoryStore {
     }
 
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
+        self.retries().remove(key);
         // One atomic step on the entry (a read, then an insert, would undo an
         // update or a new lease that came in between); a missing task stays
         // missing.
@@ -304,7 +317,7 @@ impl TaskStore for MemoryStore {
             .into_iter()
             .filter_map(|(_, key)| self.tasks.get(&key))
             .collect();
-        let mut retries = self.retries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut retries = self.retries();
         if out.len() < limit {
             let due = retries.take_due(now_ms, limit - out.len());
             out.extend(
@@ -321,10 +334,7 @@ impl TaskStore for MemoryStore {
 
     async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError> {
         if self.tasks.get(key).is_some_and(|rec| rec.lease.is_some()) {
-            self.retries
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .set(key.clone(), at_ms);
+            self.retries().set(key.clone(), at_ms);
         }
         Ok(())
     }

@@ -207,10 +207,12 @@ const GET: &str = r#"
 return record(KEYS[1])
 "#;
 
-/// KEYS: task, leases. ARGV: now, deadline, ttl, has_holder, holder, route,
-/// tenant, task_id.
+/// KEYS: task, leases, lease retries. ARGV: now, deadline, ttl, has_holder,
+/// holder, route, tenant, task_id. A hand-back or claim hold of an earlier
+/// lease of the task is dropped: it must not reap this one.
 const LEASE_START: &str = r#"
 local k, z = KEYS[1], KEYS[2]
+redis.call('ZREM', KEYS[3], k)
 redis.call('HSET', k, 'route', ARGV[6], 'tenant', ARGV[7], 'task_id', ARGV[8], 'updated_ms', ARGV[1],
   'lease_ttl', ARGV[3], 'lease_deadline', ARGV[2])
 if ARGV[4] == '1' then
@@ -238,11 +240,12 @@ end
 return n
 "#;
 
-/// KEYS: task, leases.
+/// KEYS: task, leases, lease retries.
 const LEASE_END: &str = r#"
 local k, z = KEYS[1], KEYS[2]
 redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
 redis.call('ZREM', z, k)
+redis.call('ZREM', KEYS[3], k)
 if redis.call('EXISTS', k) == 1 then expire(k) end
 return 1
 "#;
@@ -434,6 +437,9 @@ pub struct RedisStore {
     replica: String,
     /// Set by `replica_gone`: no more heartbeats.
     gone: std::sync::atomic::AtomicBool,
+    /// Held across a heartbeat's check and `SET`, and by `replica_gone`'s
+    /// `DEL`, so that no heartbeat lands after the key is deleted.
+    beat: tokio::sync::Mutex<()>,
     scripts: Scripts,
 }
 
@@ -488,6 +494,7 @@ impl RedisStore {
             replica_key: format!("{namespace}:replica:{replica}"),
             replica,
             gone: std::sync::atomic::AtomicBool::new(false),
+            beat: tokio::sync::Mutex::new(()),
             scripts: Scripts::new(namespace),
         };
         store.replica_alive().await?;
@@ -662,6 +669,7 @@ impl TaskStore for RedisStore {
         let mut inv = self.scripts.lease_start.prepare_invoke();
         inv.key(&k)
             .key(&self.leases_key)
+            .key(&self.retries_key)
             .arg(now_ms)
             .arg(deadline_ms)
             .arg(ttl_ms)
@@ -725,7 +733,7 @@ impl TaskStore for RedisStore {
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
         let k = self.task_key(key);
         let mut inv = self.scripts.lease_end.prepare_invoke();
-        inv.key(&k).key(&self.leases_key);
+        inv.key(&k).key(&self.leases_key).key(&self.retries_key);
         let _: Value = self
             .call("lease_end", |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -871,6 +879,7 @@ impl TaskStore for RedisStore {
     }
 
     async fn replica_alive(&self) -> Result<(), StoreError> {
+        let _beat = self.beat.lock().await;
         if self.gone.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
@@ -889,6 +898,7 @@ impl TaskStore for RedisStore {
 
     async fn replica_gone(&self) -> Result<(), StoreError> {
         self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _beat = self.beat.lock().await;
         let k = self.replica_key.clone();
         self.call("replica_gone", |mut c| async move {
             redis::cmd("DEL").arg(&k).query_async::<()>(&mut c).await
