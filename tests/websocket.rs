@@ -20,6 +20,15 @@ async fn setup(route_extra: &str) -> (RustWorker, Gateway, String) {
 /// [`setup`], with the worker taking the tenant from `x-tenant-id` when
 /// `header_tenant` is set.
 async fn setup_with(route_extra: &str, header_tenant: bool) -> (RustWorker, Gateway, String) {
+    setup_config("", route_extra, header_tenant).await
+}
+
+/// [`setup_with`], with `top` (tables such as `[limits]`) before the route.
+async fn setup_config(
+    top: &str,
+    route_extra: &str,
+    header_tenant: bool,
+) -> (RustWorker, Gateway, String) {
     let worker = RustWorker::start(RustWorkerOptions {
         lease_store: false,
         websocket: true,
@@ -31,7 +40,10 @@ async fn setup_with(route_extra: &str, header_tenant: bool) -> (RustWorker, Gate
         .replacen("ws://", "http://", 1)
         .trim_end_matches("/ws")
         .to_string();
-    let gw = Gateway::in_front_of(&http_of_ws, route_extra).await;
+    let gw = Gateway::start(&format!(
+        "{top}\n[[routes]]\nname = \"w\"\nworker = \"{http_of_ws}\"\n{route_extra}\n"
+    ))
+    .await;
     let gw_ws = format!("{}/ws", gw.url.replacen("http://", "ws://", 1));
     (worker, gw, gw_ws)
 }
@@ -442,22 +454,8 @@ fn tail(log: &str) -> String {
 async fn a_child_handed_back_in_an_unreadable_frame_is_not_cancelled() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let worker = RustWorker::start(RustWorkerOptions {
-        lease_store: false,
-        websocket: true,
-        header_tenant: false,
-    })
-    .await;
-    let ws_url = worker.ws_url().expect("a WebSocket listener");
-    let http_of_ws = ws_url
-        .replacen("ws://", "http://", 1)
-        .trim_end_matches("/ws")
-        .to_string();
-    let gw = Gateway::start(&format!(
-        "[limits]\nmax_inspect_body = \"1KiB\"\n\n[[routes]]\nname = \"w\"\nworker = \"{http_of_ws}\"\n"
-    ))
-    .await;
-    let gw_ws = format!("{}/ws", gw.url.replacen("http://", "ws://", 1));
+    let (worker, gw, gw_ws) =
+        setup_config("[limits]\nmax_inspect_body = \"1KiB\"\n", "", false).await;
     let mut ws = connect(&gw_ws).await.expect("upgrade");
     let send = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
         "params": {"message": {"messageId": "big-ask", "role": "ROLE_USER",

@@ -32,46 +32,51 @@ use crate::store::TaskStore;
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static WORK: AtomicUsize = AtomicUsize::new(0);
 
+/// One unit of a counter while it lives.
+#[derive(Debug)]
+struct Counted(&'static AtomicUsize);
+
+impl Counted {
+    fn new(counter: &'static AtomicUsize) -> Counted {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Counted(counter)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Held by a request for its whole life (in its context, dropped when
 /// pingora drops the context, whatever way the request ended).
 #[derive(Debug)]
-pub struct InFlight(());
-
-impl InFlight {
-    pub fn enter() -> InFlight {
-        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-        InFlight(())
-    }
+pub struct InFlight {
+    _count: Counted,
 }
 
 /// A new request's context counts itself (`Ctx` is built by `Default`).
 impl Default for InFlight {
     fn default() -> Self {
-        InFlight::enter()
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        InFlight {
+            _count: Counted::new(&IN_FLIGHT),
+        }
     }
 }
 
 /// Held by follow-up work a request left owed (a cascade decision, a
 /// cancel) while it runs.
 #[derive(Debug)]
-pub struct Work(());
+pub struct Work {
+    _count: Counted,
+}
 
 impl Work {
     pub fn start() -> Work {
-        WORK.fetch_add(1, Ordering::SeqCst);
-        Work(())
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        WORK.fetch_sub(1, Ordering::SeqCst);
+        Work {
+            _count: Counted::new(&WORK),
+        }
     }
 }
 
