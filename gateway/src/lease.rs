@@ -284,7 +284,7 @@ impl BackgroundService for Leases {
                     metrics::STORE_ERRORS
                         .with_label_values(&["replica_alive"])
                         .inc();
-                    tracing::warn!(error = %e, "could not send the replica's heartbeat");
+                    tracing::debug!(error = %e, "could not send the replica's heartbeat");
                 }
             }
         });
