@@ -159,3 +159,39 @@ async fn a_second_sigterm_stops_the_drain() {
         again.elapsed()
     );
 }
+
+/// A caller leaves during the drain on a route with a `disconnect_grace`
+/// longer than the drain: the grace ends a second before the drain does,
+/// the cascade decides (nobody resubscribed) and cancels the child, and the
+/// gateway exits. Before, the grace outlasted the process and the child ran
+/// on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_longer_than_the_drain_still_ends_in_a_cancel() {
+    let worker = Worker::start(Kind::Rust).await;
+    let mut gw = Gateway::start(&format!(
+        "{}disconnect_grace = \"60s\"\n",
+        route(&worker.url(), "3s")
+    ))
+    .await;
+    let (stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:30000").await;
+    worker
+        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .await
+        .expect("the task runs");
+    let started = Instant::now();
+    gw.terminate();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream.close();
+    worker
+        .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|last| panic!("not cancelled ({last:?}); log:\n{}", gw.log_text()));
+    let status = gw.wait_exit(Duration::from_secs(5)).await.expect("exited");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(worker.cancels().await, 1);
+}

@@ -241,7 +241,12 @@ impl Cascade {
                     return;
                 }
                 Decision::AwaitGrace(d) => {
-                    tokio::time::sleep(d).await;
+                    // A drain about to run out ends the grace early: the
+                    // decision is taken while the process can still act on it.
+                    tokio::select! {
+                        () = tokio::time::sleep(d) => {}
+                        () = crate::drain::graces_cut() => {}
+                    }
                     watchers = match &key {
                         Some(k) => self.refresh(k, &mut end.seen).await,
                         None => 0,

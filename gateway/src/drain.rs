@@ -92,6 +92,26 @@ where
     });
 }
 
+/// Wakes graces that would outlast the drain ([`graces_cut`]).
+static GRACES_CUT: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static GRACES_CUT_FLAG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Completes when a drain is about to run out: a cascade waiting out a
+/// `disconnect_grace` decides then (a resubscribe through another replica
+/// has counted as a watcher by then), instead of being cut unsent.
+pub async fn graces_cut() {
+    let notified = GRACES_CUT.notified();
+    if GRACES_CUT_FLAG.load(Ordering::SeqCst) {
+        return;
+    }
+    notified.await;
+}
+
+fn cut_graces() {
+    GRACES_CUT_FLAG.store(true, Ordering::SeqCst);
+    GRACES_CUT.notify_waiters();
+}
+
 /// Requests in flight and owed work running.
 pub fn pending() -> (usize, usize) {
     (
@@ -113,6 +133,9 @@ async fn recv(sig: &mut Option<Signal>) -> Option<()> {
 const POLL: Duration = Duration::from_millis(20);
 /// How long before the end of `timeouts.drain` the drainer gives up.
 const MARGIN: Duration = Duration::from_millis(250);
+/// How long before it gives up the drainer ends cascades' graces, so that
+/// their decisions and cancels are done by then.
+const GRACE_CUT_BEFORE: Duration = Duration::from_secs(1);
 
 /// Ends the process once a graceful shutdown has nothing left to finish.
 #[derive(Debug)]
@@ -154,6 +177,7 @@ impl BackgroundService for Drainer {
         // A little before pingora's grace period ends and it drops what is
         // left, so that the store hears of this replica's end first.
         let deadline = started + self.timeout.saturating_sub(MARGIN);
+        let cut_at = deadline - GRACE_CUT_BEFORE.min(self.timeout.saturating_sub(MARGIN) / 2);
         let (requests, work) = pending();
         tracing::info!(
             requests,
@@ -171,7 +195,11 @@ impl BackgroundService for Drainer {
                     std::process::exit(0);
                 }
             }
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if now >= cut_at && !GRACES_CUT_FLAG.load(Ordering::SeqCst) {
+                cut_graces();
+            }
+            if now >= deadline {
                 let (requests, work) = pending();
                 tracing::warn!(
                     requests,
