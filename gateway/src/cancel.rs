@@ -136,15 +136,8 @@ enum Call {
     Get,
 }
 
-impl Call {
-    /// How much of the worker's answer is read: the task (a cancel's answer
-    /// too) may carry large artifacts and history.
-    fn answer_cap(self) -> usize {
-        ANSWER_CAP
-    }
-}
-
-/// The longest answer to the gateway's own calls that is read whole. A
+/// The longest answer to the gateway's own calls that is read whole (the
+/// task, a cancel's answer too, may carry large artifacts and history). A
 /// longer `GetTask` answer leaves the state unknown; a longer 2xx answer to
 /// `CancelTask` counts as the cancelled task (no error is that long).
 pub const ANSWER_CAP: usize = 4 << 20;
@@ -415,7 +408,7 @@ impl Canceller {
             .await
             .map_err(|e| Attempt::Retry(format!("read: {e}")))?;
         let status = session.response_header().map_or(0, |h| h.status.as_u16());
-        let cap = call.answer_cap();
+        let cap = ANSWER_CAP;
         let mut resp = Vec::new();
         let mut whole = true;
         loop {
@@ -539,20 +532,9 @@ fn read_task_state(binding: Binding, status: u16, body: &[u8]) -> (Probed, Strin
     if !(200..300).contains(&status) {
         return (Probed::Unknown, format!("HTTP {status}: {}", brief()));
     }
-    let observed = match binding {
-        // A bare Task, which `observe` reads as a send's `{"task":…}`.
-        Binding::Rest => {
-            let mut wrapped = Vec::with_capacity(body.len() + 9);
-            wrapped.extend_from_slice(b"{\"task\":");
-            wrapped.extend_from_slice(body);
-            wrapped.push(b'}');
-            observe::observe(binding, &wrapped).map(|o| (o.state, o.error))
-        }
-        Binding::JsonRpc | Binding::WebSocket => {
-            observe::observe(binding, body).map(|o| (o.state, o.error))
-        }
-    };
-    match observed {
+    // REST answers a bare Task, JSON-RPC `{"result": Task}`: `observe`
+    // reads both.
+    match observe::observe(binding, body).map(|o| (o.state, o.error)) {
         Some((Some(state), _)) => (Probed::State(state), String::new()),
         Some((None, true)) => {
             let v: Option<Value> = serde_json::from_slice(body).ok();

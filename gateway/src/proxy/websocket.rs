@@ -84,6 +84,17 @@ fn is_stream_complete(doc: &[u8]) -> bool {
     r.get("stream_complete").is_some() || r["status"].as_str() == Some("stream_complete")
 }
 
+/// What one worker → client frame told, kept in frame order.
+enum WorkerFrame {
+    /// An answer or stream event for the call with this JSON-RPC id.
+    Answer(String, Observation<'static>),
+    /// The end of that call's stream.
+    End(String),
+    /// A message the gateway could not read: it may have settled any of the
+    /// socket's tasks.
+    Unreadable,
+}
+
 fn count_item(item: &WsItem<'_>) {
     let reason = match item {
         WsItem::Binary => "ws_binary",
@@ -196,10 +207,7 @@ impl Gateway {
         // In frame order: a stream's whole life (its task, its updates, its
         // end) can arrive in one chunk, and its end must not be acted on
         // before its events are.
-        // `(id, None)`: the end of that call's stream; `("", None)`: a
-        // message the gateway could not read, which may have settled any of
-        // the socket's tasks.
-        let mut seen: Vec<(String, Option<Observation<'static>>)> = Vec::new();
+        let mut seen: Vec<WorkerFrame> = Vec::new();
         let pending = &ws.pending;
         ws.worker.feed(chunk, |item| {
             let WsItem::Text(doc) = item else {
@@ -208,7 +216,7 @@ impl Gateway {
                     item,
                     WsItem::Overlong | WsItem::Compressed | WsItem::Invalid(_)
                 ) {
-                    seen.push((String::new(), None));
+                    seen.push(WorkerFrame::Unreadable);
                 }
                 return;
             };
@@ -225,32 +233,34 @@ impl Gateway {
             // The cheap test first (most frames never mention it), then the
             // shape: an artifact that merely contains the words is an event.
             if memmem(doc, b"stream_complete") && is_stream_complete(doc) {
-                seen.push((id, None));
+                seen.push(WorkerFrame::End(id));
                 return;
             }
             match observe::observe(Binding::WebSocket, doc) {
-                Some(o) => seen.push((id, Some(o.into_owned()))),
+                Some(o) => seen.push(WorkerFrame::Answer(id, o.into_owned())),
                 None => {
                     metrics::UNTRACKED
                         .with_label_values(&["ws_bad_answer"])
                         .inc();
-                    seen.push((String::new(), None));
+                    seen.push(WorkerFrame::Unreadable);
                 }
             }
         });
-        for (id, obs) in seen {
-            match obs {
-                Some(obs) => self.ws_observation(ctx, &id, obs),
-                None => {
-                    let Some(ws) = ctx.ws.as_mut() else { continue };
-                    if id.is_empty() {
-                        // Unattributable: each unsettled task's state may
-                        // be stale (see `Seen::unsure`).
+        for frame in seen {
+            match frame {
+                WorkerFrame::Answer(id, obs) => self.ws_observation(ctx, &id, obs),
+                WorkerFrame::End(id) => {
+                    if let Some(ws) = ctx.ws.as_mut() {
+                        ws.pending.remove(&id);
+                    }
+                }
+                WorkerFrame::Unreadable => {
+                    // Unattributable: each unsettled task's state may be
+                    // stale (see `Seen::unsure`).
+                    if let Some(ws) = ctx.ws.as_mut() {
                         for t in ws.tasks.values_mut() {
                             t.seen.unsure = true;
                         }
-                    } else {
-                        ws.pending.remove(&id);
                     }
                 }
             }

@@ -435,11 +435,10 @@ pub struct RedisStore {
     /// This process's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
     replica_key: String,
     replica: String,
-    /// Set by `replica_gone`: no more heartbeats.
-    gone: std::sync::atomic::AtomicBool,
-    /// Held across a heartbeat's check and `SET`, and by `replica_gone`'s
-    /// `DEL`, so that no heartbeat lands after the key is deleted.
-    beat: tokio::sync::Mutex<()>,
+    /// Set by `replica_gone`: no more heartbeats. Held across a heartbeat's
+    /// check and `SET`, and across `replica_gone`'s `DEL`, so that no
+    /// heartbeat lands after the key is deleted.
+    gone: tokio::sync::Mutex<bool>,
     scripts: Scripts,
 }
 
@@ -493,8 +492,7 @@ impl RedisStore {
             retries_key: format!("{namespace}:leases:retry"),
             replica_key: format!("{namespace}:replica:{replica}"),
             replica,
-            gone: std::sync::atomic::AtomicBool::new(false),
-            beat: tokio::sync::Mutex::new(()),
+            gone: tokio::sync::Mutex::new(false),
             scripts: Scripts::new(namespace),
         };
         store.replica_alive().await?;
@@ -879,8 +877,8 @@ impl TaskStore for RedisStore {
     }
 
     async fn replica_alive(&self) -> Result<(), StoreError> {
-        let _beat = self.beat.lock().await;
-        if self.gone.load(std::sync::atomic::Ordering::SeqCst) {
+        let gone = self.gone.lock().await;
+        if *gone {
             return Ok(());
         }
         let (k, ttl) = (self.replica_key.clone(), REPLICA_TTL.as_millis() as u64);
@@ -897,8 +895,8 @@ impl TaskStore for RedisStore {
     }
 
     async fn replica_gone(&self) -> Result<(), StoreError> {
-        self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
-        let _beat = self.beat.lock().await;
+        let mut gone = self.gone.lock().await;
+        *gone = true;
         let k = self.replica_key.clone();
         self.call("replica_gone", |mut c| async move {
             redis::cmd("DEL").arg(&k).query_async::<()>(&mut c).await
