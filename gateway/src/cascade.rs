@@ -130,6 +130,22 @@ pub struct StreamEnd {
     pub cancel_headers: Vec<(String, String)>,
 }
 
+/// The call a cancel (or its probe) makes for a stream's task.
+fn job(
+    end: &StreamEnd,
+    key: TaskKey,
+    cause: CancelCause,
+    headers: Vec<(String, String)>,
+) -> CancelJob {
+    CancelJob {
+        key,
+        worker: end.worker.clone(),
+        target: end.target.clone(),
+        headers,
+        cause: cause.as_str(),
+    }
+}
+
 /// Runs cascade decisions and sends the cancels they owe.
 #[derive(Debug)]
 pub struct Cascade {
@@ -204,7 +220,7 @@ impl Cascade {
                 }
                 Decision::Probe(cause) => {
                     let Some(key) = &key else { return };
-                    let job = self.job(&end, key.clone(), cause);
+                    let job = job(&end, key.clone(), cause, end.cancel_headers.clone());
                     match self.canceller.task_state(&job).await {
                         Probed::State(s) => {
                             end.seen.state = Some(s);
@@ -230,8 +246,8 @@ impl Cascade {
                 }
                 Decision::Cancel(cause) => {
                     let Some(key) = key else { return };
-                    let mut job = self.job(&end, key, cause);
-                    job.headers = std::mem::take(&mut end.cancel_headers);
+                    let headers = std::mem::take(&mut end.cancel_headers);
+                    let job = job(&end, key, cause, headers);
                     // A cancel that failed every attempt leaves the task's
                     // lease, if it has one, for the reaper to try again when
                     // it lapses.
@@ -266,17 +282,6 @@ impl Cascade {
                     return;
                 }
             }
-        }
-    }
-
-    /// The call a cancel (or its probe) makes for a stream's task.
-    fn job(&self, end: &StreamEnd, key: TaskKey, cause: CancelCause) -> CancelJob {
-        CancelJob {
-            key,
-            worker: end.worker.clone(),
-            target: end.target.clone(),
-            headers: end.cancel_headers.clone(),
-            cause: cause.as_str(),
         }
     }
 
