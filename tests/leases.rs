@@ -8,6 +8,7 @@ use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
 use crate::harness::parent::ParentProcess;
 use crate::harness::redis::RedisServer;
+use crate::harness::relay::Relay;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of, Bind, Kind, Worker};
@@ -614,52 +615,6 @@ async fn a_dead_replicas_streams_stop_keeping_children_alive() {
     assert_eq!(worker.cancels().await, 1);
 }
 
-/// A TCP pass-through to `to` that can stop passing: while closed it
-/// accepts connections and leaves them hanging (a worker that stopped
-/// answering).
-struct Gate {
-    port: u16,
-    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Gate {
-    async fn start(to: String) -> Gate {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let flag = open.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    return;
-                };
-                let (flag, to) = (flag.clone(), to.clone());
-                tokio::spawn(async move {
-                    if !flag.load(std::sync::atomic::Ordering::SeqCst) {
-                        tokio::time::sleep(Duration::from_secs(60)).await;
-                        return;
-                    }
-                    if let Ok(mut out) = tokio::net::TcpStream::connect(&to).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    }
-                });
-            }
-        });
-        Gate { port, open, task }
-    }
-
-    fn set_open(&self, open: bool) {
-        self.open.store(open, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// A replica claims a lapsed lease and dies while its cancel waits on a
 /// worker that stopped answering. The claim is held only as long as a
 /// cancel can take: then another replica claims the lapse again and
@@ -670,7 +625,7 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Rust).await;
     let (authority, _) = crate::harness::http::split_url(&worker.url());
-    let gate = Gate::start(authority).await;
+    let gate = Relay::start(authority).await;
     // A cancel takes at most 2 x 1 s + 100 ms here; the claim is held 5 s more.
     let cfg = format!(
         "[store]\nurl = \"{}\"\n\n[cancel]\nattempts = 2\ntimeout = \"1s\"\nbackoff = \"100ms\"\n\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:{}\"\ncascade = \"detach\"\n",

@@ -14,6 +14,7 @@ mod shutdown;
 mod sse_recorded;
 mod store_conformance;
 mod tls;
+mod upstream_connections;
 mod websocket;
 mod worker_selftest;
 mod ws_frames;

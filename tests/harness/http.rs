@@ -119,7 +119,7 @@ pub async fn post_json(url: &str, path: &str, headers: &[(&str, &str)], body: &V
     request("POST", url, path, &h, body.to_string().as_bytes()).await
 }
 
-fn parse_response(raw: &[u8]) -> Response {
+pub fn parse_response(raw: &[u8]) -> Response {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

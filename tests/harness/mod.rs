@@ -7,6 +7,7 @@ pub mod http;
 pub mod parent;
 pub mod python_worker;
 pub mod redis;
+pub mod relay;
 pub mod rust_worker;
 pub mod stream;
 pub mod tls;

@@ -86,6 +86,13 @@ const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
+// a2a-gateway patch: an upstream HTTP/1 pool without a task per idle
+// connection (see PATCHED.md).
+#[doc(hidden)]
+pub mod h1_pool;
+// a2a-gateway patch: a request's head sent with its body (see PATCHED.md).
+#[doc(hidden)]
+pub mod held_head;
 mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;
@@ -193,6 +200,9 @@ where
     pub upstream_modules: HttpModules,
     max_retries: usize,
     process_custom_session: Option<ProcessCustomSession<SV, C>>,
+    // a2a-gateway patch: where idle HTTP/1 upstream connections wait; None:
+    // pingora-core's pool, as published.
+    h1_pool: Option<Arc<h1_pool::H1Pool>>,
 }
 
 impl<SV> HttpProxy<SV, ()> {
@@ -217,9 +227,14 @@ impl<SV> HttpProxy<SV, ()> {
     /// // Use proxy.process_new_http() in your custom accept loop
     /// ```
     pub fn new(inner: SV, conf: Arc<ServerConf>) -> Self {
+        let client_upstream = Connector::new(Some(ConnectorOptions::from_server_conf(&conf)));
+        let h1_pool = h1_pool::H1Pool::new(
+            conf.upstream_keepalive_pool_size,
+            client_upstream.unexpected_data_connection_counter(),
+        );
         HttpProxy {
             inner,
-            client_upstream: Connector::new(Some(ConnectorOptions::from_server_conf(&conf))),
+            client_upstream,
             shutdown: ShardedNotify::new(conf.threads),
             shutdown_flag: Arc::new(AtomicBool::new(false)),
             server_options: None,
@@ -229,6 +244,7 @@ impl<SV> HttpProxy<SV, ()> {
             upstream_modules: HttpModules::new(),
             max_retries: conf.max_retries,
             process_custom_session: None,
+            h1_pool: Some(h1_pool),
         }
     }
 }
@@ -252,6 +268,10 @@ where
         let client_options =
             client_options.unwrap_or_else(|| ConnectorOptions::from_server_conf(&conf));
         let client_upstream = Connector::new_custom(Some(client_options), connector);
+        let h1_pool = h1_pool::H1Pool::new(
+            conf.upstream_keepalive_pool_size,
+            client_upstream.unexpected_data_connection_counter(),
+        );
 
         HttpProxy {
             inner,
@@ -265,7 +285,15 @@ where
             max_retries: conf.max_retries,
             process_custom_session: on_custom,
             h2_options: None,
+            h1_pool: Some(h1_pool),
         }
+    }
+
+    /// a2a-gateway patch: keep idle HTTP/1 upstream connections in
+    /// pingora-core's pool (a task per idle connection, as published) instead
+    /// of this crate's. For benches that compare the two.
+    pub fn use_pingora_core_pool(&mut self) {
+        self.h1_pool = None;
     }
 
     /// Return the number of times a pooled upstream connection was found to contain
@@ -412,7 +440,32 @@ where
             Err(e) => return (false, Some(e)),
         };
 
-        let client_session = self.client_upstream.get_http_session(&*peer).await;
+        // a2a-gateway patch: an HTTP/1-only peer's idle connections come
+        // from and go back to `h1_pool` (see PATCHED.md).
+        let h1_pool = self
+            .h1_pool
+            .as_ref()
+            .filter(|_| h1_only(&*peer))
+            .map(|pool| (pool, peer.reuse_hash()));
+        let pooled = h1_pool.and_then(|(pool, key)| pool.take(key));
+        let client_session = match pooled {
+            Some(stream) => Ok((
+                ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
+                true,
+            )),
+            None => match self.client_upstream.get_http_session(&*peer).await {
+                // A new connection for the pool: wrapped so that a request's
+                // head can go out with its body (`held_head`).
+                Ok((ClientSession::H1(h1), reused)) if h1_pool.is_some() => {
+                    let stream = held_head::HeldHead::wrap(h1.into_inner());
+                    Ok((
+                        ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
+                        reused,
+                    ))
+                }
+                other => other,
+            },
+        };
         match client_session {
             Ok((client_session, client_reused)) => {
                 let (server_reused, error) = match client_session {
@@ -421,10 +474,19 @@ where
                             .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
                             .await;
                         if client_reuse {
-                            let session = ClientSession::H1(h1);
-                            self.client_upstream
-                                .release_http_session(session, &*peer, peer.idle_timeout())
-                                .await;
+                            if let Some((pool, key)) = h1_pool {
+                                h1.respect_keepalive();
+                                if let Some(stream) = h1.reuse().await {
+                                    if !held_head::HeldHead::has_pending(&stream) {
+                                        pool.put(key, stream, peer.idle_timeout());
+                                    }
+                                }
+                            } else {
+                                let session = ClientSession::H1(h1);
+                                self.client_upstream
+                                    .release_http_session(session, &*peer, peer.idle_timeout())
+                                    .await;
+                            }
                         }
                         (server_reused, error)
                     }
@@ -1034,6 +1096,15 @@ impl H1UpgradeRequestSnapshot {
 /// 101 can establish a tunnel. Otherwise one side changes protocol while the
 /// other stays in HTTP handling, allowing tunneled traffic to bypass request
 /// processing or corrupt the connection state.
+// a2a-gateway patch: whether pingora-core's connector would only ever speak
+// HTTP/1 to this peer (its `h1_only`, and no custom ALPN).
+fn h1_only(peer: &HttpPeer) -> bool {
+    peer.get_peer_options().is_none_or(|o| {
+        o.alpn.get_max_http_version() == 1
+            && !matches!(o.alpn, pingora_core::protocols::ALPN::Custom(_))
+    })
+}
+
 fn reject_mismatched_h1_upgrade_101(
     session: &Session,
     header: &ResponseHeader,

@@ -119,6 +119,12 @@ where
 
         debug!("Sending header to upstream {:?}", req);
 
+        // a2a-gateway patch: a Content-Length body goes out in one write with
+        // the head (see held_head).
+        if head_waits_for_body(&req) {
+            crate::held_head::HeldHead::hold_head(client_session.stream());
+        }
+
         match client_session.write_request_header(Box::new(req)).await {
             Ok(_) => { /* Continue */ }
             Err(e) => {
@@ -1080,6 +1086,22 @@ where
 
         Ok(end_of_body)
     }
+}
+
+// a2a-gateway patch: whether the request's head can wait in the
+// connection's write buffer for its body: a body of known, non-zero length
+// (its last byte flushes both), no `Expect` (a caller waiting for `100
+// Continue` sends no body until the upstream has seen the head), no upgrade.
+fn head_waits_for_body(req: &RequestHeader) -> bool {
+    let headers = &req.headers;
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+        && !headers.contains_key(http::header::TRANSFER_ENCODING)
+        && !headers.contains_key(http::header::EXPECT)
+        && !is_h1_upgrade_req(req)
 }
 
 pub(crate) async fn send_body_to1(

@@ -1,0 +1,322 @@
+//! The gateway's upstream HTTP/1 connections, as the vendored pingora-proxy
+//! keeps and writes them (vendor/pingora-proxy/PATCHED.md): first its pool
+//! (`h1_pool`) against real sockets, then the gateway in front of real
+//! workers, through a relay that counts the connections the gateway opens
+//! and closes, and with request bodies of every shape (`held_head`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pingora::protocols::Stream;
+use pingora::proxy::h1_pool::H1Pool;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::harness::gateway::Gateway;
+use crate::harness::http::{parse_response, post_json, split_url, Response};
+use crate::harness::python_worker::PythonWorker;
+use crate::harness::relay::Relay;
+use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::worker::{message, Kind, Worker};
+
+/// A connected pair: the pool's side as a pingora `Stream`, and the
+/// upstream's side.
+async fn pair() -> (Stream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = TcpStream::connect(addr).await.unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let stream: Stream = Box::new(pingora::protocols::l4::stream::Stream::from(client));
+    (stream, server)
+}
+
+fn pool(size: usize) -> Arc<H1Pool> {
+    H1Pool::new(size, Arc::new(AtomicU64::new(0)))
+}
+
+#[tokio::test]
+async fn takes_back_the_newest_idle_connection_of_its_peer() {
+    let pool = pool(8);
+    let (a, _sa) = pair().await;
+    let (b, _sb) = pair().await;
+    let (a_id, b_id) = (a.id(), b.id());
+    pool.put(1, a, None);
+    pool.put(1, b, None);
+    assert!(pool.take(2).is_none(), "another peer's connection");
+    assert_eq!(pool.take(1).unwrap().id(), b_id);
+    assert_eq!(pool.take(1).unwrap().id(), a_id);
+    assert!(pool.take(1).is_none());
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_is_not_reused() {
+    let pool = pool(8);
+    let (a, sa) = pair().await;
+    let (b, mut sb) = pair().await;
+    pool.put(1, a, None);
+    pool.put(1, b, None);
+    drop(sa);
+    sb.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // b (newest) closed: skipped; a closed too: none left.
+    assert!(pool.take(1).is_none());
+    let (c, _sc) = pair().await;
+    let c_id = c.id();
+    pool.put(1, c, None);
+    assert_eq!(pool.take(1).unwrap().id(), c_id);
+}
+
+#[tokio::test]
+async fn unexpected_data_drops_the_connection_and_is_counted() {
+    let counter = Arc::new(AtomicU64::new(0));
+    let pool = H1Pool::new(8, counter.clone());
+    let (a, mut sa) = pair().await;
+    pool.put(1, a, None);
+    sa.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(pool.take(1).is_none());
+    assert_eq!(counter.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn idle_timeout_and_size_bound_what_is_kept() {
+    let pool = pool(2);
+    let (a, _sa) = pair().await;
+    pool.put(1, a, Some(Duration::ZERO));
+    assert_eq!(pool.idle_count(), 0, "a zero idle timeout keeps nothing");
+    let (a, _sa) = pair().await;
+    let (b, _sb) = pair().await;
+    let (c, _sc) = pair().await;
+    let (b_id, c_id) = (b.id(), c.id());
+    pool.put(1, a, None);
+    pool.put(1, b, None);
+    pool.put(2, c, None);
+    assert_eq!(pool.idle_count(), 2, "the oldest was closed for room");
+    assert_eq!(pool.take(1).unwrap().id(), b_id);
+    assert_eq!(pool.take(2).unwrap().id(), c_id);
+
+    let (d, _sd) = pair().await;
+    pool.put(1, d, Some(Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert!(pool.take(1).is_none(), "past its idle timeout");
+}
+
+#[tokio::test]
+async fn the_sweeper_closes_what_the_upstream_closed() {
+    let pool = pool(8);
+    let (a, sa) = pair().await;
+    let (b, _sb) = pair().await;
+    pool.put(1, a, None);
+    pool.put(2, b, None);
+    drop(sa);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    pool.sweep(Instant::now());
+    assert_eq!(pool.idle_count(), 1);
+    let (c, _sc) = pair().await;
+    pool.put(3, c, Some(Duration::from_millis(10)));
+    pool.sweep(Instant::now() + Duration::from_millis(20));
+    assert_eq!(pool.idle_count(), 1, "past its idle timeout");
+}
+
+fn send_message(text: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": message(text)}})
+}
+
+/// One SendMessage through the gateway, answered by the worker.
+async fn completed(gw: &Gateway) {
+    let resp = post_json(&gw.url, "/", &[], &send_message("quick")).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let state = resp.json()["result"]["task"]["status"]["state"].clone();
+    assert_eq!(state, "TASK_STATE_COMPLETED", "{}", resp.text());
+}
+
+/// Polls `cond` every 50 ms until it holds or `within` passes.
+async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
+/// Sequential requests reuse one upstream connection. When the worker
+/// (uvicorn, which closes a connection idle for 5 s) closes it, the gateway
+/// closes its side within the sweeper's second instead of leaving it in
+/// CLOSE_WAIT until the next request, and the next request opens a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_worker_closing_idle_connections() {
+    let worker = PythonWorker::start().await;
+    let (authority, _) = split_url(&worker.url());
+    let relay = Relay::start(authority).await;
+    let gw = Gateway::in_front_of(&format!("http://127.0.0.1:{}", relay.port), "").await;
+    for _ in 0..20 {
+        completed(&gw).await;
+    }
+    assert_eq!(
+        relay.accepted(),
+        1,
+        "20 sequential requests, one connection"
+    );
+    assert_eq!(relay.live(), 1);
+    // uvicorn's keep-alive timeout (5 s), then the gateway's sweep (1 s).
+    assert!(
+        eventually(Duration::from_secs(9), || relay.live() == 0).await,
+        "the gateway kept the connection the worker closed; log:\n{}",
+        gw.log_text()
+    );
+    completed(&gw).await;
+    assert_eq!(relay.accepted(), 2);
+}
+
+/// Concurrent requests open no more connections than are in flight at
+/// once; a worker that drops every connection (a restart) costs the callers
+/// nothing: the next requests find the pooled connections closed and open
+/// new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_worker_concurrent_requests_and_a_restart() {
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let (authority, _) = split_url(&worker.url());
+    let relay = Relay::start(authority).await;
+    let gw = Gateway::in_front_of(&format!("http://127.0.0.1:{}", relay.port), "").await;
+    let gw = Arc::new(gw);
+    for _ in 0..10 {
+        let rounds: Vec<_> = (0..8)
+            .map(|_| {
+                let gw = gw.clone();
+                tokio::spawn(async move { completed(&gw).await })
+            })
+            .collect();
+        for r in rounds {
+            r.await.unwrap();
+        }
+    }
+    let opened = relay.accepted();
+    assert!(
+        (1..=8).contains(&opened),
+        "80 requests, 8 at a time, opened {opened} connections"
+    );
+    relay.cut_all();
+    assert!(eventually(Duration::from_secs(2), || relay.live() == 0).await);
+    for _ in 0..5 {
+        completed(&gw).await;
+    }
+    assert!(relay.accepted() > opened, "new connections after the cut");
+    assert!(!gw.log_text().contains("ERROR"), "{}", gw.log_text());
+}
+
+/// What a caller sends, in turn: each part after its pause; `None` waits
+/// for a `100 Continue`.
+type Parts = Vec<(Duration, Option<Vec<u8>>)>;
+
+/// Sends `parts` to `authority` in turn, each after its pause, and reads
+/// the answer to its end (every request here says `connection: close`).
+/// A part `None` waits for a `100 Continue` (within 2 s) before going on.
+async fn exchange(authority: &str, parts: &[(Duration, Option<&[u8]>)]) -> Response {
+    let mut sock = TcpStream::connect(authority).await.unwrap();
+    let mut raw = Vec::new();
+    for (pause, part) in parts {
+        tokio::time::sleep(*pause).await;
+        match part {
+            Some(bytes) => sock.write_all(bytes).await.unwrap(),
+            None => {
+                let mut buf = vec![0u8; 1024];
+                let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf))
+                    .await
+                    .expect("a 100 Continue within 2 s")
+                    .unwrap();
+                let got = String::from_utf8_lossy(&buf[..n]).to_string();
+                assert!(got.starts_with("HTTP/1.1 100"), "{got}");
+            }
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(20), sock.read_to_end(&mut raw))
+        .await
+        .expect("the answer within 20 s")
+        .unwrap();
+    parse_response(&raw)
+}
+
+/// A request's head waits in the upstream connection's buffer for its body
+/// (vendor/pingora-proxy's `held_head`): every shape of body still reaches
+/// each worker whole and is answered, including a body sent long after its
+/// head, one larger than the buffer and the gateway's pre-read, a chunked
+/// one, and one behind `Expect: 100-continue` that the worker itself must
+/// answer (a held head there would leave both sides waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_of_every_shape_reach_the_worker() {
+    for kind in [Kind::Rust, Kind::Python] {
+        let worker = Worker::start(kind).await;
+        let gw = Gateway::in_front_of(&worker.url(), "").await;
+        let (authority, _) = split_url(&gw.url);
+        let small = send_message("quick").to_string();
+        let mut big_message = message("quick");
+        big_message["metadata"] = json!({"pad": "x".repeat(200 * 1024)});
+        let big = json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage",
+            "params": {"message": big_message}})
+        .to_string();
+        let head = |len: usize, extra: &str| {
+            format!(
+                "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nconnection: close\r\n{extra}content-length: {len}\r\n\r\n"
+            )
+        };
+        let chunked = format!(
+            "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{small}\r\n0\r\n\r\n",
+            small.len()
+        );
+        let now = Duration::ZERO;
+        let later = Duration::from_millis(300);
+        let cases: Vec<(&str, Parts)> = vec![
+            (
+                "small, one write",
+                vec![(
+                    now,
+                    Some(format!("{}{small}", head(small.len(), "")).into_bytes()),
+                )],
+            ),
+            (
+                "small, body 300 ms after the head",
+                vec![
+                    (now, Some(head(small.len(), "").into_bytes())),
+                    (later, Some(small.clone().into_bytes())),
+                ],
+            ),
+            (
+                "200 KiB",
+                vec![(
+                    now,
+                    Some(format!("{}{big}", head(big.len(), "")).into_bytes()),
+                )],
+            ),
+            (
+                "200 KiB behind expect: 100-continue",
+                vec![
+                    (
+                        now,
+                        Some(head(big.len(), "expect: 100-continue\r\n").into_bytes()),
+                    ),
+                    (now, None),
+                    (now, Some(big.clone().into_bytes())),
+                ],
+            ),
+            ("chunked", vec![(now, Some(chunked.into_bytes()))]),
+        ];
+        for (name, parts) in cases {
+            let parts: Vec<(Duration, Option<&[u8]>)> =
+                parts.iter().map(|(d, p)| (*d, p.as_deref())).collect();
+            let resp = exchange(&authority, &parts).await;
+            assert_eq!(resp.status, 200, "{kind:?}, {name}: {}", resp.text());
+            assert_eq!(
+                resp.json()["result"]["task"]["status"]["state"],
+                "TASK_STATE_COMPLETED",
+                "{kind:?}, {name}: {}",
+                resp.text()
+            );
+        }
+    }
+}
