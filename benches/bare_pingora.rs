@@ -110,9 +110,15 @@ pub const METRICS: &str = "--metrics";
 /// per open connection.
 pub const L4_READ_BUFFER: &str = "--l4-read-buffer";
 
+/// The optional argument that keeps idle upstream connections in
+/// pingora-core's own pool (a task per idle connection), as published
+/// pingora does, instead of the vendored pingora-proxy's (see
+/// `vendor/pingora-proxy/PATCHED.md`): the proxy bench's "as published" line.
+pub const PINGORA_CORE_POOL: &str = "--pingora-core-pool";
+
 /// Runs the pass-through until killed. `args`: what follows [`FLAG`]:
 /// `--listen ADDR --upstream HOST:PORT [--metrics ADDR] [--l4-read-buffer
-/// BYTES] [--threads N] [--no-steal]`. The last two override the gateway's server settings
+/// BYTES] [--pingora-core-pool] [--threads N] [--no-steal]`. The last two override the gateway's server settings
 /// (threads, pingora's work-stealing runtime), for trying pingora settings
 /// by hand against the one the benches use; the benches pass neither.
 pub fn run(args: &[String]) -> ! {
@@ -149,6 +155,11 @@ pub fn run(args: &[String]) -> ! {
         },
         "bare-pingora",
     );
+    if args.iter().any(|a| a == PINGORA_CORE_POOL) {
+        if let Some(app) = proxy.app_logic_mut() {
+            app.use_pingora_core_pool();
+        }
+    }
     match l4_read_buffer {
         Some(bytes) => {
             proxy.add_listener(pingora::listeners::ListenerConfig::tcp(listen).l4_buffer(

@@ -10,45 +10,19 @@
 # the bare pass-through): `cargo bench -p a2a-gateway --bench proxy --no-run`.
 # Each proxy runs twice under callgrind, once with no request and once with
 # N sequential keep-alive SendMessage requests (JSON-RPC, ~1 KB, task
-# tracking on); (Ir(N) - Ir(0)) / N is the cost of one request. Prints a
-# table; leaves the callgrind files in a scratch directory for
+# tracking on); (Ir(N) - Ir(0)) / N is the cost of one request. A third
+# proxy, bare pingora with pingora-core's own upstream pool
+# (`--pingora-core-pool`), shows what the vendored pingora-proxy's pool
+# takes off (vendor/pingora-proxy/PATCHED.md). Prints a table; leaves the
+# callgrind files in a scratch directory for
 # `callgrind_annotate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-400}
-root=$PWD
-gw=$root/target/release/a2a-gateway
-bare=$(ls -t "$root"/target/release/deps/proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
-py=$root/target/pyvenv/bin/python
-for f in "$gw" "$bare" "$py"; do
-    [[ -x $f ]] || { echo "missing $f (see the header of $0)" >&2; exit 1; }
-done
+source benches/lib.sh
 command -v valgrind >/dev/null || { echo "valgrind not installed" >&2; exit 1; }
 dir=$(mktemp -d /tmp/a2agw-callgrind.XXXXXX)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 1 600); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
-
-wport=$(port)
-"$py" tests/workers/python_agent.py --port "$wport" > "$dir/worker.out" 2> "$dir/worker.err" &
-wpid=$!
-trap 'kill $wpid 2>/dev/null || true' EXIT
-wait_port "$wport"
-
-# N sequential SendMessage requests on one keep-alive connection.
-drive() {
-    "$py" - "$1" "$2" <<'EOF'
-import http.client, json, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-    "params": {"message": {"messageId": "cg", "role": "ROLE_USER",
-        "parts": [{"text": "quick"}], "metadata": {"pad": "x" * 600}}}})
-c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-for i in range(n):
-    c.request("POST", "/", body, {"content-type": "application/json", "a2a-version": "1.0"})
-    r = c.getresponse(); data = r.read()
-    assert r.status == 200 and b'"result"' in data, data[:200]
-EOF
-}
+start_worker "$dir"
 
 # run NAME N CMD...: the proxy under callgrind, N requests through it.
 run() {
@@ -68,20 +42,16 @@ run() {
     callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}'
 }
 
-cat > "$dir/gw.toml" <<EOF
-[server]
-listen = ["127.0.0.1:@PORT@"]
-threads = 1
-[[routes]]
-name = "w"
-worker = "http://127.0.0.1:$wport"
-EOF
+gateway_toml "$dir/gw.toml"
 
 results=()
-for proxy in bare gateway; do
+proxies=(bare gateway bare-core-pool)
+for proxy in "${proxies[@]}"; do
     for n in 0 "$N"; do
         if [[ $proxy == bare ]]; then
             ir=$(run bare "$n" "$bare" --bare-pingora --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
+        elif [[ $proxy == bare-core-pool ]]; then
+            ir=$(run bare-core-pool "$n" "$bare" --bare-pingora --pingora-core-pool --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         else
             ir=$(A2A_GATEWAY_LOG=warn run gateway "$n" "$gw" --config @CONFIG@)
         fi
@@ -95,10 +65,12 @@ echo "| proxy | Ir with 0 requests | Ir with $N | Ir per request |"
 echo "|---|---|---|---|"
 declare -A ir
 for r in "${results[@]}"; do set -- $r; ir[$1.$2]=$3; done
-for proxy in bare gateway; do
+for proxy in "${proxies[@]}"; do
     z=${ir[$proxy.0]}; n=${ir[$proxy.$N]}
     echo "| $proxy | $z | $n | $(( (n - z) / N )) |"
 done
 b=$(( (${ir[bare.$N]} - ${ir[bare.0]}) / N )); g=$(( (${ir[gateway.$N]} - ${ir[gateway.0]}) / N ))
 echo
+c=$(( (${ir[bare-core-pool.$N]} - ${ir[bare-core-pool.0]}) / N ))
 echo "gateway / bare: $(python3 -c "print(f'{$g/$b:.2f}')")x instructions per request (+$((g - b)) per request)"
+echo "bare with pingora-core's own upstream pool (as published) / bare: $(python3 -c "print(f'{$c/$b:.2f}')")x ($((c - b)) per request)"

@@ -453,6 +453,11 @@ fn authority(url: &str) -> String {
 /// with its `/metrics` on another: the process, the proxy's address and the
 /// metrics' URL.
 async fn start_bare(upstream: &str) -> Result<(Proc, String, String), String> {
+    start_bare_with(upstream, &[]).await
+}
+
+/// [`start_bare`] with `extra` arguments (e.g. [`bare_pingora::PINGORA_CORE_POOL`]).
+async fn start_bare_with(upstream: &str, extra: &[&str]) -> Result<(Proc, String, String), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -462,6 +467,7 @@ async fn start_bare(upstream: &str) -> Result<(Proc, String, String), String> {
         .arg(bare_pingora::FLAG)
         .args(["--listen", &listen, "--upstream", upstream])
         .args([bare_pingora::METRICS, &metrics])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -761,6 +767,26 @@ async fn run_rounds(
         steal = steal_pct(before, machine_ticks());
     }
     (cols, steal)
+}
+
+/// SendMessage through bare pingora (`bare`, the vendored pingora-proxy's
+/// upstream pool) and through bare pingora with pingora-core's own pool
+/// (`published`), in `ROUNDS` interleaved rounds: the best round of each,
+/// in that order. What the vendored pool changes, measured as the table is.
+async fn published_rounds(bare: &Target, published: &Target) -> Option<(Send, Send)> {
+    eprintln!("SendMessage: bare pingora with pingora-core's pool against the vendored pool");
+    let _ = wrk_blocking(&published.http, SEND_WARMUP_SECONDS).await;
+    let (mut best_b, mut best_p): (Option<Send>, Option<Send>) = (None, None);
+    for _ in 0..ROUNDS {
+        for (t, best) in [(published, &mut best_p), (bare, &mut best_b)] {
+            if let Some(s) = wrk_target(t, SEND_SECONDS).await {
+                if best.as_ref().is_none_or(|b| s.rps > b.rps) {
+                    *best = Some(s);
+                }
+            }
+        }
+    }
+    Some((best_b?, best_p?))
 }
 
 /// Offers `rate` SendMessage/s in all, half to a column and half to bare
@@ -1166,7 +1192,7 @@ fn main() {
     let load_before = loadavg();
     let ticks_before = machine_ticks();
     let started = Instant::now();
-    let (cells, tracked, fixed_steal) = rt.block_on(async {
+    let (cells, tracked, fixed_steal, as_published) = rt.block_on(async {
         let http_url = worker.url();
         let ws_url = worker.ws_url().expect("the worker's WebSocket listener");
         let http_up = authority(&http_url);
@@ -1217,6 +1243,20 @@ fn main() {
             };
             (p, t)
         });
+        // Bare pingora with pingora-core's own upstream pool, as published
+        // (see `published_rounds`).
+        let published = start_bare_with(&http_up, &[bare_pingora::PINGORA_CORE_POOL])
+            .await
+            .map(|(p, h, _)| {
+                let t = Target {
+                    http: format!("http://{h}"),
+                    ws: String::new(),
+                    procs: vec![p.child.id()],
+                    metrics: None,
+                    ws_log: None,
+                };
+                (p, t)
+            });
         let (mem_gw, mem_gw_ws, mem) = gateways("", &http_url, &ws_base).await;
         let mut redis = RedisServer::start().await;
         let store = format!("[store]\nurl = \"{}\"\n", redis.url());
@@ -1247,6 +1287,10 @@ fn main() {
         ];
         let (cols, fixed_steal) =
             run_rounds(&targets, bare_twin.as_ref().ok().map(|(_, t)| t)).await;
+        let as_published = match (&bare, &published) {
+            (Ok((_, b)), Ok((_, p))) => published_rounds(b, p).await,
+            _ => None,
+        };
         let Ok([d, n, b, m, r]) = <[Column; 5]>::try_from(cols) else {
             unreachable!("a column per target")
         };
@@ -1269,13 +1313,13 @@ fn main() {
             red_gw.counter("a2agw_tasks_tracked_total", &[]).await
                 + red_gw_ws.counter("a2agw_tasks_tracked_total", &[]).await,
         );
-        drop((nginx, bare, bare_twin));
+        drop((nginx, bare, bare_twin, published));
         // Killed and waited for, so no zombie outlives the bench.
         for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws] {
             gw.kill().await;
         }
         redis.kill().await;
-        (cells, tracked, fixed_steal)
+        (cells, tracked, fixed_steal, as_published)
     });
     let load_after = loadavg();
     let steal = steal_pct(ticks_before, machine_ticks());
@@ -1308,6 +1352,18 @@ fn main() {
     let cols: Vec<(&str, &Cell)> = names.iter().copied().zip(cells.iter()).collect();
     print_table(&cols);
     println!();
+    if let Some((b, p)) = &as_published {
+        let cpu = |s: &Send| s.cpu_us.map_or("-".to_string(), |c| format!("{c:.0}"));
+        println!(
+            "bare pingora with pingora-core's own upstream pool (pingora-proxy as published), {ROUNDS} interleaved rounds right after: {:.0} SendMessage/s, {} µs of CPU per request; bare pingora as above (the vendored pool) in the same rounds: {:.0}/s, {} µs ({:.2}x the requests/s)",
+            p.rps,
+            cpu(p),
+            b.rps,
+            cpu(b),
+            b.rps / p.rps.max(1.0),
+        );
+        println!();
+    }
     if let (Ok(b), Ok(m), Ok(r)) = (&cells[2], &cells[3], &cells[4]) {
         if let (Some(bf), Some(noise), Some(am), Some(ar)) =
             (&b.fixed, added_p99(b), added_p99(m), added_p99(r))

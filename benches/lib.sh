@@ -1,0 +1,53 @@
+# Shared by benches/callgrind.sh and benches/syscalls.sh (sourced, from the
+# repository's root): the binaries they run, free ports, the Python test
+# worker, and a driver of N sequential SendMessage requests.
+
+gw=$PWD/target/release/a2a-gateway
+bare=$(ls -t "$PWD"/target/release/deps/proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+py=$PWD/target/pyvenv/bin/python
+for f in "$gw" "$bare" "$py"; do
+    [[ -x $f ]] || { echo "missing $f (see the header of $0)" >&2; exit 1; }
+done
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 600); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+
+# start_worker DIR: the Python a2a-sdk test worker on a free port ($wport),
+# stopped when the script exits.
+start_worker() {
+    wport=$(port)
+    "$py" tests/workers/python_agent.py --port "$wport" > "$1/worker.out" 2> "$1/worker.err" &
+    wpid=$!
+    trap 'kill $wpid 2>/dev/null || true' EXIT
+    wait_port "$wport"
+}
+
+# drive PORT N: N sequential SendMessage requests (JSON-RPC, ~1 KB, head and
+# body in one send) on one keep-alive connection.
+drive() {
+    "$py" - "$1" "$2" <<'EOF'
+import http.client, json, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+    "params": {"message": {"messageId": "cg", "role": "ROLE_USER",
+        "parts": [{"text": "quick"}], "metadata": {"pad": "x" * 600}}}})
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+for i in range(n):
+    c.request("POST", "/", body, {"content-type": "application/json", "a2a-version": "1.0"})
+    r = c.getresponse(); data = r.read()
+    assert r.status == 200 and b'"result"' in data, data[:200]
+EOF
+}
+
+# gateway_toml FILE: a one-route gateway config in front of the worker, with
+# @PORT@ for its listener.
+gateway_toml() {
+    cat > "$1" <<EOF
+[server]
+listen = ["127.0.0.1:@PORT@"]
+threads = 1
+[[routes]]
+name = "w"
+worker = "http://127.0.0.1:$wport"
+EOF
+}
