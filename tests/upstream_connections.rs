@@ -242,12 +242,12 @@ async fn exchange(authority: &str, parts: &[(Duration, Option<&[u8]>)]) -> Respo
     parse_response(&raw)
 }
 
-/// A request's head waits in the upstream connection's buffer for its body
-/// (vendor/pingora-proxy's `held_head`): every shape of body still reaches
-/// each worker whole and is answered, including a body sent long after its
-/// head, one larger than the buffer and the gateway's pre-read, a chunked
-/// one, and one behind `Expect: 100-continue` that the worker itself must
-/// answer (a held head there would leave both sides waiting).
+/// A request whose body the gateway read first goes to the worker as its
+/// head and body in one write (vendor/pingora-proxy's `held_head`): every
+/// shape of body still reaches each worker whole and is answered, including
+/// a body sent long after its head, one larger than the gateway's pre-read,
+/// a chunked one, and one behind `Expect: 100-continue` that the worker
+/// itself must answer (a held head there would leave both sides waiting).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_of_every_shape_reach_the_worker() {
     for kind in [Kind::Rust, Kind::Python] {

@@ -124,15 +124,19 @@ impl H1Pool {
 
     fn start_sweeper(self: &Arc<Self>) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            // No runtime to sweep on (not the case inside a proxy); idle
-            // connections are then still checked when taken.
+            // No runtime to sweep on (not the case inside a proxy); the next
+            // `put` tries again, and idle connections are still checked when
+            // taken.
+            self.sweeper.store(false, Ordering::Release);
             return;
         };
-        let pool: Weak<H1Pool> = Arc::downgrade(self);
+        let running = Running(Arc::downgrade(self));
         rt.spawn(async move {
             loop {
                 tokio::time::sleep(SWEEP_EVERY).await;
-                let Some(pool) = pool.upgrade() else { return };
+                let Some(pool) = running.0.upgrade() else {
+                    return;
+                };
                 pool.sweep(Instant::now());
             }
         });
@@ -168,6 +172,18 @@ impl H1Pool {
     /// How many idle connections the pool holds.
     pub fn idle_count(&self) -> usize {
         self.lists.lock().unwrap_or_else(|e| e.into_inner()).total
+    }
+}
+
+/// Held by the sweeper task: when the task ends (its runtime shut down,
+/// say), the next `put` starts another.
+struct Running(Weak<H1Pool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(pool) = self.0.upgrade() {
+            pool.sweeper.store(false, Ordering::Release);
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// A connection (`inner`) that can hold back a request's head.
 #[derive(Debug)]
@@ -48,9 +48,9 @@ impl HeldHead {
 
     /// What is written to `stream` up to its next flush (the request head)
     /// stays unsent past that flush and leaves with the next write (the
-    /// body's first bytes). Only for a body that follows without waiting on
-    /// the upstream (not for `Expect: 100-continue`). No effect on another
-    /// kind of stream.
+    /// body's first bytes). Only for a body that is about to be written (read
+    /// whole already, no `Expect: 100-continue`). No effect on another kind
+    /// of stream.
     pub fn hold_head(stream: &Stream) {
         // `Box<dyn IO>` is itself an `IO`: ask the connection inside it.
         let io: &dyn pingora_core::protocols::IO = &**stream;
@@ -152,8 +152,10 @@ impl AsyncWrite for HeldHead {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // A head whose body never came is not sent (the request was
+        // abandoned; an upstream acting on heads alone must not see it).
         self.hold.store(false, Ordering::Relaxed);
-        ready!(self.poll_send_pending(cx))?;
+        self.pending.clear();
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
@@ -161,12 +163,9 @@ impl AsyncWrite for HeldHead {
 #[async_trait]
 impl Shutdown for HeldHead {
     async fn shutdown(&mut self) {
+        // As `poll_shutdown`: an abandoned head is not sent.
         self.hold.store(false, Ordering::Relaxed);
-        // What is pending goes first, as a flush would send it.
-        if !self.pending.is_empty() {
-            let pending = std::mem::take(&mut self.pending);
-            let _ = self.inner.write_all(&pending).await;
-        }
+        self.pending.clear();
         Shutdown::shutdown(&mut *self.inner).await
     }
 }

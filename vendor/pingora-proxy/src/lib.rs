@@ -1090,12 +1090,6 @@ impl H1UpgradeRequestSnapshot {
     }
 }
 
-/// Rejects a 101 response when the downstream and upstream H1 upgrade state differs.
-///
-/// Upstream and downstream must agree that this request is an upgrade before a
-/// 101 can establish a tunnel. Otherwise one side changes protocol while the
-/// other stays in HTTP handling, allowing tunneled traffic to bypass request
-/// processing or corrupt the connection state.
 // a2a-gateway patch: whether pingora-core's connector would only ever speak
 // HTTP/1 to this peer (its `h1_only`, and no custom ALPN).
 fn h1_only(peer: &HttpPeer) -> bool {
@@ -1105,6 +1099,12 @@ fn h1_only(peer: &HttpPeer) -> bool {
     })
 }
 
+/// Rejects a 101 response when the downstream and upstream H1 upgrade state differs.
+///
+/// Upstream and downstream must agree that this request is an upgrade before a
+/// 101 can establish a tunnel. Otherwise one side changes protocol while the
+/// other stays in HTTP handling, allowing tunneled traffic to bypass request
+/// processing or corrupt the connection state.
 fn reject_mismatched_h1_upgrade_101(
     session: &Session,
     header: &ResponseHeader,

@@ -119,9 +119,10 @@ where
 
         debug!("Sending header to upstream {:?}", req);
 
-        // a2a-gateway patch: a Content-Length body goes out in one write with
+        // a2a-gateway patch: a body already read whole (the caller's filters
+        // read it before the upstream was asked) goes out in one write with
         // the head (see held_head).
-        if head_waits_for_body(&req) {
+        if head_waits_for_body(&req) && session.is_body_done() {
             crate::held_head::HeldHead::hold_head(client_session.stream());
         }
 
@@ -349,6 +350,12 @@ where
                             }
                         },
                         Err(e) => {
+                           // a2a-gateway patch: the upstream never saw this
+                           // request (its head is still held): no answer
+                           // will come, so do not wait for one.
+                           if crate::held_head::HeldHead::has_pending(client_session.stream()) {
+                               return Err(e);
+                           }
                            warn!("send error, draining read buf: {e}");
                            request_done = true;
 
@@ -1088,10 +1095,12 @@ where
     }
 }
 
-// a2a-gateway patch: whether the request's head can wait in the
-// connection's write buffer for its body: a body of known, non-zero length
-// (its last byte flushes both), no `Expect` (a caller waiting for `100
-// Continue` sends no body until the upstream has seen the head), no upgrade.
+// a2a-gateway patch: whether the request's head may wait for its body's
+// first write (see held_head): a body of known, non-zero length, no
+// `Expect` (an upstream asked for `100 Continue` should see the head first)
+// and no upgrade. Held only when the body is already read whole, so the
+// body's write follows at once: a head held for a body still on its way
+// could reach a pooled connection the upstream closed meanwhile as idle.
 fn head_waits_for_body(req: &RequestHeader) -> bool {
     let headers = &req.headers;
     headers
