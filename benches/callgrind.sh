@@ -42,7 +42,7 @@ run() {
     callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}'
 }
 
-gateway_toml "$dir/gw.toml"
+gateway_toml "$dir/gw.toml" 1
 
 results=()
 proxies=(bare gateway bare-core-pool)

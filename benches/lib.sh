@@ -39,13 +39,13 @@ for i in range(n):
 EOF
 }
 
-# gateway_toml FILE: a one-route gateway config in front of the worker, with
-# @PORT@ for its listener.
+# gateway_toml FILE THREADS: a one-route gateway config in front of the
+# worker, with @PORT@ for its listener.
 gateway_toml() {
     cat > "$1" <<EOF
 [server]
 listen = ["127.0.0.1:@PORT@"]
-threads = 1
+threads = $2
 [[routes]]
 name = "w"
 worker = "http://127.0.0.1:$wport"

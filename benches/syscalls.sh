@@ -23,7 +23,9 @@ for c in strace nginx; do
 done
 dir=$(mktemp -d /tmp/a2agw-syscalls.XXXXXX)
 start_worker "$dir"
-gateway_toml "$dir/gw.toml"
+# Two proxy threads, as bare pingora runs (its futex calls are wake-ups
+# between them).
+gateway_toml "$dir/gw.toml" 2
 
 # nginx as the proxy bench configures it: two workers, upstream keep-alive,
 # no buffering.
