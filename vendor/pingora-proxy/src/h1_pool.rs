@@ -70,19 +70,15 @@ impl H1Pool {
     /// still usable.
     pub fn take(&self, key: u64) -> Option<Stream> {
         loop {
-            let idle = {
+            // An emptied list stays (the sweep drops it), so that `put`
+            // does not allocate a new one for each request.
+            let mut idle = {
                 let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
-                let list = lists.peers.get_mut(&key)?;
-                let idle = list.pop();
-                if list.is_empty() {
-                    lists.peers.remove(&key);
-                }
-                let idle = idle?;
+                let idle = lists.peers.get_mut(&key)?.pop()?;
                 lists.total -= 1;
                 idle
             };
             // Dropped (closed) outside the lock.
-            let mut idle = idle;
             if idle.deadline.is_some_and(|d| d <= Instant::now()) {
                 continue;
             }
@@ -150,19 +146,13 @@ impl H1Pool {
             let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
             let Lists { peers, total } = &mut *lists;
             peers.retain(|_, list| {
-                let mut i = 0;
-                while i < list.len() {
-                    let idle = &mut list[i];
-                    let expired = idle.deadline.is_some_and(|d| d <= now);
-                    if expired || !still_idle(&mut idle.stream, &self.unexpected_data) {
-                        closed.push(list.remove(i));
-                        *total -= 1;
-                    } else {
-                        i += 1;
-                    }
-                }
+                closed.extend(list.extract_if(.., |idle| {
+                    idle.deadline.is_some_and(|d| d <= now)
+                        || !still_idle(&mut idle.stream, &self.unexpected_data)
+                }));
                 !list.is_empty()
             });
+            *total -= closed.len();
         }
         if !closed.is_empty() {
             debug!("closed {} idle upstream connections", closed.len());

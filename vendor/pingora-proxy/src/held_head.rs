@@ -52,9 +52,7 @@ impl HeldHead {
     /// whole already, no `Expect: 100-continue`). No effect on another kind
     /// of stream.
     pub fn hold_head(stream: &Stream) {
-        // `Box<dyn IO>` is itself an `IO`: ask the connection inside it.
-        let io: &dyn pingora_core::protocols::IO = &**stream;
-        if let Some(held) = io.as_any().downcast_ref::<HeldHead>() {
+        if let Some(held) = Self::of(stream) {
             held.hold.store(true, Ordering::Relaxed);
         }
     }
@@ -62,10 +60,15 @@ impl HeldHead {
     /// Whether `stream` holds bytes not sent yet (a head whose body never
     /// came): such a connection must not be reused.
     pub fn has_pending(stream: &Stream) -> bool {
-        let io: &dyn pingora_core::protocols::IO = &**stream;
-        io.as_any()
-            .downcast_ref::<HeldHead>()
+        Self::of(stream)
             .is_some_and(|held| !held.pending.is_empty() || held.hold.load(Ordering::Relaxed))
+    }
+
+    /// The `HeldHead` that `stream` is, if it is one.
+    fn of(stream: &Stream) -> Option<&HeldHead> {
+        // `Box<dyn IO>` is itself an `IO`: ask the connection inside it.
+        let io: &dyn pingora_core::protocols::IO = &**stream;
+        io.as_any().downcast_ref::<HeldHead>()
     }
 
     /// Sends what is pending, alone.
