@@ -382,6 +382,66 @@ async fn replica_killed_other_replica_cancels() {
     drop(streams);
 }
 
+/// Replicas whose wall clocks disagree judge lapses by one clock, the Redis
+/// server's: A (in step) holds its callers' leases (2 s TTL); B, 30 s
+/// ahead, does not reap what A keeps renewing (by its own clock every lease
+/// A wrote would be 28 s lapsed), and once A and B are killed, C, 30 s
+/// behind, cancels A's children within TTL + 1 s (by its own clock it
+/// would wait 30 s more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_with_skewed_clocks_agree_on_lapses() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"2s\" }}\n",
+        redis.url(),
+        worker.url()
+    );
+    let mut a = Gateway::start(&cfg).await;
+    let mut ahead = Gateway::start_with_clock(&cfg, "+30s").await;
+    let behind = Gateway::start_with_clock(&cfg, "-30s").await;
+    // Each replica sees the server's clock where it is (its first
+    // heartbeat, at start).
+    for (gw, want) in [(&ahead, -30.0), (&behind, 30.0)] {
+        let offset = gw.counter("a2agw_store_clock_offset_seconds", &[]).await;
+        assert!((offset - want).abs() < 1.0, "offset {offset}, want {want}");
+    }
+    let mut streams = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (s, id) =
+            crate::harness::worker::send_stream(&a.url, Bind::JsonRpc, None, "work:30000").await;
+        streams.push(s);
+        ids.push(id);
+    }
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    for id in &ids {
+        assert_eq!(
+            worker.state(None, id).await.as_deref(),
+            Some("TASK_STATE_WORKING"),
+            "A renews {id}; the replica ahead reaped it? its log:\n{}",
+            ahead.log_text()
+        );
+    }
+    ahead.kill().await;
+    a.kill().await;
+    for id in &ids {
+        worker
+            .wait_state(None, id, CANCELED, Duration::from_millis(2000 + 1000))
+            .await
+            .unwrap_or_else(|s| {
+                panic!(
+                    "{id} not canceled by the replica behind ({s:?}); its log:\n{}",
+                    behind.log_text()
+                )
+            });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(worker.cancels().await, 3, "each child canceled once");
+    assert_eq!(behind.counter("a2agw_leases_lapsed_total", &[]).await, 3.0);
+    drop(streams);
+}
+
 /// A rolling deploy that adds a route: replica A (with the route) dies while
 /// its children's leases are held; replica B, still on the old config
 /// without the route, claims the lapsed leases first and cannot cancel them.

@@ -54,8 +54,11 @@ pub enum BudgetError {
         asked: u64,
         left: u64,
         limit: u64,
-        /// When the account's window ends and it is full again.
+        /// When the account's window ends and it is full again (Unix ms,
+        /// by the store's clock: [`TaskStore::clock_ms`]).
         resets_at_ms: u64,
+        /// How long until then, from when the send was refused.
+        resets_in_ms: u64,
     },
     /// The store could not reserve (and `on_store_error = "fail-closed"`).
     StoreUnavailable(String),
@@ -71,12 +74,13 @@ impl std::fmt::Display for BudgetError {
                 asked,
                 left,
                 limit,
-                resets_at_ms,
+                resets_in_ms,
+                ..
             } => write!(
                 f,
                 "budget account {account} is exhausted for meter {meter:?}: {left} of {limit} left, \
                  the child's grant needs {asked}; the account resets in {}s",
-                resets_at_ms.saturating_sub(now_ms()).div_ceil(1000)
+                resets_in_ms.div_ceil(1000)
             ),
             BudgetError::StoreUnavailable(e) => write!(
                 f,
@@ -249,7 +253,7 @@ impl Budgets {
                 tenant,
                 caller.map(|c| c.shown.as_str()),
                 &grant,
-                received_ms,
+                self.store.clock_ms(),
             )
             .await?;
         let shared = Arc::new(Shared {
@@ -282,7 +286,8 @@ impl Budgets {
     }
 
     /// Reserves the grant's meters from every account the route keeps;
-    /// `caller` as [`Caller::shown`] (it becomes a store key).
+    /// `caller` as [`Caller::shown`] (it becomes a store key); `now` by the
+    /// store's clock, which decides the window every replica charges.
     async fn reserve(
         &self,
         route: &Arc<str>,
@@ -335,13 +340,15 @@ impl Budgets {
             }
             Ok(Err(Shortfall { index, left })) => {
                 let a = &asks[index];
+                let resets_at_ms = a.expires_ms - ACCOUNT_SLACK_MS;
                 Err(BudgetError::Exhausted {
                     account: a.account.clone(),
                     meter: a.meter.clone(),
                     asked: a.amount,
                     left,
                     limit: a.limit,
-                    resets_at_ms: a.expires_ms - ACCOUNT_SLACK_MS,
+                    resets_at_ms,
+                    resets_in_ms: resets_at_ms.saturating_sub(now),
                 })
             }
             Err(e) => {

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
-use crate::store::{now_ms, CancelTarget, TaskKey, TaskStore, TaskUpdate};
+use crate::store::{CancelTarget, TaskKey, TaskStore, TaskUpdate};
 
 /// Changes to the store, sent from the synchronous body filters.
 #[derive(Debug)]
@@ -46,7 +46,7 @@ impl Tracker {
             while let Some(op) = rx.recv().await {
                 match op {
                     Op::Update(key, update) => {
-                        if let Err(e) = store.update(&key, update, now_ms()).await {
+                        if let Err(e) = store.update(&key, update, store.clock_ms()).await {
                             metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
                             tracing::warn!(task = %key, error = %e, "could not record a task");
                         }
@@ -57,7 +57,7 @@ impl Tracker {
                         holder,
                     } => {
                         if let Err(e) = store
-                            .lease_start(&key, ttl_ms, holder.as_deref(), now_ms())
+                            .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms())
                             .await
                         {
                             metrics::STORE_ERRORS
@@ -183,7 +183,10 @@ impl Cascade {
                     watchers_delta: -1,
                     ..TaskUpdate::default()
                 };
-                self.store.update(key, update, now_ms()).await.map(Some)
+                self.store
+                    .update(key, update, self.store.clock_ms())
+                    .await
+                    .map(Some)
             } else {
                 self.store.get(key).await
             };
@@ -233,7 +236,9 @@ impl Cascade {
                                     state: Some(s),
                                     ..TaskUpdate::default()
                                 };
-                                if let Err(e) = self.store.update(key, update, now_ms()).await {
+                                if let Err(e) =
+                                    self.store.update(key, update, self.store.clock_ms()).await
+                                {
                                     metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
                                     tracing::warn!(task = %key, error = %e, "could not record the state a GetTask found");
                                 }

@@ -147,7 +147,7 @@ impl Leases {
     /// Starts renewing `key` for a caller connected here (one more holder
     /// if another of this replica's streams holds it already).
     pub fn hold(&self, key: TaskKey, ttl_ms: u64) {
-        self.held().hold(key, ttl_ms, now_ms());
+        self.held().hold(key, ttl_ms, self.store.clock_ms());
     }
 
     /// One holder of `key` is gone (its caller's connection ended); renewals
@@ -234,7 +234,7 @@ impl Leases {
                         tracing::warn!(task = %job.key, error = %e, "could not end a lapsed lease after its cancel; it is claimed again after its hold");
                     }
                 } else {
-                    let at = now_ms() + RETRY_FAILED_CANCEL.as_millis() as u64;
+                    let at = store.clock_ms() + RETRY_FAILED_CANCEL.as_millis() as u64;
                     if let Err(e) = store.lease_retry(&job.key, at).await {
                         tracing::warn!(task = %job.key, error = %e, "could not hand back a lapsed lease whose cancel failed");
                     }
@@ -292,13 +292,13 @@ impl BackgroundService for Leases {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let now = now_ms();
+            let now = self.store.clock_ms();
             self.renew_due(now).await;
             if *shutdown.borrow() {
                 continue;
             }
             // Drain a backlog of lapses without waiting a tick per batch.
-            while self.reap(now_ms()).await == CLAIM_BATCH {}
+            while self.reap(self.store.clock_ms()).await == CLAIM_BATCH {}
         }
     }
 }

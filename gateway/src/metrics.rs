@@ -6,8 +6,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    register_histogram_vec, register_int_counter_vec, register_int_gauge, HistogramVec,
-    IntCounterVec, IntGauge,
+    register_gauge, register_histogram_vec, register_int_counter_vec, register_int_gauge, Gauge,
+    HistogramVec, IntCounterVec, IntGauge,
 };
 
 macro_rules! counter {
@@ -150,6 +150,17 @@ pub static OPEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(
         "a2agw_open_tracked_streams",
         "Tracked streams open on this replica."
+    )
+    .expect("metric registers once")
+});
+
+/// The Redis server's clock minus this replica's, as the heartbeats
+/// estimate it (not exported on the memory store). Deadlines follow the server's
+/// clock whatever it is; a large value says the host's time sync is off.
+pub static STORE_CLOCK_OFFSET: LazyLock<Gauge> = LazyLock::new(|| {
+    register_gauge!(
+        "a2agw_store_clock_offset_seconds",
+        "The store's clock minus this replica's, as estimated from the heartbeats."
     )
     .expect("metric registers once")
 });

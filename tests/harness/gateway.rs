@@ -73,6 +73,30 @@ impl Gateway {
     /// Starts the gateway with `[server]` filled in by the harness and the
     /// rest of the config (routes, policies) from `body`.
     pub async fn start(body: &str) -> Gateway {
+        Gateway::start_with_env(body, &[]).await
+    }
+
+    /// [`Gateway::start`] with its wall clock `offset` (libfaketime's
+    /// syntax: `"+30s"`, `"-30s"`) off the machine's: the clock that
+    /// `SystemTime` reads. Timers (the monotonic clock) are left alone.
+    pub async fn start_with_clock(body: &str, offset: &str) -> Gateway {
+        let lib = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+            .iter()
+            .map(|a| format!("/usr/lib/{a}/faketime/libfaketimeMT.so.1"))
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("libfaketime not installed (scripts/deps installs Debian's faketime)");
+        Gateway::start_with_env(
+            body,
+            &[
+                ("LD_PRELOAD", lib.as_str()),
+                ("FAKETIME", offset),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ],
+        )
+        .await
+    }
+
+    async fn start_with_env(body: &str, env: &[(&str, &str)]) -> Gateway {
         let port = free_port();
         let admin_port = free_port();
         let dir = scratch_dir("gw");
@@ -87,6 +111,7 @@ impl Gateway {
             .arg("--config")
             .arg(&cfg_path)
             .env("A2A_GATEWAY_LOG", log_filter())
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file)
             .kill_on_drop(true)

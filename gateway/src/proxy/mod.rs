@@ -419,7 +419,7 @@ impl Gateway {
     async fn renew(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str) {
         let Some(route) = &ctx.route else { return };
         let key = TaskKey::new(&route.name, tenant, task_id);
-        let outcome = match self.store.lease_renew(&key, now_ms()).await {
+        let outcome = match self.store.lease_renew(&key, self.store.clock_ms()).await {
             Ok(Renewal::Renewed { .. }) => "renewed",
             Ok(Renewal::Lapsed) => "lapsed",
             Ok(Renewal::NoLease) => "no_lease",
@@ -785,6 +785,7 @@ fn budget_refusal(e: &BudgetError) -> Refusal {
             left,
             limit,
             resets_at_ms,
+            resets_in_ms,
         } => Refusal {
             code: -32603,
             http: (429, "RESOURCE_EXHAUSTED"),
@@ -799,7 +800,7 @@ fn budget_refusal(e: &BudgetError) -> Refusal {
                 "limit": limit,
                 "resetsAtMs": resets_at_ms,
             })),
-            retry_after: Some(resets_at_ms.saturating_sub(now_ms()).div_ceil(1000)),
+            retry_after: Some(resets_in_ms.div_ceil(1000)),
         },
         BudgetError::StoreUnavailable(_) => Refusal {
             code: -32603,

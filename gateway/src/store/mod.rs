@@ -5,6 +5,7 @@
 //! for the admin endpoint. Callers' credentials and message contents are
 //! never stored.
 
+pub mod clock;
 pub mod memory;
 pub mod redis;
 
@@ -252,6 +253,16 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// heartbeat runs out, and later heartbeats are not sent.
     async fn replica_gone(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Unix ms by the clock lease deadlines, claim holds and budget windows
+    /// are judged by: every `now_ms` passed to this store comes from here.
+    /// A store shared by replicas answers with its own clock as this
+    /// replica estimates it (Redis: [`clock`]), so that replicas whose wall
+    /// clocks disagree still agree on when a lease lapsed; a store only this
+    /// process uses, with the local clock.
+    fn clock_ms(&self) -> u64 {
+        now_ms()
     }
 
     /// `memory` or `redis`, for logs and metrics.

@@ -83,12 +83,14 @@ use policies::TaskState;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
+use super::clock::{self, StoreClock};
 use super::{
     AccountKey, AccountView, CancelTarget, LeaseRecord, Reservation, Shortfall, StoreError,
     TaskKey, TaskRecord, TaskStore, TaskUpdate,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
+use crate::metrics;
 
 /// How long a task's hash lives after its last write while it is unsettled
 /// (or holds a lease).
@@ -108,6 +110,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// room for three missed beats and a slow call ([`CALL_TIMEOUT`]) before a
 /// live replica's streams would stop counting.
 pub const REPLICA_TTL: Duration = Duration::from_secs(6);
+
+/// A replica whose clock is this far off the server's says so in its log
+/// (once, when the estimate first crosses it). Nothing breaks: every
+/// replica judges deadlines by the server's clock.
+const CLOCK_WARN_MS: i64 = 1000;
 
 /// Lua numbers are doubles: integers above this are not exact. Times and
 /// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
@@ -440,6 +447,9 @@ pub struct RedisStore {
     /// heartbeat lands after the key is deleted.
     gone: tokio::sync::Mutex<bool>,
     scripts: Scripts,
+    /// The server's clock as this replica sees it, from each heartbeat's
+    /// `TIME`: what every replica judges deadlines by.
+    clock: StoreClock,
 }
 
 impl fmt::Debug for RedisStore {
@@ -494,6 +504,7 @@ impl RedisStore {
             replica,
             gone: tokio::sync::Mutex::new(false),
             scripts: Scripts::new(namespace),
+            clock: StoreClock::default(),
         };
         store.replica_alive().await?;
         Ok(store)
@@ -882,16 +893,40 @@ impl TaskStore for RedisStore {
             return Ok(());
         }
         let (k, ttl) = (self.replica_key.clone(), REPLICA_TTL.as_millis() as u64);
-        self.call("replica_alive", |mut c| async move {
-            redis::cmd("SET")
-                .arg(&k)
-                .arg(1)
-                .arg("PX")
-                .arg(ttl)
-                .query_async::<()>(&mut c)
-                .await
-        })
-        .await
+        let sent_us = clock::local_us();
+        // The heartbeat and a reading of the server's clock, in one round trip.
+        let ((secs, micros),): ((u64, u64),) = self
+            .call("replica_alive", |mut c| async move {
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(&k)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(ttl)
+                    .ignore()
+                    .cmd("TIME")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let before = self.clock.offset_ms();
+        let offset = self.clock.record(clock::Sample {
+            sent_us,
+            answered_us: clock::local_us(),
+            server_us: secs.saturating_mul(1_000_000).saturating_add(micros),
+        });
+        metrics::STORE_CLOCK_OFFSET.set(offset as f64 / 1000.0);
+        if offset.abs() >= CLOCK_WARN_MS && before.abs() < CLOCK_WARN_MS {
+            tracing::warn!(
+                offset_ms = offset,
+                "this replica's clock is off the Redis server's; leases, claims and budget windows follow the server's"
+            );
+        }
+        Ok(())
+    }
+
+    fn clock_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     async fn replica_gone(&self) -> Result<(), StoreError> {
