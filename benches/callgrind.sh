@@ -13,7 +13,10 @@
 # tracking on); (Ir(N) - Ir(0)) / N is the cost of one request. A third
 # proxy, bare pingora with pingora-core's own upstream pool
 # (`--pingora-core-pool`), shows what the vendored pingora-proxy's pool
-# takes off (vendor/pingora-proxy/PATCHED.md). Prints a table; leaves the
+# takes off (vendor/pingora-proxy/PATCHED.md). nginx (Debian's nginx-light,
+# configured as the proxy bench configures it, as one process: valgrind
+# follows one) gives the count the pingora builds are compared with. Prints
+# a table; leaves the
 # callgrind files in a scratch directory for
 # `callgrind_annotate`.
 set -euo pipefail
@@ -30,6 +33,7 @@ run() {
     local p; p=$(port)
     local out="$dir/$name.$n.cg"
     sed "s/@PORT@/$p/" "$dir/gw.toml" > "$dir/gw.$p.toml"
+    [[ $name == nginx ]] && nginx_conf "$dir/nginx.$p.conf" "$p" 0
     local args=("${@//@PORT@/$p}")
     args=("${args[@]//@CONFIG@/$dir/gw.$p.toml}")
     valgrind --tool=callgrind --callgrind-out-file="$out" "${args[@]}" \
@@ -46,10 +50,13 @@ gateway_toml "$dir/gw.toml" 1
 
 results=()
 proxies=(bare gateway bare-core-pool)
+command -v nginx >/dev/null && proxies+=(nginx) || echo "nginx not installed: its row is left out" >&2
 for proxy in "${proxies[@]}"; do
     for n in 0 "$N"; do
         if [[ $proxy == bare ]]; then
             ir=$(run bare "$n" "$bare" --bare-pingora --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
+        elif [[ $proxy == nginx ]]; then
+            ir=$(run nginx "$n" nginx -c "$dir/nginx.@PORT@.conf")
         elif [[ $proxy == bare-core-pool ]]; then
             ir=$(run bare-core-pool "$n" "$bare" --bare-pingora --pingora-core-pool --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         else
@@ -74,3 +81,7 @@ echo
 c=$(( (${ir[bare-core-pool.$N]} - ${ir[bare-core-pool.0]}) / N ))
 echo "gateway / bare: $(python3 -c "print(f'{$g/$b:.2f}')")x instructions per request (+$((g - b)) per request)"
 echo "bare with pingora-core's own upstream pool (as published) / bare: $(python3 -c "print(f'{$c/$b:.2f}')")x ($((c - b)) per request)"
+if [[ -n ${ir[nginx.$N]:-} ]]; then
+    x=$(( (${ir[nginx.$N]} - ${ir[nginx.0]}) / N ))
+    echo "bare / nginx: $(python3 -c "print(f'{$b/$x:.2f}')")x; gateway / nginx: $(python3 -c "print(f'{$g/$x:.2f}')")x"
+fi

@@ -51,3 +51,41 @@ name = "w"
 worker = "http://127.0.0.1:$wport"
 EOF
 }
+
+# nginx_conf FILE PORT [WORKERS]: nginx as the proxy bench configures it
+# (upstream keep-alive, no buffering) in front of the worker, logs and temp
+# files in $dir; WORKERS worker processes (default 2), or with WORKERS = 0
+# one process that is master and worker at once (for valgrind).
+nginx_conf() {
+    local user="" procs="worker_processes ${3:-2};"
+    [[ $(id -u) == 0 ]] && user="user root;"
+    [[ ${3:-2} == 0 ]] && procs="master_process off; worker_processes 1;"
+    cat > "$1" <<EOF
+$user
+$procs
+daemon off;
+error_log $dir/nginx-error.log warn;
+pid $1.pid;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    keepalive_requests 1000000;
+    upstream worker { server 127.0.0.1:$wport; keepalive 64; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$2;
+        location / {
+            proxy_pass http://worker;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+        }
+    }
+}
+EOF
+}

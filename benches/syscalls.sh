@@ -27,41 +27,6 @@ start_worker "$dir"
 # between them).
 gateway_toml "$dir/gw.toml" 2
 
-# nginx as the proxy bench configures it: two workers, upstream keep-alive,
-# no buffering.
-nginx_conf() {
-    local user=""
-    [[ $(id -u) == 0 ]] && user="user root;"
-    cat > "$1" <<EOF
-$user
-worker_processes 2;
-daemon off;
-error_log $dir/nginx-error.log warn;
-pid $1.pid;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $dir/body;
-    proxy_temp_path $dir/proxy;
-    fastcgi_temp_path $dir/fastcgi;
-    uwsgi_temp_path $dir/uwsgi;
-    scgi_temp_path $dir/scgi;
-    keepalive_requests 1000000;
-    upstream worker { server 127.0.0.1:$wport; keepalive 64; keepalive_requests 1000000; }
-    server {
-        listen 127.0.0.1:$2;
-        location / {
-            proxy_pass http://worker;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering off;
-        }
-    }
-}
-EOF
-}
-
 # run NAME N: the proxy under strace, N requests through it; writes
 # $dir/NAME.N.strace (strace's summary).
 run() {
