@@ -484,6 +484,118 @@ async fn two_replicas_share_an_account_on_redis() {
     );
 }
 
+/// A reservation whose answer the gateway never got is withdrawn: Redis
+/// holds every write for 1.5 s, the reserve times out after 1 s (the child
+/// starts unreserved, `on_store_error = "fail-open"`) and is applied when
+/// the pause ends; the gateway's withdrawal, sent after it, takes it off
+/// again. Before, the account stayed 100 tokens short until its window
+/// ended (an hour here).
+#[tokio::test]
+async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Python).await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
+        redis.url(),
+        worker.url()
+    );
+    let gw = Gateway::start(&cfg).await;
+    // The account exists (one child reserved and settled through it).
+    let (admitted, _) = concurrent_children(&[&gw.url], "acme", 1, "spend:0:tokens=10").await;
+    assert_eq!(admitted.len(), 1);
+    let mut before = Value::Null;
+    for _ in 0..50 {
+        before = account(&gw, "acme").await;
+        if before["reserved"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(before["reserved"], 0, "{before}");
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("WRITE")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let (admitted, refused) = concurrent_children(&[&gw.url], "acme", 1, "spend:0:tokens=10").await;
+    assert_eq!(
+        (admitted.len(), refused.len()),
+        (1, 0),
+        "fail-open: the child starts unreserved"
+    );
+    assert!(
+        gw.counter("a2agw_store_errors_total", &["account_reserve"])
+            .await
+            >= 1.0,
+        "the reserve timed out"
+    );
+    // The pause has ended; the reservation landed, and the withdrawal
+    // after it.
+    let mut after = Value::Null;
+    for _ in 0..100 {
+        after = account(&gw, "acme").await;
+        if after["reserved"] == 0 && after["spent"] == before["spent"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(after["reserved"], 0, "withdrawn: {after}");
+    assert_eq!(after["spent"], before["spent"], "nothing charged: {after}");
+}
+
+/// A settlement the store did not take is sent again: Redis holds every
+/// write for 1.5 s while the child settles, and the settle fails (here the
+/// time-out of the call before it on the shared connection fails it at
+/// once). The retry a second later lands: the account is charged what the
+/// child reported, once, and holds no reservation. Before, the
+/// reservation stayed until the account's window ended. (A retry of a
+/// settlement that did land changes nothing: the store conformance checks.)
+#[tokio::test]
+async fn a_settlement_the_store_did_not_take_is_retried() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Python).await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
+        redis.url(),
+        worker.url()
+    );
+    let gw = Gateway::start(&cfg).await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let url = gw.url.clone();
+    let child = tokio::spawn(async move {
+        concurrent_children(&[&url], "acme", 1, "spend:800:tokens=10").await
+    });
+    // Reserved by now; the child reports and settles while writes wait.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("WRITE")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let (admitted, _) = child.await.unwrap();
+    assert_eq!(admitted.len(), 1);
+    let spent = settled_spend(&admitted[0]);
+    // Past the pause and the retry (1 s after the timeout).
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(
+        gw.counter("a2agw_store_errors_total", &["account_settle"])
+            .await
+            >= 1.0,
+        "the first settle failed"
+    );
+    let acct = account(&gw, "acme").await;
+    assert_eq!(acct["reserved"], 0, "{acct}");
+    assert_eq!(acct["spent"], spent, "charged once: {acct}");
+}
+
 /// Malformed grants are refused with InvalidParams before the worker sees
 /// them (small bodies read up front, large ones held), and no task starts.
 async fn bad_grants(kind: Kind, bind: Bind, pad: usize) {

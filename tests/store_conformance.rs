@@ -380,6 +380,7 @@ async fn listing_steps_through_a_large_keyspace() {
             amount: 1,
             limit: 10,
             expires_ms: a2a_gateway::store::now_ms() + 60_000,
+            ticket: format!("big-{holder}"),
         };
         assert_eq!(s.account_reserve(&[ask]).await.unwrap(), Ok(()));
     }

@@ -99,7 +99,11 @@ pub struct Budgets {
     canceller: Canceller,
     /// Children with a budget in flight on this replica, for the admin view.
     live: Mutex<HashMap<u64, Arc<Shared>>>,
+    /// Numbers live children and reservation tickets.
     seq: AtomicU64,
+    /// This process's part of every reservation ticket (host, process id,
+    /// start time): tickets stay unique across replicas and restarts.
+    tickets: String,
 }
 
 /// What one child's budget looks like right now, shared between its
@@ -192,6 +196,7 @@ impl Budgets {
             canceller,
             live: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(1),
+            tickets: crate::lease::default_replica_id(),
         }
     }
 
@@ -298,6 +303,7 @@ impl Budgets {
         now: u64,
     ) -> Result<Vec<Reservation>, BudgetError> {
         let mut asks = Vec::new();
+        let ticket = self.seq.fetch_add(1, Ordering::Relaxed);
         for acct in &policy.accounts {
             let window_ms = acct.window.as_millis() as u64;
             let holder = match acct.per {
@@ -321,6 +327,7 @@ impl Budgets {
                     amount,
                     limit,
                     expires_ms: window_end(now, window_ms).saturating_add(ACCOUNT_SLACK_MS),
+                    ticket: format!("{}-{}.{}", self.tickets, ticket, asks.len()),
                 });
             }
         }
@@ -355,6 +362,12 @@ impl Budgets {
                 metrics::STORE_ERRORS
                     .with_label_values(&["account_reserve"])
                     .inc();
+                // The store may have applied the reservation and only its
+                // answer was lost (a timeout): withdraw it, which changes
+                // nothing if it never landed. Either way the child runs
+                // unreserved or not at all.
+                let withdraw = asks.iter().map(|a| (a.clone(), 0)).collect();
+                crate::drain::spawn_work(settle_retrying(self.store.clone(), withdraw, "withdraw"));
                 if self.fail_closed {
                     Err(BudgetError::StoreUnavailable(e.to_string()))
                 } else {
@@ -604,15 +617,7 @@ impl ChildBudget {
                 .with_label_values(&[&self.shared.route, &r.meter])
                 .inc_by(*charged);
         }
-        let store = budgets.store.clone();
-        crate::drain::spawn_work(async move {
-            if let Err(e) = store.account_settle(&settled).await {
-                metrics::STORE_ERRORS
-                    .with_label_values(&["account_settle"])
-                    .inc();
-                tracing::warn!(error = %e, "could not settle budget reservations; they stay reserved until the account's window ends");
-            }
-        });
+        crate::drain::spawn_work(settle_retrying(budgets.store.clone(), settled, "settle"));
     }
 
     /// The SSE event that ends the caller's stream of an exhausted child:
@@ -747,6 +752,41 @@ pub fn failure_update(
             BUDGET_METADATA_KEY: Value::Object(status_budget),
         },
     }})
+}
+
+/// When a settlement the store did not take is sent again, after the first
+/// attempt: the store may be restarting or failing over.
+const SETTLE_RETRIES: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+];
+
+/// Settles reservations, retrying while the store does not answer: each
+/// ticket settles once however often it is sent
+/// ([`TaskStore::account_settle`]). `what` names the cause in logs:
+/// `settle` (a child ended) or `withdraw` (a reservation whose answer was
+/// lost, charged nothing).
+async fn settle_retrying(store: Arc<dyn TaskStore>, settled: Vec<(Reservation, u64)>, what: &str) {
+    let mut waits = SETTLE_RETRIES.iter();
+    loop {
+        let Err(e) = store.account_settle(&settled).await else {
+            return;
+        };
+        metrics::STORE_ERRORS
+            .with_label_values(&["account_settle"])
+            .inc();
+        match waits.next() {
+            Some(wait) => {
+                tracing::debug!(error = %e, what, retry_in = ?wait, "could not settle budget reservations; retrying");
+                tokio::time::sleep(*wait).await;
+            }
+            None => {
+                tracing::warn!(error = %e, what, "could not settle budget reservations after retries; they stay reserved until the account's window ends");
+                return;
+            }
+        }
+    }
 }
 
 /// RFC 3339 UTC with milliseconds, as the SDKs write status timestamps.

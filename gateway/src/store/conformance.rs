@@ -24,7 +24,10 @@ pub async fn run(store: &dyn TaskStore) {
     accounts(store).await;
 }
 
+/// An ask with a ticket of its own.
 fn ask(holder: &str, meter: &str, amount: u64, limit: u64) -> Reservation {
+    static TICKETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = TICKETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Reservation {
         account: AccountKey {
             route: "r".into(),
@@ -36,6 +39,7 @@ fn ask(holder: &str, meter: &str, amount: u64, limit: u64) -> Reservation {
         amount,
         limit,
         expires_ms: now_ms() + 60_000,
+        ticket: format!("conformance-{n}"),
     }
 }
 
@@ -91,16 +95,30 @@ async fn accounts(store: &dyn TaskStore) {
             .unwrap(),
         Err(Shortfall { index: 1, left: 10 })
     );
+    // A ticket already held is not reserved again (a retried reserve).
+    assert_eq!(
+        store
+            .account_reserve(std::slice::from_ref(&a))
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(balance(store, "acme", "tokens").await.reserved, 60);
     // Settled with less than reserved: the rest comes back.
     store.account_settle(&[(a.clone(), 25)]).await.unwrap();
-    assert_eq!(
-        balance(store, "acme", "tokens").await,
-        Account {
-            limit: 100,
-            spent: 25,
-            reserved: 0
-        }
-    );
+    let settled = Account {
+        limit: 100,
+        spent: 25,
+        reserved: 0,
+    };
+    assert_eq!(balance(store, "acme", "tokens").await, settled);
+    // A settlement sent again (a retry whose first answer was lost) is
+    // applied once; one for a reservation that never landed (withdrawn
+    // after a lost answer) changes nothing.
+    store.account_settle(&[(a.clone(), 25)]).await.unwrap();
+    let never = ask("acme", "tokens", 40, 100);
+    store.account_settle(&[(never, 0)]).await.unwrap();
+    assert_eq!(balance(store, "acme", "tokens").await, settled);
     // Released (charged 0), and overdraft charged in full.
     let b = ask("acme", "tokens", 75, 100);
     assert_eq!(

@@ -1,6 +1,6 @@
 //! The embedded store: one gateway process, no dependencies.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -67,9 +67,19 @@ pub struct MemoryStore {
     deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
     /// Lapsed leases handed back (`lease_retry`, and each claim's hold).
     retries: Mutex<Retries>,
-    /// Budget accounts by (account, meter): the balance and when it may be
-    /// forgotten. Small: one entry per tenant or caller and meter.
-    accounts: Mutex<BTreeMap<(AccountKey, String), (Account, u64)>>,
+    /// Budget accounts by (account, meter). Small: one entry per tenant or
+    /// caller and meter.
+    accounts: Mutex<BTreeMap<(AccountKey, String), Meter>>,
+}
+
+/// One meter of one budget account.
+#[derive(Debug)]
+struct Meter {
+    balance: Account,
+    /// When it may be forgotten, Unix ms.
+    expires_ms: u64,
+    /// The reservations it holds (their tickets), each settled once.
+    tickets: HashSet<String>,
 }
 
 impl MemoryStore {
@@ -95,9 +105,7 @@ impl MemoryStore {
         self.deadlines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn accounts(
-        &self,
-    ) -> std::sync::MutexGuard<'_, BTreeMap<(AccountKey, String), (Account, u64)>> {
+    fn accounts(&self) -> std::sync::MutexGuard<'_, BTreeMap<(AccountKey, String), Meter>> {
         // Every change under the lock is applied whole or not at all.
         self.accounts.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -129,14 +137,26 @@ impl TaskStore for MemoryStore {
     ) -> Result<Result<(), Shortfall>, StoreError> {
         let now = super::now_ms();
         let mut accounts = self.accounts();
-        accounts.retain(|_, (_, expires)| *expires > now);
+        accounts.retain(|_, m| m.expires_ms > now);
+        // An ask whose ticket is held already was reserved before.
+        let fresh: Vec<(usize, &Reservation)> = asks
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                accounts
+                    .get(&(a.account.clone(), a.meter.clone()))
+                    .is_none_or(|m| !m.tickets.contains(&a.ticket))
+            })
+            .collect();
         // Check everything first (asks for one account and meter add up),
         // then apply: all or nothing.
         let mut trial: BTreeMap<(AccountKey, String), Account> = BTreeMap::new();
-        for (index, ask) in asks.iter().enumerate() {
+        for &(index, ask) in &fresh {
             let id = (ask.account.clone(), ask.meter.clone());
             let acct = trial.entry(id.clone()).or_insert_with(|| {
-                let mut a = accounts.get(&id).map_or(Account::new(ask.limit), |e| e.0);
+                let mut a = accounts
+                    .get(&id)
+                    .map_or(Account::new(ask.limit), |m| m.balance);
                 a.limit = ask.limit;
                 a
             });
@@ -147,17 +167,18 @@ impl TaskStore for MemoryStore {
                 }));
             }
         }
-        for (index, ask) in asks.iter().enumerate() {
+        for (_, ask) in fresh {
             let id = (ask.account.clone(), ask.meter.clone());
-            if let Some(acct) = trial.remove(&id) {
-                let expires = asks[index..]
-                    .iter()
-                    .filter(|a| a.account == id.0 && a.meter == id.1)
-                    .map(|a| a.expires_ms)
-                    .max()
-                    .unwrap_or(ask.expires_ms);
-                accounts.insert(id, (acct, expires));
+            let m = accounts.entry(id.clone()).or_insert_with(|| Meter {
+                balance: Account::new(ask.limit),
+                expires_ms: ask.expires_ms,
+                tickets: HashSet::new(),
+            });
+            if let Some(a) = trial.remove(&id) {
+                m.balance = a;
             }
+            m.expires_ms = m.expires_ms.max(ask.expires_ms);
+            m.tickets.insert(ask.ticket.clone());
         }
         Ok(Ok(()))
     }
@@ -165,10 +186,11 @@ impl TaskStore for MemoryStore {
     async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError> {
         let mut accounts = self.accounts();
         for (r, charged) in settled {
-            let e = accounts
-                .entry((r.account.clone(), r.meter.clone()))
-                .or_insert((Account::new(r.limit), r.expires_ms));
-            e.0.settle(r.amount, Some(*charged));
+            if let Some(m) = accounts.get_mut(&(r.account.clone(), r.meter.clone())) {
+                if m.tickets.remove(&r.ticket) {
+                    m.balance.settle(r.amount, Some(*charged));
+                }
+            }
         }
         Ok(())
     }
@@ -178,12 +200,12 @@ impl TaskStore for MemoryStore {
         Ok(self
             .accounts()
             .iter()
-            .filter(|(_, (_, expires))| *expires > now)
+            .filter(|(_, m)| m.expires_ms > now)
             .take(limit)
-            .map(|((account, meter), (balance, _))| AccountView {
+            .map(|((account, meter), m)| AccountView {
                 account: account.clone(),
                 meter: meter.clone(),
-                balance: *balance,
+                balance: m.balance,
             })
             .collect())
     }

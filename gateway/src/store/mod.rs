@@ -128,6 +128,12 @@ pub struct Reservation {
     /// Unix ms after which the store may forget the account (its window's
     /// end plus slack for late settlements).
     pub expires_ms: u64,
+    /// Unique to this reservation across replicas and restarts. The store
+    /// reserves a ticket once and settles it once, and settles nothing for
+    /// a ticket it does not hold: a settlement can be retried, and a
+    /// reservation whose answer was lost (a timeout after the store applied
+    /// it) can be withdrawn without knowing whether it was applied.
+    pub ticket: String,
 }
 
 /// A reservation that did not fit: which one (index into the asks) and
@@ -224,7 +230,8 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Reserves every ask from its account, all or nothing, atomically with
     /// respect to every replica: either each account had room for its ask
     /// and all are now reserved, or none is and the first that had not is
-    /// returned. One round trip.
+    /// returned. An ask whose ticket the store holds already is not
+    /// reserved again. One round trip.
     async fn account_reserve(
         &self,
         asks: &[Reservation],
@@ -233,7 +240,8 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Ends reservations: each is taken off its account's reserved total and
     /// `charged` is added to its spent total (the spend the child reported,
     /// the whole reservation when it reported none, 0 when the send was
-    /// refused). One round trip.
+    /// refused). Only tickets the store holds are settled, each once. One
+    /// round trip.
     async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError>;
 
     /// Up to `limit` account meters in live windows, for the admin endpoint.

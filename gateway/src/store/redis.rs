@@ -8,7 +8,7 @@
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
 //! | `{ns}:leases:retry` | sorted set | lapsed leases handed back for another claim, score = when |
 //! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
-//! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, and `route`, `scope`, `holder`, `window`; expires an hour after its window ends |
+//! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
 //!
 //! Route, tenant and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
@@ -316,45 +316,59 @@ return out
 "#;
 
 /// KEYS: one account hash per ask. ARGV: n, then per ask meter, amount,
-/// limit, expires_at, route, scope, holder, window. All or nothing: returns
-/// `{-1, "0"}` when every ask was reserved, else `{index, left}` of the
-/// first that did not fit (asks on one account and meter add up).
+/// limit, expires_at, route, scope, holder, window, ticket. All or nothing:
+/// returns `{-1, "0"}` when every ask was reserved, else `{index, left}` of
+/// the first that did not fit (asks on one account and meter add up). An
+/// ask whose ticket (`t:{ticket}` field) the account holds was reserved
+/// before and is skipped.
 const ACCOUNT_RESERVE: &str = r#"
 local n = num(ARGV[1])
 local pending = {}
+local fresh = {}
 for i = 1, n do
-  local b = 1 + (i - 1) * 8
+  local b = 1 + (i - 1) * 9
   local k, meter, amount, limit = KEYS[i], ARGV[b + 1], num(ARGV[b + 2]), num(ARGV[b + 3])
-  local id = k .. '\n' .. meter
-  local held = num(redis.call('HGET', k, 'spent:' .. meter))
-    + num(redis.call('HGET', k, 'reserved:' .. meter)) + (pending[id] or 0)
-  local left = math.max(limit - held, 0)
-  if amount > left then return {i - 1, fmt(left)} end
-  pending[id] = (pending[id] or 0) + amount
+  fresh[i] = redis.call('HEXISTS', k, 't:' .. ARGV[b + 9]) == 0
+  if fresh[i] then
+    local id = k .. '\n' .. meter
+    local held = num(redis.call('HGET', k, 'spent:' .. meter))
+      + num(redis.call('HGET', k, 'reserved:' .. meter)) + (pending[id] or 0)
+    local left = math.max(limit - held, 0)
+    if amount > left then return {i - 1, fmt(left)} end
+    pending[id] = (pending[id] or 0) + amount
+  end
 end
 for i = 1, n do
-  local b = 1 + (i - 1) * 8
-  local k, meter = KEYS[i], ARGV[b + 1]
-  local r = num(redis.call('HGET', k, 'reserved:' .. meter)) + num(ARGV[b + 2])
-  redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'limit:' .. meter, ARGV[b + 3],
-    'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
-  redis.call('PEXPIREAT', k, ARGV[b + 4])
+  if fresh[i] then
+    local b = 1 + (i - 1) * 9
+    local k, meter = KEYS[i], ARGV[b + 1]
+    local r = num(redis.call('HGET', k, 'reserved:' .. meter)) + num(ARGV[b + 2])
+    redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'limit:' .. meter, ARGV[b + 3],
+      'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8],
+      't:' .. ARGV[b + 9], ARGV[b + 2])
+    redis.call('PEXPIREAT', k, ARGV[b + 4])
+  end
 end
 return {-1, '0'}
 "#;
 
 /// KEYS: one account hash per settlement. ARGV per settlement: meter,
-/// reserved, limit, expires_at, route, scope, holder, window, charged.
+/// reserved, limit, expires_at, route, scope, holder, window, ticket,
+/// charged. Settles only a ticket the account holds, and takes it out: a
+/// settlement applies once, and one of a reservation that never landed
+/// changes nothing.
 const ACCOUNT_SETTLE: &str = r#"
 for i = 1, #KEYS do
-  local b = (i - 1) * 9
+  local b = (i - 1) * 10
   local k, meter = KEYS[i], ARGV[b + 1]
-  local r = math.max(num(redis.call('HGET', k, 'reserved:' .. meter)) - num(ARGV[b + 2]), 0)
-  local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + num(ARGV[b + 9]), MAX)
-  redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
-    'limit:' .. meter, ARGV[b + 3],
-    'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
-  redis.call('PEXPIREAT', k, ARGV[b + 4])
+  if redis.call('HDEL', k, 't:' .. ARGV[b + 9]) == 1 then
+    local r = math.max(num(redis.call('HGET', k, 'reserved:' .. meter)) - num(ARGV[b + 2]), 0)
+    local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + num(ARGV[b + 10]), MAX)
+    redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
+      'limit:' .. meter, ARGV[b + 3],
+      'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
+    redis.call('PEXPIREAT', k, ARGV[b + 4])
+  end
 end
 return 1
 "#;
@@ -539,8 +553,9 @@ impl RedisStore {
         )
     }
 
-    /// A reservation's key and its 8 arguments to the account scripts:
-    /// meter, amount, limit, expires_at, route, scope, holder, window.
+    /// A reservation's key and its 9 arguments to the account scripts:
+    /// meter, amount, limit, expires_at, route, scope, holder, window,
+    /// ticket.
     fn reservation_args(&self, inv: &mut redis::ScriptInvocation<'_>, a: &Reservation) {
         inv.key(self.account_key(&a.account))
             .arg(&a.meter)
@@ -550,7 +565,8 @@ impl RedisStore {
             .arg(&*a.account.route)
             .arg(&*a.account.scope)
             .arg(&*a.account.holder)
-            .arg(a.account.window_start_ms);
+            .arg(a.account.window_start_ms)
+            .arg(&a.ticket);
     }
 
     /// The Redis key of the lease deadline index.
