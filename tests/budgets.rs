@@ -549,12 +549,12 @@ async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
 }
 
 /// A settlement the store did not take is sent again: Redis holds every
-/// write for 1.5 s while the child settles, and the settle fails (here the
-/// time-out of the call before it on the shared connection fails it at
-/// once). The retry a second later lands: the account is charged what the
-/// child reported, once, and holds no reservation. Before, the
-/// reservation stayed until the account's window ended. (A retry of a
-/// settlement that did land changes nothing: the store conformance checks.)
+/// write for 1.5 s while the child settles, and the settle fails without
+/// landing (with retries off, the account keeps the reservation: checked).
+/// The retry a second later lands: the account is charged what the child
+/// reported, once, and holds no reservation. Before, the reservation stayed
+/// until the account's window ended. (A retry of a settlement that did
+/// land changes nothing: the store conformance checks.)
 #[tokio::test]
 async fn a_settlement_the_store_did_not_take_is_retried() {
     let redis = RedisServer::start().await;

@@ -101,8 +101,9 @@ pub struct Budgets {
     live: Mutex<HashMap<u64, Arc<Shared>>>,
     /// Numbers live children and reservation tickets.
     seq: AtomicU64,
-    /// This process's part of every reservation ticket (host, process id,
-    /// start time): tickets stay unique across replicas and restarts.
+    /// This process's part of every reservation ticket
+    /// ([`ticket_prefix`]): tickets stay unique across replicas and
+    /// restarts.
     tickets: String,
 }
 
@@ -196,7 +197,7 @@ impl Budgets {
             canceller,
             live: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(1),
-            tickets: crate::lease::default_replica_id(),
+            tickets: ticket_prefix(),
         }
     }
 
@@ -364,10 +365,15 @@ impl Budgets {
                     .inc();
                 // The store may have applied the reservation and only its
                 // answer was lost (a timeout): withdraw it, which changes
-                // nothing if it never landed. Either way the child runs
-                // unreserved or not at all.
+                // nothing if it never landed and keeps it from landing
+                // later. Either way the child runs unreserved or not at all.
                 let withdraw = asks.iter().map(|a| (a.clone(), 0)).collect();
-                crate::drain::spawn_work(settle_retrying(self.store.clone(), withdraw, "withdraw"));
+                crate::drain::spawn_work(settle_retrying(
+                    self.store.clone(),
+                    withdraw,
+                    &WITHDRAW_RETRIES,
+                    "withdraw",
+                ));
                 if self.fail_closed {
                     Err(BudgetError::StoreUnavailable(e.to_string()))
                 } else {
@@ -617,7 +623,12 @@ impl ChildBudget {
                 .with_label_values(&[&self.shared.route, &r.meter])
                 .inc_by(*charged);
         }
-        crate::drain::spawn_work(settle_retrying(budgets.store.clone(), settled, "settle"));
+        crate::drain::spawn_work(settle_retrying(
+            budgets.store.clone(),
+            settled,
+            &SETTLE_RETRIES,
+            "settle",
+        ));
     }
 
     /// The SSE event that ends the caller's stream of an exhausted child:
@@ -754,6 +765,17 @@ pub fn failure_update(
     }})
 }
 
+/// This process's part of every reservation ticket: host, process id,
+/// start time and a random number (two containers may share a host name
+/// and a process id, and start in the same millisecond).
+fn ticket_prefix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nonce = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{}-{nonce:016x}", crate::lease::default_replica_id())
+}
+
 /// When a settlement the store did not take is sent again, after the first
 /// attempt: the store may be restarting or failing over.
 const SETTLE_RETRIES: [Duration; 3] = [
@@ -762,13 +784,23 @@ const SETTLE_RETRIES: [Duration; 3] = [
     Duration::from_secs(30),
 ];
 
+/// When the withdrawal of a reservation whose answer was lost is sent
+/// again. Shorter than a settlement's: most reserve errors are a store that
+/// is down (nothing landed), and each failed send in an outage owes one.
+const WITHDRAW_RETRIES: [Duration; 1] = [Duration::from_secs(1)];
+
 /// Settles reservations, retrying while the store does not answer: each
 /// ticket settles once however often it is sent
 /// ([`TaskStore::account_settle`]). `what` names the cause in logs:
 /// `settle` (a child ended) or `withdraw` (a reservation whose answer was
 /// lost, charged nothing).
-async fn settle_retrying(store: Arc<dyn TaskStore>, settled: Vec<(Reservation, u64)>, what: &str) {
-    let mut waits = SETTLE_RETRIES.iter();
+async fn settle_retrying(
+    store: Arc<dyn TaskStore>,
+    settled: Vec<(Reservation, u64)>,
+    retries: &[Duration],
+    what: &str,
+) {
+    let mut waits = retries.iter();
     loop {
         let Err(e) = store.account_settle(&settled).await else {
             return;

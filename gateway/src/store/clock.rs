@@ -12,15 +12,19 @@
 //! clock somewhere between send and answer), so of the last
 //! [`StoreClock::SAMPLES`] the one with the shortest round trip wins, as in
 //! NTP's clock filter: a sample delayed behind other commands on the shared
-//! connection does not move the estimate. A local clock step shows within
-//! that many heartbeats.
+//! connection does not move the estimate. Samples are timed by the
+//! monotonic clock and the estimate is the server's time minus it, so a
+//! step of the local wall clock (NTP, a resumed VM) changes nothing: the
+//! replica goes on with the server's time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
-/// One reading of the server's clock: local Unix µs when the request left
-/// and when its answer came, and the server's Unix µs in between.
+/// One reading of the server's clock: this process's monotonic µs (see
+/// [`StoreClock::mono_us`]) when the request left and when its answer came,
+/// and the server's Unix µs in between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sample {
     pub sent_us: u64,
@@ -29,7 +33,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Server minus local, at the midpoint of the round trip.
+    /// Server Unix µs minus monotonic µs, at the midpoint of the round trip.
     fn offset_us(&self) -> i64 {
         let mid = (self.sent_us + self.answered_us) / 2;
         self.server_us as i64 - mid as i64
@@ -40,111 +44,129 @@ impl Sample {
     }
 }
 
-/// A replica's estimate of how far the store's clock is from its own.
-#[derive(Debug, Default)]
+/// A replica's estimate of the store's clock.
+#[derive(Debug)]
 pub struct StoreClock {
-    /// Store minus local, ms; 0 until the first sample.
-    offset_ms: AtomicI64,
+    /// Where this process's monotonic µs count from.
+    base: Instant,
+    /// Server Unix µs minus monotonic µs; [`NONE`] until the first sample.
+    offset_us: AtomicI64,
     recent: Mutex<VecDeque<Sample>>,
 }
+
+impl Default for StoreClock {
+    fn default() -> Self {
+        StoreClock {
+            base: Instant::now(),
+            offset_us: AtomicI64::new(NONE),
+            recent: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
+/// No sample yet: the local wall clock stands in.
+const NONE: i64 = i64::MIN;
 
 impl StoreClock {
     /// How many recent samples the estimate is chosen from.
     pub const SAMPLES: usize = 8;
 
-    /// Takes a sample in; returns the estimate (store minus local, ms) after it.
+    /// Monotonic µs since this clock was made: what samples are timed by.
+    pub fn mono_us(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
+    }
+
+    /// Takes a sample in; returns the store's clock minus the local wall
+    /// clock after it, in ms (for metrics and logs).
     pub fn record(&self, s: Sample) -> i64 {
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         if recent.len() == Self::SAMPLES {
             recent.pop_front();
         }
         recent.push_back(s);
-        let best = recent
-            .iter()
-            .min_by_key(|s| s.round_trip_us())
-            .map_or(0, Sample::offset_us);
-        let ms = best.div_euclid(1000);
-        self.offset_ms.store(ms, Ordering::Relaxed);
-        ms
+        if let Some(best) = recent.iter().min_by_key(|s| s.round_trip_us()) {
+            self.offset_us.store(best.offset_us(), Ordering::Relaxed);
+        }
+        drop(recent);
+        self.offset_ms()
     }
 
-    /// Store minus local, ms.
+    /// The store's clock minus the local wall clock, ms (0 before any
+    /// sample).
     pub fn offset_ms(&self) -> i64 {
-        self.offset_ms.load(Ordering::Relaxed)
+        self.now_ms() as i64 - super::now_ms() as i64
     }
 
-    /// The store's time now, Unix ms, by the local clock and the estimate.
+    /// The store's time now, Unix ms: the monotonic clock plus the
+    /// estimate, or the local wall clock before the first sample.
     pub fn now_ms(&self) -> u64 {
-        super::now_ms().saturating_add_signed(self.offset_ms())
+        match self.offset_us.load(Ordering::Relaxed) {
+            NONE => super::now_ms(),
+            off => ((self.mono_us() as i64).saturating_add(off).max(0) as u64) / 1000,
+        }
     }
-}
-
-/// Unix time in microseconds, by the local clock.
-pub fn local_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample(sent_us: u64, rtt_us: u64, server_us: u64) -> Sample {
+    fn wall_us() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    }
+
+    /// A sample taken now, answered in `rtt_us`, from a server whose clock
+    /// is `ahead_ms` ahead of the local one.
+    fn now_sample(c: &StoreClock, ahead_ms: i64, rtt_us: u64) -> Sample {
+        let sent_us = c.mono_us();
         Sample {
             sent_us,
             answered_us: sent_us + rtt_us,
-            server_us,
+            server_us: (wall_us() as i64 + ahead_ms * 1000 + rtt_us as i64 / 2) as u64,
         }
+    }
+
+    fn near(got: i64, want: i64) -> bool {
+        (got - want).abs() <= 3
     }
 
     #[test]
     fn offset_is_taken_at_the_midpoint_of_the_round_trip() {
-        let cases: &[(Sample, i64)] = &[
-            // Server 30 s ahead, answered in 1 ms.
-            (sample(1_000_000, 1_000, 31_000_500), 30_000),
-            // Server 30 s behind.
-            (sample(40_000_000, 1_000, 10_000_500), -30_000),
-            // In step: the server read its clock mid-way.
-            (sample(5_000_000, 2_000, 5_001_000), 0),
-            // Less than a millisecond behind rounds down, not to zero.
-            (sample(5_000_000, 0, 4_999_600), -1),
-        ];
-        for (s, want) in cases {
+        for ahead in [30_000, -30_000, 0, 5] {
             let c = StoreClock::default();
-            assert_eq!(c.record(*s), *want, "{s:?}");
-            assert_eq!(c.offset_ms(), *want);
+            assert_eq!(c.offset_ms(), 0, "no sample: the local clock");
+            let got = c.record(now_sample(&c, ahead, 1_000));
+            assert!(near(got, ahead), "{got} vs {ahead}");
+            assert!(near(c.offset_ms(), ahead));
+            let now = c.now_ms() as i64;
+            assert!(near(now - crate::store::now_ms() as i64, ahead), "{now}");
         }
     }
 
     #[test]
     fn the_shortest_round_trip_of_the_recent_samples_wins() {
         let c = StoreClock::default();
-        assert_eq!(c.offset_ms(), 0, "no sample: the local clock");
-        assert_eq!(c.record(sample(0, 200, 10_000_100)), 10_000);
+        let off = |c: &StoreClock| c.offset_us.load(Ordering::Relaxed);
+        let at = |sent_us: u64, rtt_us: u64, server_us: u64| Sample {
+            sent_us,
+            answered_us: sent_us + rtt_us,
+            server_us,
+        };
+        c.record(at(0, 200, 10_000_100));
+        assert_eq!(off(&c), 10_000_000);
         // Slower answers (queued behind other commands) do not move it.
-        assert_eq!(c.record(sample(1_000_000, 400_000, 11_400_000)), 10_000);
+        c.record(at(1_000_000, 400_000, 11_400_000));
+        assert_eq!(off(&c), 10_000_000);
         // A faster one does.
-        assert_eq!(c.record(sample(2_000_000, 100, 12_000_050)), 10_000);
-        assert_eq!(c.record(sample(3_000_000, 50, 3_000_025)), 0);
-        // Once the best sample is SAMPLES old, the best of the rest wins:
-        // a local clock step shows within SAMPLES heartbeats.
+        c.record(at(3_000_000, 50, 3_000_025));
+        assert_eq!(off(&c), 0);
+        // Once the best sample is SAMPLES old, the best of the rest wins.
         for i in 0..StoreClock::SAMPLES as u64 {
-            let sent = 6_000_000_000 + i;
-            c.record(sample(sent, 1_000, sent + 500 - 5_000_000_000));
+            let sent = 6_000_000 + i;
+            c.record(at(sent, 1_000, sent + 500 + 5_000_000_000));
         }
-        assert_eq!(c.offset_ms(), -5_000_000);
-    }
-
-    #[test]
-    fn now_follows_the_estimate() {
-        let c = StoreClock::default();
-        let local = crate::store::now_ms();
-        c.record(sample(local_us(), 0, local_us() + 60_000_000));
-        let now = c.now_ms();
-        assert!(
-            (local + 59_000..local + 62_000).contains(&now),
-            "{now} vs {local}"
-        );
+        assert_eq!(off(&c), 5_000_000_000);
     }
 }

@@ -104,6 +104,20 @@ async fn accounts(store: &dyn TaskStore) {
         Ok(())
     );
     assert_eq!(balance(store, "acme", "tokens").await.reserved, 60);
+    // The withdrawal of a reservation that never landed (its answer lost,
+    // the reserve not applied) takes nothing off the others', and its
+    // reserve landing after it reserves nothing.
+    let never = ask("acme", "tokens", 40, 100);
+    store.account_settle(&[(never.clone(), 0)]).await.unwrap();
+    assert_eq!(store.account_reserve(&[never]).await.unwrap(), Ok(()));
+    assert_eq!(
+        balance(store, "acme", "tokens").await,
+        Account {
+            limit: 100,
+            spent: 0,
+            reserved: 60
+        }
+    );
     // Settled with less than reserved: the rest comes back.
     store.account_settle(&[(a.clone(), 25)]).await.unwrap();
     let settled = Account {
@@ -113,11 +127,15 @@ async fn accounts(store: &dyn TaskStore) {
     };
     assert_eq!(balance(store, "acme", "tokens").await, settled);
     // A settlement sent again (a retry whose first answer was lost) is
-    // applied once; one for a reservation that never landed (withdrawn
-    // after a lost answer) changes nothing.
+    // applied once, and the ticket is not reserved again.
     store.account_settle(&[(a.clone(), 25)]).await.unwrap();
-    let never = ask("acme", "tokens", 40, 100);
-    store.account_settle(&[(never, 0)]).await.unwrap();
+    assert_eq!(
+        store
+            .account_reserve(std::slice::from_ref(&a))
+            .await
+            .unwrap(),
+        Ok(())
+    );
     assert_eq!(balance(store, "acme", "tokens").await, settled);
     // Released (charged 0), and overdraft charged in full.
     let b = ask("acme", "tokens", 75, 100);
@@ -130,6 +148,7 @@ async fn accounts(store: &dyn TaskStore) {
     );
     store.account_settle(&[(b.clone(), 0)]).await.unwrap();
     assert_eq!(balance(store, "acme", "tokens").await.left(), 75);
+    let b = ask("acme", "tokens", 75, 100);
     assert_eq!(
         store
             .account_reserve(std::slice::from_ref(&b))
@@ -182,6 +201,19 @@ async fn accounts(store: &dyn TaskStore) {
         .count();
     assert_eq!(won, 9);
     assert_eq!(balance(store, "race", "tokens").await.reserved, 90);
+    // A child whose reservation the store lost (a Redis restarted without
+    // persistence) is still charged what it spent, once.
+    let lost = ask("lost", "tokens", 50, 100);
+    store.account_settle(&[(lost.clone(), 30)]).await.unwrap();
+    store.account_settle(&[(lost, 30)]).await.unwrap();
+    assert_eq!(
+        balance(store, "lost", "tokens").await,
+        Account {
+            limit: 100,
+            spent: 30,
+            reserved: 0
+        }
+    );
 }
 
 async fn records(store: &dyn TaskStore) {

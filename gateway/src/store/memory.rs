@@ -1,6 +1,6 @@
 //! The embedded store: one gateway process, no dependencies.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -70,6 +70,34 @@ pub struct MemoryStore {
     /// Budget accounts by (account, meter). Small: one entry per tenant or
     /// caller and meter.
     accounts: Mutex<BTreeMap<(AccountKey, String), Meter>>,
+    /// Tickets settled lately, as Redis keeps them
+    /// ([`super::redis::TICKET_TOMBSTONE`]).
+    tombstones: Mutex<Tombstones>,
+}
+
+/// Settled tickets, forgotten after [`super::redis::TICKET_TOMBSTONE`].
+#[derive(Debug, Default)]
+struct Tombstones {
+    tickets: HashSet<String>,
+    /// (when it is forgotten, ticket), oldest first.
+    expiry: VecDeque<(u64, String)>,
+}
+
+impl Tombstones {
+    fn prune(&mut self, now: u64) {
+        while self.expiry.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, t)) = self.expiry.pop_front() {
+                self.tickets.remove(&t);
+            }
+        }
+    }
+
+    fn add(&mut self, ticket: &str, now: u64) {
+        if self.tickets.insert(ticket.to_string()) {
+            let ttl = super::redis::TICKET_TOMBSTONE.as_millis() as u64;
+            self.expiry.push_back((now + ttl, ticket.to_string()));
+        }
+    }
 }
 
 /// One meter of one budget account.
@@ -92,6 +120,7 @@ impl MemoryStore {
             deadlines: Mutex::new(BTreeSet::new()),
             retries: Mutex::new(Retries::default()),
             accounts: Mutex::new(BTreeMap::new()),
+            tombstones: Mutex::new(Tombstones::default()),
         }
     }
 
@@ -103,6 +132,10 @@ impl MemoryStore {
         // A panic while holding the lock leaves the set consistent (every
         // operation on it is a single insert/remove), so poisoning is ignored.
         self.deadlines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn tombstones(&self) -> std::sync::MutexGuard<'_, Tombstones> {
+        self.tombstones.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn accounts(&self) -> std::sync::MutexGuard<'_, BTreeMap<(AccountKey, String), Meter>> {
@@ -136,18 +169,23 @@ impl TaskStore for MemoryStore {
         asks: &[Reservation],
     ) -> Result<Result<(), Shortfall>, StoreError> {
         let now = super::now_ms();
+        let mut tombstones = self.tombstones();
+        tombstones.prune(now);
         let mut accounts = self.accounts();
         accounts.retain(|_, m| m.expires_ms > now);
-        // An ask whose ticket is held already was reserved before.
+        // An ask whose ticket is held already, or was settled lately, is
+        // not reserved again.
         let fresh: Vec<(usize, &Reservation)> = asks
             .iter()
             .enumerate()
             .filter(|(_, a)| {
-                accounts
-                    .get(&(a.account.clone(), a.meter.clone()))
-                    .is_none_or(|m| !m.tickets.contains(&a.ticket))
+                !tombstones.tickets.contains(&a.ticket)
+                    && accounts
+                        .get(&(a.account.clone(), a.meter.clone()))
+                        .is_none_or(|m| !m.tickets.contains(&a.ticket))
             })
             .collect();
+        drop(tombstones);
         // Check everything first (asks for one account and meter add up),
         // then apply: all or nothing.
         let mut trial: BTreeMap<(AccountKey, String), Account> = BTreeMap::new();
@@ -184,13 +222,30 @@ impl TaskStore for MemoryStore {
     }
 
     async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError> {
+        let now = super::now_ms();
+        let mut tombstones = self.tombstones();
+        tombstones.prune(now);
         let mut accounts = self.accounts();
         for (r, charged) in settled {
-            if let Some(m) = accounts.get_mut(&(r.account.clone(), r.meter.clone())) {
-                if m.tickets.remove(&r.ticket) {
-                    m.balance.settle(r.amount, Some(*charged));
-                }
+            let id = (r.account.clone(), r.meter.clone());
+            let held = accounts
+                .get_mut(&id)
+                .is_some_and(|m| m.tickets.remove(&r.ticket));
+            if !held && tombstones.tickets.contains(&r.ticket) {
+                continue; // settled already
             }
+            if held || *charged > 0 {
+                let m = accounts.entry(id).or_insert_with(|| Meter {
+                    balance: Account::new(r.limit),
+                    expires_ms: r.expires_ms,
+                    tickets: HashSet::new(),
+                });
+                // Not held: its reserve never landed (or was forgotten);
+                // what it spent is charged all the same.
+                m.balance
+                    .settle(if held { r.amount } else { 0 }, Some(*charged));
+            }
+            tombstones.add(&r.ticket, now);
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! | `{ns}:leases:retry` | sorted set | lapsed leases handed back for another claim, score = when |
 //! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
+//! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
 //!
 //! Route, tenant and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
@@ -116,13 +117,21 @@ pub const REPLICA_TTL: Duration = Duration::from_secs(6);
 /// replica judges deadlines by the server's clock.
 const CLOCK_WARN_MS: i64 = 1000;
 
+/// How long a settled reservation's ticket is remembered
+/// (`{ns}:ticket:{ticket}`): longer than a settlement is retried for and
+/// than a reserve can be in flight (both bounded by [`CALL_TIMEOUT`] per
+/// attempt), short enough that the keys stay few (one per child settled in
+/// the last two minutes).
+pub const TICKET_TOMBSTONE: Duration = Duration::from_secs(120);
+
 /// Lua numbers are doubles: integers above this are not exact. Times and
 /// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
 const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Helpers every script starts with. `{TERMINAL}`, `{SETTLED}`, `{LIVE_MS}`,
-/// `{SETTLED_MS}` and `{REPLICAS}` (the replica keys' prefix, a Lua string)
-/// are filled in from Rust.
+/// `{SETTLED_MS}`, `{REPLICAS}` (the replica keys' prefix, a Lua string),
+/// `{TICKETS}` (the ticket tombstones' prefix) and `{TOMBSTONE_MS}` are
+/// filled in from Rust, in the prelude and the script after it ([`fill`]).
 const PRELUDE: &str = r#"
 local MAX = 9007199254740991
 local TERMINAL = {TERMINAL}
@@ -319,8 +328,9 @@ return out
 /// limit, expires_at, route, scope, holder, window, ticket. All or nothing:
 /// returns `{-1, "0"}` when every ask was reserved, else `{index, left}` of
 /// the first that did not fit (asks on one account and meter add up). An
-/// ask whose ticket (`t:{ticket}` field) the account holds was reserved
-/// before and is skipped.
+/// ask whose ticket the account holds (`t:{ticket}`) or that was settled
+/// lately (`{ns}:ticket:{ticket}`) is skipped: a reserve that lands after
+/// its own withdrawal reserves nothing.
 const ACCOUNT_RESERVE: &str = r#"
 local n = num(ARGV[1])
 local pending = {}
@@ -329,6 +339,7 @@ for i = 1, n do
   local b = 1 + (i - 1) * 9
   local k, meter, amount, limit = KEYS[i], ARGV[b + 1], num(ARGV[b + 2]), num(ARGV[b + 3])
   fresh[i] = redis.call('HEXISTS', k, 't:' .. ARGV[b + 9]) == 0
+    and redis.call('EXISTS', {TICKETS} .. ARGV[b + 9]) == 0
   if fresh[i] then
     local id = k .. '\n' .. meter
     local held = num(redis.call('HGET', k, 'spent:' .. meter))
@@ -354,20 +365,30 @@ return {-1, '0'}
 
 /// KEYS: one account hash per settlement. ARGV per settlement: meter,
 /// reserved, limit, expires_at, route, scope, holder, window, ticket,
-/// charged. Settles only a ticket the account holds, and takes it out: a
-/// settlement applies once, and one of a reservation that never landed
-/// changes nothing.
+/// charged. A settlement applies once: the ticket's reservation is taken
+/// off (if the account holds it) and `charged` added to the spend, and a
+/// tombstone (`{ns}:ticket:{ticket}`, [`TICKET_TOMBSTONE`]) makes a retry
+/// of it, or a reserve of the ticket landing late, change nothing. A
+/// ticket the account never held (its reserve never landed, or the account
+/// was lost with a Redis restart) is still charged.
 const ACCOUNT_SETTLE: &str = r#"
 for i = 1, #KEYS do
   local b = (i - 1) * 10
   local k, meter = KEYS[i], ARGV[b + 1]
-  if redis.call('HDEL', k, 't:' .. ARGV[b + 9]) == 1 then
-    local r = math.max(num(redis.call('HGET', k, 'reserved:' .. meter)) - num(ARGV[b + 2]), 0)
-    local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + num(ARGV[b + 10]), MAX)
-    redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
-      'limit:' .. meter, ARGV[b + 3],
-      'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
-    redis.call('PEXPIREAT', k, ARGV[b + 4])
+  local tomb = {TICKETS} .. ARGV[b + 9]
+  local held = redis.call('HDEL', k, 't:' .. ARGV[b + 9]) == 1
+  if held or redis.call('EXISTS', tomb) == 0 then
+    local charged = num(ARGV[b + 10])
+    if held or charged > 0 then
+      local r = num(redis.call('HGET', k, 'reserved:' .. meter))
+      if held then r = math.max(r - num(ARGV[b + 2]), 0) end
+      local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + charged, MAX)
+      redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
+        'limit:' .. meter, ARGV[b + 3],
+        'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
+      redis.call('PEXPIREAT', k, ARGV[b + 4])
+    end
+    redis.call('SET', tomb, '1', 'PX', {TOMBSTONE_MS})
   end
 end
 return 1
@@ -388,9 +409,10 @@ struct Scripts {
     get: Script,
 }
 
-/// The prelude with the state sets, retention and the replica keys' prefix
-/// (`{namespace}:replica:`) filled in.
-fn prelude(namespace: &str) -> String {
+/// A script (the prelude and a body) with the state sets, retention, the
+/// replica keys' prefix (`{namespace}:replica:`) and the ticket tombstones'
+/// (`{namespace}:ticket:`) filled in.
+fn fill(text: &str, namespace: &str) -> String {
     let lua_set = |pred: fn(TaskState) -> bool| {
         let mut s = String::from("{");
         for st in TaskState::ALL.into_iter().filter(|s| pred(*s)) {
@@ -399,12 +421,13 @@ fn prelude(namespace: &str) -> String {
         s.push('}');
         s
     };
-    PRELUDE
-        .replace("{TERMINAL}", &lua_set(TaskState::is_terminal))
+    text.replace("{TERMINAL}", &lua_set(TaskState::is_terminal))
         .replace("{SETTLED}", &lua_set(TaskState::is_settled))
         .replace("{LIVE_MS}", &LIVE_TTL.as_millis().to_string())
         .replace("{SETTLED_MS}", &SETTLED_RETENTION.as_millis().to_string())
         .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
+        .replace("{TICKETS}", &lua_string(&format!("{namespace}:ticket:")))
+        .replace("{TOMBSTONE_MS}", &TICKET_TOMBSTONE.as_millis().to_string())
 }
 
 /// `s` as a Lua string literal.
@@ -428,8 +451,7 @@ fn lua_string(s: &str) -> String {
 
 impl Scripts {
     fn new(namespace: &str) -> Self {
-        let prelude = prelude(namespace);
-        let script = |body: &str| Script::new(&format!("{prelude}{body}"));
+        let script = |body: &str| Script::new(&fill(&format!("{PRELUDE}{body}"), namespace));
         Scripts {
             account_reserve: script(ACCOUNT_RESERVE),
             account_settle: script(ACCOUNT_SETTLE),
@@ -909,7 +931,7 @@ impl TaskStore for RedisStore {
             return Ok(());
         }
         let (k, ttl) = (self.replica_key.clone(), REPLICA_TTL.as_millis() as u64);
-        let sent_us = clock::local_us();
+        let sent_us = self.clock.mono_us();
         // The heartbeat and a reading of the server's clock, in one round trip.
         let ((secs, micros),): ((u64, u64),) = self
             .call("replica_alive", |mut c| async move {
@@ -928,7 +950,7 @@ impl TaskStore for RedisStore {
         let before = self.clock.offset_ms();
         let offset = self.clock.record(clock::Sample {
             sent_us,
-            answered_us: clock::local_us(),
+            answered_us: self.clock.mono_us(),
             server_us: secs.saturating_mul(1_000_000).saturating_add(micros),
         });
         metrics::STORE_CLOCK_OFFSET.set(offset as f64 / 1000.0);
@@ -1088,7 +1110,17 @@ mod tests {
 
     #[test]
     fn scripts_know_the_states() {
-        let p = prelude("ns\"x");
+        let p = [
+            ACCOUNT_RESERVE,
+            ACCOUNT_SETTLE,
+            UPDATE,
+            LEASE_CLAIM,
+            LIST,
+            GET,
+        ]
+        .iter()
+        .map(|body| fill(&format!("{PRELUDE}{body}"), "ns\"x"))
+        .collect::<String>();
         assert!(p.contains(
             "local TERMINAL = {['TASK_STATE_COMPLETED']=true,['TASK_STATE_FAILED']=true,\
              ['TASK_STATE_CANCELED']=true,['TASK_STATE_REJECTED']=true,}"
@@ -1097,12 +1129,16 @@ mod tests {
         assert!(p.contains("redis.call('PEXPIRE', k, 600000)"));
         assert!(p.contains("redis.call('PEXPIRE', k, 86400000)"));
         assert!(p.contains(r#"redis.call('EXISTS', "ns\"x:replica:" .. string.sub(f, 3))"#));
+        assert!(p.contains(r#"local tomb = "ns\"x:ticket:" .. ARGV[b + 9]"#));
+        assert!(p.contains("redis.call('SET', tomb, '1', 'PX', 120000)"));
         for placeholder in [
             "{TERMINAL}",
             "{SETTLED}",
             "{LIVE_MS}",
             "{SETTLED_MS}",
             "{REPLICAS}",
+            "{TICKETS}",
+            "{TOMBSTONE_MS}",
         ] {
             assert!(!p.contains(placeholder), "{placeholder}");
         }
