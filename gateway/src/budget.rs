@@ -785,9 +785,10 @@ const SETTLE_RETRIES: [Duration; 3] = [
 ];
 
 /// When the withdrawal of a reservation whose answer was lost is sent
-/// again. Shorter than a settlement's: most reserve errors are a store that
-/// is down (nothing landed), and each failed send in an outage owes one.
-const WITHDRAW_RETRIES: [Duration; 1] = [Duration::from_secs(1)];
+/// again: through a short failover, not as long as a settlement (most
+/// reserve errors are a store that is down, where nothing landed, and each
+/// send refused or let through unreserved in an outage owes one).
+const WITHDRAW_RETRIES: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
 
 /// Settles reservations, retrying while the store does not answer: each
 /// ticket settles once however often it is sent

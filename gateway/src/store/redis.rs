@@ -120,8 +120,10 @@ const CLOCK_WARN_MS: i64 = 1000;
 /// How long a settled reservation's ticket is remembered
 /// (`{ns}:ticket:{ticket}`): longer than a settlement is retried for and
 /// than a reserve can be in flight (both bounded by [`CALL_TIMEOUT`] per
-/// attempt), short enough that the keys stay few (one per child settled in
-/// the last two minutes).
+/// attempt), short enough that the keys stay few (one per reserved meter of
+/// each child settled in the last two minutes). Like every key here, it
+/// needs a Redis that does not evict (`maxmemory-policy noeviction`, the
+/// default).
 pub const TICKET_TOMBSTONE: Duration = Duration::from_secs(120);
 
 /// Lua numbers are doubles: integers above this are not exact. Times and
@@ -425,9 +427,10 @@ fn fill(text: &str, namespace: &str) -> String {
         .replace("{SETTLED}", &lua_set(TaskState::is_settled))
         .replace("{LIVE_MS}", &LIVE_TTL.as_millis().to_string())
         .replace("{SETTLED_MS}", &SETTLED_RETENTION.as_millis().to_string())
+        .replace("{TOMBSTONE_MS}", &TICKET_TOMBSTONE.as_millis().to_string())
+        // The namespace last: nothing in it is taken for a placeholder.
         .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
         .replace("{TICKETS}", &lua_string(&format!("{namespace}:ticket:")))
-        .replace("{TOMBSTONE_MS}", &TICKET_TOMBSTONE.as_millis().to_string())
 }
 
 /// `s` as a Lua string literal.
