@@ -155,8 +155,9 @@ pub static OPEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
 });
 
 /// The Redis server's clock minus this replica's, as the heartbeats
-/// estimate it (not exported on the memory store). Deadlines follow the server's
-/// clock whatever it is; a large value says the host's time sync is off.
+/// estimate it (not exported on the memory store). Deadlines follow the
+/// server's clock whatever it is; a large value says the host's time sync
+/// is off.
 pub static STORE_CLOCK_OFFSET: LazyLock<Gauge> = LazyLock::new(|| {
     register_gauge!(
         "a2agw_store_clock_offset_seconds",

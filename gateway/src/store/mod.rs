@@ -129,10 +129,11 @@ pub struct Reservation {
     /// end plus slack for late settlements).
     pub expires_ms: u64,
     /// Unique to this reservation across replicas and restarts. The store
-    /// reserves a ticket once and settles it once, and settles nothing for
-    /// a ticket it does not hold: a settlement can be retried, and a
-    /// reservation whose answer was lost (a timeout after the store applied
-    /// it) can be withdrawn without knowing whether it was applied.
+    /// reserves a ticket once and settles it once (a settled ticket is
+    /// remembered for a while and not reserved again): a settlement can be
+    /// retried, and a reservation whose answer was lost (a timeout after
+    /// the store applied it) can be withdrawn without knowing whether it
+    /// was applied.
     pub ticket: String,
 }
 
@@ -230,8 +231,8 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Reserves every ask from its account, all or nothing, atomically with
     /// respect to every replica: either each account had room for its ask
     /// and all are now reserved, or none is and the first that had not is
-    /// returned. An ask whose ticket the store holds already is not
-    /// reserved again. One round trip.
+    /// returned. An ask whose ticket the store holds, or settled lately, is
+    /// not reserved again. One round trip.
     async fn account_reserve(
         &self,
         asks: &[Reservation],
@@ -240,8 +241,9 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Ends reservations: each is taken off its account's reserved total and
     /// `charged` is added to its spent total (the spend the child reported,
     /// the whole reservation when it reported none, 0 when the send was
-    /// refused). Only tickets the store holds are settled, each once. One
-    /// round trip.
+    /// refused). Each ticket is settled once; one the store does not hold
+    /// (its reserve never landed, or the store lost it) is still charged
+    /// `charged`. One round trip.
     async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError>;
 
     /// Up to `limit` account meters in live windows, for the admin endpoint.
