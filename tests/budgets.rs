@@ -443,17 +443,38 @@ async fn ten_children_share_an_account() {
     );
 }
 
+/// A one-route config on `redis` whose route keeps [`ACCOUNT_ROUTE`]'s
+/// tenant account.
+fn account_route_on(redis: &RedisServer, worker: &Worker) -> String {
+    format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
+        redis.url(),
+        worker.url()
+    )
+}
+
+/// Holds every write (scripts included) on `redis` for `ms`: calls sent
+/// meanwhile wait, time out at the gateway after a second, and run when
+/// the pause ends.
+async fn pause_writes(redis: &RedisServer, ms: u64) {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// Two replicas sharing Redis: children split across them never take the
 /// account past its limit; exactly as many start as fit.
 #[tokio::test]
 async fn two_replicas_share_an_account_on_redis() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Python).await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
-        redis.url(),
-        worker.url()
-    );
+    let cfg = account_route_on(&redis, &worker);
     let a = Gateway::start(&cfg).await;
     let b = Gateway::start(&cfg).await;
     let (admitted, refused) =
@@ -494,11 +515,7 @@ async fn two_replicas_share_an_account_on_redis() {
 async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Python).await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
-        redis.url(),
-        worker.url()
-    );
+    let cfg = account_route_on(&redis, &worker);
     let gw = Gateway::start(&cfg).await;
     // The account exists (one child reserved and settled through it).
     let (admitted, _) = concurrent_children(&[&gw.url], "acme", 1, "spend:0:tokens=10").await;
@@ -513,15 +530,7 @@ async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
     }
     assert_eq!(before["reserved"], 0, "{before}");
 
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&redis, 1500).await;
     let (admitted, refused) = concurrent_children(&[&gw.url], "acme", 1, "spend:0:tokens=10").await;
     assert_eq!(
         (admitted.len(), refused.len()),
@@ -559,27 +568,15 @@ async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
 async fn a_settlement_the_store_did_not_take_is_retried() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Python).await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
-        redis.url(),
-        worker.url()
-    );
+    let cfg = account_route_on(&redis, &worker);
     let gw = Gateway::start(&cfg).await;
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let url = gw.url.clone();
     let child = tokio::spawn(async move {
         concurrent_children(&[&url], "acme", 1, "spend:800:tokens=10").await
     });
     // Reserved by now; the child reports and settles while writes wait.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&redis, 1500).await;
     let (admitted, _) = child.await.unwrap();
     assert_eq!(admitted.len(), 1);
     let spent = settled_spend(&admitted[0]);

@@ -331,6 +331,29 @@ async fn worker_with_lease_store_enforces_itself() {
     );
 }
 
+/// A one-route config on `redis` whose route imposes a 2 s lease.
+fn held_lease_route_on(redis: &RedisServer, worker: &Worker) -> String {
+    format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"2s\" }}\n",
+        redis.url(),
+        worker.url()
+    )
+}
+
+/// `n` streams through `url` of tasks that work 30 s; the streams (keep
+/// them open) and the task ids.
+async fn long_streams(url: &str, n: usize) -> (Vec<SseStream>, Vec<String>) {
+    let mut streams = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let (s, id) =
+            crate::harness::worker::send_stream(url, Bind::JsonRpc, None, "work:30000").await;
+        streams.push(s);
+        ids.push(id);
+    }
+    (streams, ids)
+}
+
 /// Two gateway replicas share one Redis; callers stream through replica A,
 /// whose route imposes a 2 s lease that A renews while the callers are
 /// connected. A is SIGKILLed: B cancels every child within TTL + 1 s, and
@@ -339,21 +362,10 @@ async fn worker_with_lease_store_enforces_itself() {
 async fn replica_killed_other_replica_cancels() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Rust).await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"2s\" }}\n",
-        redis.url(),
-        worker.url()
-    );
+    let cfg = held_lease_route_on(&redis, &worker);
     let mut a = Gateway::start(&cfg).await;
     let b = Gateway::start(&cfg).await;
-    let mut streams = Vec::new();
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        let (s, id) =
-            crate::harness::worker::send_stream(&a.url, Bind::JsonRpc, None, "work:30000").await;
-        streams.push(s);
-        ids.push(id);
-    }
+    let (streams, ids) = long_streams(&a.url, 3).await;
     // Held leases are renewed by A: past one TTL, everything still runs.
     tokio::time::sleep(Duration::from_millis(3000)).await;
     for id in &ids {
@@ -392,11 +404,7 @@ async fn replica_killed_other_replica_cancels() {
 async fn replicas_with_skewed_clocks_agree_on_lapses() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Rust).await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"2s\" }}\n",
-        redis.url(),
-        worker.url()
-    );
+    let cfg = held_lease_route_on(&redis, &worker);
     let mut a = Gateway::start(&cfg).await;
     let mut ahead = Gateway::start_with_clock(&cfg, "+30s").await;
     let behind = Gateway::start_with_clock(&cfg, "-30s").await;
@@ -406,14 +414,7 @@ async fn replicas_with_skewed_clocks_agree_on_lapses() {
         let offset = gw.counter("a2agw_store_clock_offset_seconds", &[]).await;
         assert!((offset - want).abs() < 1.0, "offset {offset}, want {want}");
     }
-    let mut streams = Vec::new();
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        let (s, id) =
-            crate::harness::worker::send_stream(&a.url, Bind::JsonRpc, None, "work:30000").await;
-        streams.push(s);
-        ids.push(id);
-    }
+    let (streams, ids) = long_streams(&a.url, 3).await;
     tokio::time::sleep(Duration::from_millis(4000)).await;
     for id in &ids {
         assert_eq!(
