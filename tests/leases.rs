@@ -354,6 +354,17 @@ async fn long_streams(url: &str, n: usize) -> (Vec<SseStream>, Vec<String>) {
     (streams, ids)
 }
 
+/// Each of `ids` is still working, as the worker itself says.
+async fn assert_working(worker: &Worker, ids: &[String], why: &str) {
+    for id in ids {
+        assert_eq!(
+            worker.state(None, id).await.as_deref(),
+            Some("TASK_STATE_WORKING"),
+            "{id}: {why}"
+        );
+    }
+}
+
 /// Two gateway replicas share one Redis; callers stream through replica A,
 /// whose route imposes a 2 s lease that A renews while the callers are
 /// connected. A is SIGKILLed: B cancels every child within TTL + 1 s, and
@@ -368,13 +379,7 @@ async fn replica_killed_other_replica_cancels() {
     let (streams, ids) = long_streams(&a.url, 3).await;
     // Held leases are renewed by A: past one TTL, everything still runs.
     tokio::time::sleep(Duration::from_millis(3000)).await;
-    for id in &ids {
-        assert_eq!(
-            worker.state(None, id).await.as_deref(),
-            Some("TASK_STATE_WORKING"),
-            "A renews {id}"
-        );
-    }
+    assert_working(&worker, &ids, "A renews it").await;
     a.kill().await;
     for id in &ids {
         worker
@@ -416,14 +421,15 @@ async fn replicas_with_skewed_clocks_agree_on_lapses() {
     }
     let (streams, ids) = long_streams(&a.url, 3).await;
     tokio::time::sleep(Duration::from_millis(4000)).await;
-    for id in &ids {
-        assert_eq!(
-            worker.state(None, id).await.as_deref(),
-            Some("TASK_STATE_WORKING"),
-            "A renews {id}; the replica ahead reaped it? its log:\n{}",
+    assert_working(
+        &worker,
+        &ids,
+        &format!(
+            "A renews it; the replica ahead reaped it? its log:\n{}",
             ahead.log_text()
-        );
-    }
+        ),
+    )
+    .await;
     ahead.kill().await;
     a.kill().await;
     for id in &ids {

@@ -54,16 +54,15 @@ async fn balance(store: &dyn TaskStore, holder: &str, meter: &str) -> policies::
         .expect("the account is listed")
 }
 
+/// Reserves `asks` (the store answered).
+async fn reserve(store: &dyn TaskStore, asks: &[Reservation]) -> Result<(), Shortfall> {
+    store.account_reserve(asks).await.unwrap()
+}
+
 async fn accounts(store: &dyn TaskStore) {
     use policies::budget::Account;
     let a = ask("acme", "tokens", 60, 100);
-    assert_eq!(
-        store
-            .account_reserve(std::slice::from_ref(&a))
-            .await
-            .unwrap(),
-        Ok(())
-    );
+    assert_eq!(reserve(store, std::slice::from_ref(&a)).await, Ok(()));
     assert_eq!(
         balance(store, "acme", "tokens").await,
         Account {
@@ -75,7 +74,7 @@ async fn accounts(store: &dyn TaskStore) {
     // 40 left: 50 does not fit, and nothing of the batch is reserved.
     let both = [ask("acme", "calls", 1, 10), ask("acme", "tokens", 50, 100)];
     assert_eq!(
-        store.account_reserve(&both).await.unwrap(),
+        reserve(store, &both).await,
         Err(Shortfall { index: 1, left: 40 })
     );
     assert!(store
@@ -86,30 +85,25 @@ async fn accounts(store: &dyn TaskStore) {
         .all(|v| v.meter != "calls" || v.balance.reserved == 0));
     // Two asks on one meter add up.
     assert_eq!(
-        store
-            .account_reserve(&[
+        reserve(
+            store,
+            &[
                 ask("acme", "tokens", 30, 100),
                 ask("acme", "tokens", 30, 100)
-            ])
-            .await
-            .unwrap(),
+            ]
+        )
+        .await,
         Err(Shortfall { index: 1, left: 10 })
     );
     // A ticket already held is not reserved again (a retried reserve).
-    assert_eq!(
-        store
-            .account_reserve(std::slice::from_ref(&a))
-            .await
-            .unwrap(),
-        Ok(())
-    );
+    assert_eq!(reserve(store, std::slice::from_ref(&a)).await, Ok(()));
     assert_eq!(balance(store, "acme", "tokens").await.reserved, 60);
     // The withdrawal of a reservation that never landed (its answer lost,
     // the reserve not applied) takes nothing off the others', and its
     // reserve landing after it reserves nothing.
     let never = ask("acme", "tokens", 40, 100);
     store.account_settle(&[(never.clone(), 0)]).await.unwrap();
-    assert_eq!(store.account_reserve(&[never]).await.unwrap(), Ok(()));
+    assert_eq!(reserve(store, &[never]).await, Ok(()));
     assert_eq!(
         balance(store, "acme", "tokens").await,
         Account {
@@ -129,33 +123,15 @@ async fn accounts(store: &dyn TaskStore) {
     // A settlement sent again (a retry whose first answer was lost) is
     // applied once, and the ticket is not reserved again.
     store.account_settle(&[(a.clone(), 25)]).await.unwrap();
-    assert_eq!(
-        store
-            .account_reserve(std::slice::from_ref(&a))
-            .await
-            .unwrap(),
-        Ok(())
-    );
+    assert_eq!(reserve(store, std::slice::from_ref(&a)).await, Ok(()));
     assert_eq!(balance(store, "acme", "tokens").await, settled);
     // Released (charged 0), and overdraft charged in full.
     let b = ask("acme", "tokens", 75, 100);
-    assert_eq!(
-        store
-            .account_reserve(std::slice::from_ref(&b))
-            .await
-            .unwrap(),
-        Ok(())
-    );
+    assert_eq!(reserve(store, std::slice::from_ref(&b)).await, Ok(()));
     store.account_settle(&[(b.clone(), 0)]).await.unwrap();
     assert_eq!(balance(store, "acme", "tokens").await.left(), 75);
     let b = ask("acme", "tokens", 75, 100);
-    assert_eq!(
-        store
-            .account_reserve(std::slice::from_ref(&b))
-            .await
-            .unwrap(),
-        Ok(())
-    );
+    assert_eq!(reserve(store, std::slice::from_ref(&b)).await, Ok(()));
     store.account_settle(&[(b, 90)]).await.unwrap();
     assert_eq!(
         balance(store, "acme", "tokens").await,
@@ -167,25 +143,16 @@ async fn accounts(store: &dyn TaskStore) {
     );
     // Overdrawn: nothing left, but a 0 ask still goes.
     assert_eq!(
-        store
-            .account_reserve(&[ask("acme", "tokens", 1, 100)])
-            .await
-            .unwrap(),
+        reserve(store, &[ask("acme", "tokens", 1, 100)]).await,
         Err(Shortfall { index: 0, left: 0 })
     );
     assert_eq!(
-        store
-            .account_reserve(&[ask("acme", "tokens", 0, 100)])
-            .await
-            .unwrap(),
+        reserve(store, &[ask("acme", "tokens", 0, 100)]).await,
         Ok(())
     );
     // Another holder's account is its own.
     assert_eq!(
-        store
-            .account_reserve(&[ask("beta", "tokens", 100, 100)])
-            .await
-            .unwrap(),
+        reserve(store, &[ask("beta", "tokens", 100, 100)]).await,
         Ok(())
     );
     // Concurrent children: exactly limit / amount of them get a reservation.
