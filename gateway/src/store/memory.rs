@@ -71,11 +71,11 @@ pub struct MemoryStore {
     /// caller and meter.
     accounts: Mutex<BTreeMap<(AccountKey, String), Meter>>,
     /// Tickets settled lately, as Redis keeps them
-    /// ([`super::redis::TICKET_TOMBSTONE`]).
+    /// ([`super::TICKET_TOMBSTONE`]).
     tombstones: Mutex<Tombstones>,
 }
 
-/// Settled tickets, forgotten after [`super::redis::TICKET_TOMBSTONE`].
+/// Settled tickets, forgotten after [`super::TICKET_TOMBSTONE`].
 #[derive(Debug, Default)]
 struct Tombstones {
     tickets: HashSet<String>,
@@ -94,7 +94,7 @@ impl Tombstones {
 
     fn add(&mut self, ticket: &str, now: u64) {
         if self.tickets.insert(ticket.to_string()) {
-            let ttl = super::redis::TICKET_TOMBSTONE.as_millis() as u64;
+            let ttl = super::TICKET_TOMBSTONE.as_millis() as u64;
             self.expiry.push_back((now + ttl, ticket.to_string()));
         }
     }
@@ -108,6 +108,17 @@ struct Meter {
     expires_ms: u64,
     /// The reservations it holds (their tickets), each settled once.
     tickets: HashSet<String>,
+}
+
+impl Meter {
+    /// A meter first reserved from, or charged, by `r`.
+    fn new(r: &Reservation) -> Self {
+        Meter {
+            balance: Account::new(r.limit),
+            expires_ms: r.expires_ms,
+            tickets: HashSet::new(),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -207,11 +218,9 @@ impl TaskStore for MemoryStore {
         }
         for (_, ask) in fresh {
             let id = (ask.account.clone(), ask.meter.clone());
-            let m = accounts.entry(id.clone()).or_insert_with(|| Meter {
-                balance: Account::new(ask.limit),
-                expires_ms: ask.expires_ms,
-                tickets: HashSet::new(),
-            });
+            let m = accounts
+                .entry(id.clone())
+                .or_insert_with(|| Meter::new(ask));
             if let Some(a) = trial.remove(&id) {
                 m.balance = a;
             }
@@ -235,11 +244,7 @@ impl TaskStore for MemoryStore {
                 continue; // settled already
             }
             if held || *charged > 0 {
-                let m = accounts.entry(id).or_insert_with(|| Meter {
-                    balance: Account::new(r.limit),
-                    expires_ms: r.expires_ms,
-                    tickets: HashSet::new(),
-                });
+                let m = accounts.entry(id).or_insert_with(|| Meter::new(r));
                 // Not held: its reserve never landed (or was forgotten);
                 // what it spent is charged all the same.
                 m.balance

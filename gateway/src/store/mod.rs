@@ -279,6 +279,15 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     fn kind(&self) -> &'static str;
 }
 
+/// How long a store remembers a settled reservation's ticket (Redis:
+/// `{ns}:ticket:{ticket}`, one per reserved meter of each child settled
+/// lately): longer than a settlement is retried for and than a reserve can
+/// be in flight (both bounded by the Redis call timeout per attempt), short
+/// enough that they stay few. Like every Redis key of the gateway's, they
+/// need a Redis that does not evict (`maxmemory-policy noeviction`, the
+/// default).
+pub const TICKET_TOMBSTONE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// How often a replica tells the store it is alive
 /// ([`TaskStore::replica_alive`]).
 pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);

@@ -9,7 +9,7 @@
 //! | `{ns}:leases:retry` | sorted set | lapsed leases handed back for another claim, score = when |
 //! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
-//! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
+//! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
 //!
 //! Route, tenant and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
@@ -116,15 +116,6 @@ pub const REPLICA_TTL: Duration = Duration::from_secs(6);
 /// (once, when the estimate first crosses it). Nothing breaks: every
 /// replica judges deadlines by the server's clock.
 const CLOCK_WARN_MS: i64 = 1000;
-
-/// How long a settled reservation's ticket is remembered
-/// (`{ns}:ticket:{ticket}`): longer than a settlement is retried for and
-/// than a reserve can be in flight (both bounded by [`CALL_TIMEOUT`] per
-/// attempt), short enough that the keys stay few (one per reserved meter of
-/// each child settled in the last two minutes). Like every key here, it
-/// needs a Redis that does not evict (`maxmemory-policy noeviction`, the
-/// default).
-pub const TICKET_TOMBSTONE: Duration = Duration::from_secs(120);
 
 /// Lua numbers are doubles: integers above this are not exact. Times and
 /// TTLs are clamped to it (it is some 285,000 years of Unix milliseconds).
@@ -369,7 +360,7 @@ return {-1, '0'}
 /// reserved, limit, expires_at, route, scope, holder, window, ticket,
 /// charged. A settlement applies once: the ticket's reservation is taken
 /// off (if the account holds it) and `charged` added to the spend, and a
-/// tombstone (`{ns}:ticket:{ticket}`, [`TICKET_TOMBSTONE`]) makes a retry
+/// tombstone (`{ns}:ticket:{ticket}`, [`super::TICKET_TOMBSTONE`]) makes a retry
 /// of it, or a reserve of the ticket landing late, change nothing. A
 /// ticket the account never held (its reserve never landed, or the account
 /// was lost with a Redis restart) is still charged.
@@ -427,7 +418,10 @@ fn fill(text: &str, namespace: &str) -> String {
         .replace("{SETTLED}", &lua_set(TaskState::is_settled))
         .replace("{LIVE_MS}", &LIVE_TTL.as_millis().to_string())
         .replace("{SETTLED_MS}", &SETTLED_RETENTION.as_millis().to_string())
-        .replace("{TOMBSTONE_MS}", &TICKET_TOMBSTONE.as_millis().to_string())
+        .replace(
+            "{TOMBSTONE_MS}",
+            &super::TICKET_TOMBSTONE.as_millis().to_string(),
+        )
         // The namespace last: nothing in it is taken for a placeholder.
         .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
         .replace("{TICKETS}", &lua_string(&format!("{namespace}:ticket:")))
