@@ -4,8 +4,10 @@
 //! and with the same server settings as the gateway (2 threads, no grace
 //! period). WebSocket upgrades pass through pingora's own upgrade handling.
 //!
-//! Its one addition: the gateway's own timing marks ([`ProxyTimes`]: four
-//! clock reads and a histogram observation per request, 1,162 instructions
+//! It runs on the gateway's heap allocator (mimalloc; `allocator.rs`), which
+//! is the gateway's choice, not pingora's, so that the ratio between them
+//! stays the policy layer's cost. Its one addition: the gateway's own
+//! timing marks ([`ProxyTimes`]: four clock reads and a histogram observation per request, 1,162 instructions
 //! of the 103,181 it executes per `SendMessage` by `benches/callgrind.sh`,
 //! 1.1%), so that its time inside the proxy is measured as the gateway's is,
 //! as `a2agw_proxy_seconds` (with `--metrics ADDR`, served at `/metrics`).
@@ -20,6 +22,7 @@
 //! `target/release/deps/proxy-<hash> --bare-pingora --listen 127.0.0.1:8081 --upstream 127.0.0.1:9000`.
 
 use a2a_gateway::proxy::timing::ProxyTimes;
+
 use async_trait::async_trait;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::ServerSession;
@@ -27,6 +30,13 @@ use pingora::proxy::{ProxyHttp, Session};
 use pingora::server::Server;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, Result};
+
+/// The gateway's allocator (mimalloc unless `A2A_GATEWAY_ALLOCATOR=system`)
+/// for the whole bench binary: bare pingora, re-executed from it, runs on
+/// the allocator the gateway it is compared with runs on, and so does the
+/// in-process worker every column shares.
+#[global_allocator]
+static ALLOCATOR: a2a_gateway::allocator::Allocator = a2a_gateway::allocator::Allocator;
 
 /// The argument that turns the bench binary into the pass-through.
 pub const FLAG: &str = "--bare-pingora";

@@ -41,10 +41,12 @@
 //! 3. Heap allocations per SSE event. The proxies run with an `LD_PRELOAD`
 //!    shim (compiled here with `cc`) that counts `malloc`, `calloc`,
 //!    `realloc`, `posix_memalign`/`aligned_alloc`/`memalign` calls and bytes
-//!    into a shared file. (A counting `#[global_allocator]` in this binary
-//!    would need `unsafe impl GlobalAlloc`, which the workspace's
-//!    `unsafe_code = "forbid"` rules out; the shim counts the real binaries
-//!    instead.) One stream of `burst:0` (3 events) and one of `burst:M`
+//!    into a shared file; both proxies run on the C library's `malloc` for
+//!    it (`A2A_GATEWAY_ALLOCATOR=system`: mimalloc, their default, is linked
+//!    in and never calls `malloc`). The shim counts the real binaries, as
+//!    they are released, rather than a counting allocator in a test build.
+//!    Memory per stream (1.) is measured on their default, mimalloc.
+//!    One stream of `burst:0` (3 events) and one of `burst:M`
 //!    (M + 3 events), counters read 50 ms after each ends; per event =
 //!    (Δ(M) − Δ(0) − idle rate × Δt) / M; median of 3 rounds. The same with
 //!    `trickle:K:2` (one event per write, 2 ms apart) against `trickle:0:2`.
@@ -306,7 +308,9 @@ impl Proxy {
         };
         let counter = shim.map(|_| dir.join("allocs.bin"));
         if let (Some(shim), Some(counter)) = (shim, &counter) {
-            cmd.env("LD_PRELOAD", shim).env(COUNTER_ENV, counter);
+            cmd.env("LD_PRELOAD", shim)
+                .env(COUNTER_ENV, counter)
+                .env(a2a_gateway::allocator::ENV, "system");
         }
         let child = cmd
             .stdin(Stdio::null())

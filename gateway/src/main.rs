@@ -6,6 +6,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc unless `A2A_GATEWAY_ALLOCATOR=system` (see `allocator.rs`).
+#[global_allocator]
+static ALLOCATOR: a2a_gateway::allocator::Allocator = a2a_gateway::allocator::Allocator;
+
 /// A reverse proxy that enforces A2A delegation policy in front of
 /// unmodified A2A workers: cascade cancel, leases and budgets.
 #[derive(Debug, Parser)]
@@ -48,6 +52,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(e) = a2a_gateway::allocator::requested() {
+        eprintln!("a2a-gateway: {e}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     if let Some(Command::CheckConfig { file }) = &cli.command {
         return match config::load(file) {
@@ -108,6 +116,10 @@ fn main() -> ExitCode {
     if let Some(threads) = cli.threads {
         cfg.server.threads = threads.clamp(1, 256);
     }
+    tracing::debug!(
+        allocator = a2a_gateway::allocator::in_use(),
+        "heap allocator"
+    );
     match a2a_gateway::server::run(cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
