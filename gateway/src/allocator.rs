@@ -7,12 +7,12 @@
 //! takes most of those through its slower paths (blocks freed on another
 //! thread than the one that allocated them, consolidation), about 200
 //! instructions a pair; mimalloc about a quarter of that. By
-//! `benches/callgrind.sh`: bare pingora 93.1k to 82.4k instructions per
-//! `SendMessage`, the gateway 105.3k to 92.5k (jemalloc: 86.6k and 97.6k).
+//! `benches/callgrind.sh`: bare pingora 93.1k to 83.2k instructions per
+//! `SendMessage`, the gateway 105.3k to 92.8k (jemalloc: 86.6k and 97.6k).
 //!
 //! mimalloc is built without its `madvise(MADV_HUGEPAGE)` on the memory it
 //! maps (libmimalloc-sys's `no_thp`): with it, on a host whose transparent
-//! huge pages are `madvise` (Debian's default), each open stream's two
+//! huge pages are `madvise` (the bench machine's), each open stream's two
 //! 64 KiB read buffers, allocated but mostly untouched, became resident:
 //! 184 KiB per stream in the `streams` bench against 66 KiB on glibc; without
 //! it, 64. A host set to `always` gives huge pages unasked; there, start the
