@@ -7,8 +7,9 @@
 //! It runs on the gateway's heap allocator (mimalloc; `allocator.rs`), which
 //! is the gateway's choice, not pingora's, so that the ratio between them
 //! stays the policy layer's cost. Its one addition: the gateway's own
-//! timing marks ([`ProxyTimes`]: four clock reads and a histogram observation per request, 1,162 instructions
-//! of the 103,181 it executes per `SendMessage` by `benches/callgrind.sh`,
+//! timing marks ([`ProxyTimes`]: four clock reads and a histogram
+//! observation per request, 1,162 instructions of the 103,181 it executed
+//! per `SendMessage` by `benches/callgrind.sh` in the seventh session,
 //! 1.1%), so that its time inside the proxy is measured as the gateway's is,
 //! as `a2agw_proxy_seconds` (with `--metrics ADDR`, served at `/metrics`).
 //!

@@ -155,6 +155,51 @@ async fn runs_without_a_config_file() {
     let _ = child.kill().await;
 }
 
+/// `A2A_GATEWAY_ALLOCATOR` picks the heap allocator: an unknown value is
+/// refused at start-up with why, and on `system` (glibc's `malloc` instead of
+/// mimalloc) the gateway proxies and cascades as on its default.
+#[tokio::test]
+async fn allocator_is_picked_by_env() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .args(["--worker", "http://127.0.0.1:1"])
+        .env("A2A_GATEWAY_ALLOCATOR", "jemalloc")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("A2A_GATEWAY_ALLOCATOR=\"jemalloc\"") && err.contains("\"system\""),
+        "{err}"
+    );
+
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::start_with_env(
+        &format!("[[routes]]\nname = \"w\"\nworker = \"{}\"\n", worker.url()),
+        &[("A2A_GATEWAY_ALLOCATOR", "system")],
+    )
+    .await;
+    let (stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:30000").await;
+    stream.close();
+    worker
+        .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(1))
+        .await
+        .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
+    // The field's name may be wrapped in ANSI colour codes.
+    let chosen = |log: &str, name: &str| {
+        log.lines()
+            .any(|l| l.contains("heap allocator") && l.contains(&format!("\"{name}\"")))
+    };
+    let log = gw.log_text();
+    assert!(chosen(&log, "system"), "{log}");
+    let default = Gateway::start(&format!(
+        "[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        worker.url()
+    ))
+    .await;
+    let log = default.log_text();
+    assert!(chosen(&log, "mimalloc"), "{log}");
+}
+
 /// `check-config` prints every error at once, each with file:line:col.
 #[tokio::test]
 async fn check_config_reports_every_error() {

@@ -61,14 +61,13 @@ pub struct Allocator;
 /// What [`ENV`] asks for, or the value it holds when it is neither
 /// `mimalloc` nor `system` (unset or empty: mimalloc).
 pub fn requested() -> Result<&'static str, String> {
-    match std::env::var(ENV).as_deref() {
-        Err(std::env::VarError::NotPresent) | Ok("" | "mimalloc") => Ok("mimalloc"),
-        Ok("system") => Ok("system"),
-        Ok(other) => Err(format!(
-            "{ENV}={other:?}: expected \"mimalloc\" (the default) or \"system\""
-        )),
-        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
-            "{ENV}={v:?}: expected \"mimalloc\" (the default) or \"system\""
+    let value = std::env::var_os(ENV);
+    match value.as_deref().map(|v| v.to_str()) {
+        None | Some(Some("" | "mimalloc")) => Ok("mimalloc"),
+        Some(Some("system")) => Ok("system"),
+        Some(_) => Err(format!(
+            "{ENV}={:?}: expected \"mimalloc\" (the default) or \"system\"",
+            value.unwrap_or_default()
         )),
     }
 }

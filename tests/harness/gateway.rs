@@ -96,7 +96,8 @@ impl Gateway {
         .await
     }
 
-    async fn start_with_env(body: &str, env: &[(&str, &str)]) -> Gateway {
+    /// [`Gateway::start`] with extra environment variables.
+    pub async fn start_with_env(body: &str, env: &[(&str, &str)]) -> Gateway {
         let port = free_port();
         let admin_port = free_port();
         let dir = scratch_dir("gw");
