@@ -173,11 +173,8 @@ async fn allocator_is_picked_by_env() {
     );
 
     let worker = Worker::start(Kind::Rust).await;
-    let gw = Gateway::start_with_env(
-        &format!("[[routes]]\nname = \"w\"\nworker = \"{}\"\n", worker.url()),
-        &[("A2A_GATEWAY_ALLOCATOR", "system")],
-    )
-    .await;
+    let route = format!("[[routes]]\nname = \"w\"\nworker = \"{}\"\n", worker.url());
+    let gw = Gateway::start_with_env(&route, &[("A2A_GATEWAY_ALLOCATOR", "system")]).await;
     let (stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:30000").await;
     stream.close();
     worker
@@ -191,11 +188,7 @@ async fn allocator_is_picked_by_env() {
     };
     let log = gw.log_text();
     assert!(chosen(&log, "system"), "{log}");
-    let default = Gateway::start(&format!(
-        "[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
-        worker.url()
-    ))
-    .await;
+    let default = Gateway::start(&route).await;
     let log = default.log_text();
     assert!(chosen(&log, "mimalloc"), "{log}");
 }

@@ -34,6 +34,8 @@ use libmimalloc_sys as mi;
 
 /// The environment variable that picks the allocator.
 pub const ENV: &str = "A2A_GATEWAY_ALLOCATOR";
+/// [`ENV`] for `getenv` (a test keeps the two the same).
+const ENV_C: &std::ffi::CStr = c"A2A_GATEWAY_ALLOCATOR";
 
 const UNDECIDED: u8 = 0;
 const MIMALLOC: u8 = 1;
@@ -99,7 +101,7 @@ fn decide() -> bool {
     // SAFETY: the name is a NUL-terminated literal; getenv returns null or a
     // NUL-terminated string that stays valid while nothing changes the
     // environment, which nothing does before the first allocation returns.
-    let value = unsafe { libc::getenv(c"A2A_GATEWAY_ALLOCATOR".as_ptr()) };
+    let value = unsafe { libc::getenv(ENV_C.as_ptr()) };
     let system = !value.is_null()
         // SAFETY: non-null, NUL-terminated (above).
         && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"system";
@@ -199,6 +201,11 @@ mod tests {
             }
         }
         CHOICE.store(UNDECIDED, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn both_spellings_name_one_variable() {
+        assert_eq!(ENV_C.to_str(), Ok(ENV));
     }
 
     /// The workspace denies `unsafe_code` rather than forbidding it so that
