@@ -1,6 +1,10 @@
 //! The `A2A-Extensions` header: a comma-separated list of URIs, possibly over
 //! several header lines.
 
+/// The header's name, parsed once: looking a header up by a `&str` parses
+/// the name again on every request.
+pub static A2A_EXTENSIONS: http::HeaderName = http::HeaderName::from_static("a2a-extensions");
+
 /// The URIs a header's lines name, in order, trimmed, empties dropped.
 pub fn parse<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     lines

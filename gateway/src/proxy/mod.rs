@@ -18,6 +18,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use policies::cascade::{Event, Seen};
 
 use crate::a2a::card::CardRewrite;
+use crate::a2a::extensions::A2A_EXTENSIONS;
 use crate::a2a::request::SentGrant;
 use crate::a2a::request::{jsonrpc_batch, jsonrpc_facts, rest_facts, RequestFacts};
 use crate::a2a::sse::{SseItem, SseParser};
@@ -138,8 +139,6 @@ pub struct Ctx {
     /// The worker path the route's root maps to (the REST base for cancels,
     /// the base removed from card URLs).
     worker_root: String,
-    /// The public base URL prefix of this route (for card rewriting).
-    public_prefix: String,
     call: Option<Call>,
     binding: Option<Binding>,
     method: Option<A2aMethod>,
@@ -715,7 +714,12 @@ impl Gateway {
                 format!("{scheme}://{host}")
             }
         };
-        format!("{origin}{}", ctx.public_prefix)
+        // The route's public prefix (what `Routes::find` matched).
+        let prefix = ctx
+            .route
+            .as_ref()
+            .and_then(|r| r.cfg.path_prefix.as_deref());
+        format!("{origin}{}", prefix.unwrap_or(""))
     }
 }
 
@@ -757,8 +761,12 @@ fn inject_headers(
             tracing::debug!(route = %route.name, injected = ?added, upgrade = matches!(call, Some(Call::Upgrade)), "A2A-Extensions injected");
         }
     }
-    if matches!(call, Some(Call::Upgrade)) && req.headers.contains_key("sec-websocket-extensions") {
-        req.remove_header("sec-websocket-extensions");
+    if matches!(call, Some(Call::Upgrade))
+        && req
+            .headers
+            .contains_key(http::header::SEC_WEBSOCKET_EXTENSIONS)
+    {
+        req.remove_header(&http::header::SEC_WEBSOCKET_EXTENSIONS);
         metrics::UNTRACKED
             .with_label_values(&["ws_extensions_declined"])
             .inc();
@@ -818,7 +826,7 @@ fn budget_refusal(e: &BudgetError) -> Refusal {
 fn add_extensions<'a>(req: &mut RequestHeader, inject: &'a [String]) -> Result<Vec<&'a str>> {
     let existing: Vec<String> = req
         .headers
-        .get_all("a2a-extensions")
+        .get_all(&A2A_EXTENSIONS)
         .iter()
         .filter_map(|v| v.to_str().ok().map(str::to_string))
         .collect();
@@ -884,7 +892,7 @@ fn card_declares(card: &serde_json::Value, uri: &str) -> bool {
 /// The request's `A2A-Extensions` (any number of lines, comma-separated)
 /// names the lease extension.
 fn activates_lease(req: &RequestHeader) -> bool {
-    req.headers.get_all("a2a-extensions").iter().any(|v| {
+    req.headers.get_all(&A2A_EXTENSIONS).iter().any(|v| {
         v.to_str().is_ok_and(|v| {
             v.split(',').any(|u| {
                 u.trim()
@@ -895,20 +903,21 @@ fn activates_lease(req: &RequestHeader) -> bool {
 }
 
 fn request_host(req: &RequestHeader) -> Option<&str> {
-    req.uri
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok()))
+    req.uri.authority().map(|a| a.as_str()).or_else(|| {
+        req.headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+    })
 }
 
 fn is_sse(resp: &ResponseHeader) -> bool {
-    header_starts_with(resp, "content-type", "text/event-stream")
+    header_starts_with(resp, &http::header::CONTENT_TYPE, "text/event-stream")
 }
 
 fn is_json(resp: &ResponseHeader) -> bool {
     let ct = resp
         .headers
-        .get("content-type")
+        .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let essence = ct.split(';').next().unwrap_or("").trim();
@@ -916,7 +925,7 @@ fn is_json(resp: &ResponseHeader) -> bool {
         || essence.eq_ignore_ascii_case("application/a2a+json")
 }
 
-fn header_starts_with(resp: &ResponseHeader, name: &str, prefix: &str) -> bool {
+fn header_starts_with(resp: &ResponseHeader, name: &http::HeaderName, prefix: &str) -> bool {
     resp.headers
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -928,7 +937,7 @@ fn header_starts_with(resp: &ResponseHeader, name: &str, prefix: &str) -> bool {
 
 fn is_encoded(resp: &ResponseHeader) -> bool {
     resp.headers
-        .get("content-encoding")
+        .get(http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"))
 }
@@ -950,9 +959,8 @@ impl ProxyHttp for Gateway {
         ctx.times.head();
         let req = session.req_header();
         let host = request_host(req).map(host_without_port);
-        let full_path = req.uri.path().to_string();
-        let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-        let Some(m) = self.routes.find(host, &full_path) else {
+        let full_path = req.uri.path();
+        let Some(m) = self.routes.find(host, full_path) else {
             metrics::NO_ROUTE.with_label_values(&["proxy"]).inc();
             let msg = format!(
                 "no route for host {:?} and path {full_path:?}",
@@ -983,11 +991,18 @@ impl ProxyHttp for Gateway {
         } else {
             m.rel
         };
-        ctx.upstream_path = format!("{}{}{}", ctx.worker_root, rel, query);
-        if ctx.upstream_path.is_empty() || ctx.upstream_path.starts_with('?') {
-            ctx.upstream_path.insert(0, '/');
+        let query = req.uri.query();
+        let path = &mut ctx.upstream_path;
+        path.reserve(1 + ctx.worker_root.len() + rel.len() + query.map_or(0, |q| q.len() + 1));
+        if ctx.worker_root.is_empty() && rel.is_empty() {
+            path.push('/');
         }
-        ctx.public_prefix = m.prefix.to_string();
+        path.push_str(&ctx.worker_root);
+        path.push_str(rel);
+        if let Some(q) = query {
+            path.push('?');
+            path.push_str(q);
+        }
         ctx.caller_headers = caller_headers(&route.cfg, &req.headers);
         let kind = match &call {
             Call::AgentCard => "agent_card",
@@ -1066,7 +1081,7 @@ impl ProxyHttp for Gateway {
         let content_length = session
             .req_header()
             .headers
-            .get("content-length")
+            .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
         let small =
@@ -1193,7 +1208,7 @@ impl ProxyHttp for Gateway {
             || ctx.tracked_method().is_some()
             || ctx.method.is_some_and(A2aMethod::returns_card);
         if reads_answer {
-            upstream.remove_header("accept-encoding");
+            upstream.remove_header(&http::header::ACCEPT_ENCODING);
         }
         if let Some(route) = ctx.route.clone() {
             inject_headers(upstream, &route, &ctx.call)?;
@@ -1201,7 +1216,7 @@ impl ProxyHttp for Gateway {
         if let Some(b) = &ctx.new_body {
             upstream.insert_header("content-length", b.len().to_string())?;
         } else if ctx.hold_request {
-            upstream.remove_header("content-length");
+            upstream.remove_header(&http::header::CONTENT_LENGTH);
             upstream.insert_header("transfer-encoding", "chunked")?;
         }
         // A send with a grant activates the extension, as the SDK's client
@@ -1303,8 +1318,8 @@ impl ProxyHttp for Gateway {
                     .inc();
                 return Ok(());
             }
-            resp.remove_header("content-length");
-            resp.remove_header("etag");
+            resp.remove_header(&http::header::CONTENT_LENGTH);
+            resp.remove_header(&http::header::ETAG);
             resp.insert_header("transfer-encoding", "chunked")?;
             ctx.body = Body::Card {
                 held: Vec::new(),
@@ -1323,20 +1338,21 @@ impl ProxyHttp for Gateway {
             stop_awaiting_id(session, ctx);
             return Ok(());
         }
-        if !is_sse(resp) {
+        let (sse, json) = (is_sse(resp), is_json(resp));
+        if !sse {
             stop_awaiting_id(session, ctx);
         }
-        if is_sse(resp) {
+        if sse {
             ctx.body = Body::Sse(SseParser::new(self.limits.max_sse_event));
             ctx.streaming = method.is_streaming();
             if ctx.streaming {
                 metrics::OPEN_STREAMS.inc();
             }
-        } else if is_json(resp) && ctx.budget.is_some() && resp.status.is_success() {
-            resp.remove_header("content-length");
+        } else if json && ctx.budget.is_some() && resp.status.is_success() {
+            resp.remove_header(&http::header::CONTENT_LENGTH);
             resp.insert_header("transfer-encoding", "chunked")?;
             ctx.body = Body::HeldJson(Vec::new());
-        } else if is_json(resp) {
+        } else if json {
             ctx.body = Body::Json(Vec::new());
         }
         Ok(())
