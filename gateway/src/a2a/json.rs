@@ -44,7 +44,7 @@ pub fn is_blank(b: &[u8]) -> bool {
 /// Bytes of a string scanned a word at a time before [`string_end`] hands
 /// the rest to `memchr2`: most strings in an A2A request (keys, ids, roles)
 /// are shorter, and for them eight bytes per step cost less than
-/// `memchr2`'s setup, which was a third of reading a `SendMessage`
+/// `memchr2`'s setup, which was nearly half of reading a `SendMessage`
 /// (`benches/callgrind.sh`).
 const SHORT_STRING: usize = 64;
 
