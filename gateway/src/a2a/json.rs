@@ -350,7 +350,7 @@ mod tests {
                         Some(decoded.as_str()),
                         "{doc}"
                     );
-                    // Cut anywhere inside, the document is refused.
+                    // Cut inside its last key, the document is refused.
                     assert_eq!(members(&doc[..doc.len() - 7]), None, "{doc}");
                 }
             }
