@@ -326,25 +326,26 @@ mod tests {
     }
 
     /// Strings and keys of every length around [`SHORT_STRING`], with an
-    /// escape (or an escaped quote) at every position: the short scan and
-    /// `memchr2` must hand over at the same byte whatever straddles it.
+    /// escape (or an escaped quote, or a two-byte UTF-8 character) at every
+    /// position: the short scan and `memchr2` must hand over at the same
+    /// byte whatever straddles it, and a string cut short is refused.
     #[test]
     fn strings_across_the_short_scan() {
         for len in 0..SHORT_STRING * 2 + 3 {
             for esc in std::iter::once(None).chain((0..len).map(Some)) {
-                for escape in [r"\\", r#"\""#, r"\n"] {
+                for escape in [r"\\", r#"\""#, r"\n", "é"] {
                     let mut text: String = "x".repeat(len);
                     if let Some(at) = esc {
                         text.replace_range(at..at + 1, escape);
                     }
                     let doc = format!(r#"{{"{text}":"{text}","z":[1]}}"#);
-                    let value: serde_json::Value = serde_json::from_str(&doc).unwrap();
-                    let decoded = value.as_object().unwrap().keys().next().unwrap().clone();
+                    serde_json::from_str::<serde_json::Value>(&doc).expect("valid JSON");
+                    let raw = format!(r#""{text}""#);
+                    let decoded: String = serde_json::from_str(&raw).unwrap();
                     let got = members(&doc).unwrap_or_else(|| panic!("{doc}"));
                     assert_eq!(got[0].0, decoded, "{doc}");
                     assert_eq!(got[0].1, format!(r#""{text}""#), "{doc}");
                     assert_eq!(got[1], ("z".into(), "[1]".into()), "{doc}");
-                    let raw = format!(r#""{text}""#);
                     assert_eq!(
                         string(raw.as_bytes()).as_deref(),
                         Some(decoded.as_str()),
@@ -352,6 +353,13 @@ mod tests {
                     );
                     // Cut inside its last key, the document is refused.
                     assert_eq!(members(&doc[..doc.len() - 7]), None, "{doc}");
+                    // So it is cut before the first key's closing quote, or
+                    // right after the backslash of its escape.
+                    let key_end = 2 + text.len();
+                    for cut in [key_end, esc.map_or(key_end, |at| 2 + at + 1)] {
+                        let bytes = &doc.as_bytes()[..cut];
+                        assert_eq!(object(bytes, |_, v| skip(v)), None, "{doc} cut at {cut}");
+                    }
                 }
             }
         }
