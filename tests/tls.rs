@@ -270,6 +270,7 @@ async fn tls_listener_serves_and_cascades() {
     ))
     .await;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    gw.wait_listening(&addr.to_string()).await;
 
     let mut tls = ca.connect(addr).await.expect("TLS to the gateway");
     let card = exchange(

@@ -137,17 +137,28 @@ impl Gateway {
     }
 
     async fn wait_ready(&self) {
-        let (addr, _) = super::http::split_url(&self.admin);
+        let (admin, _) = super::http::split_url(&self.admin);
         let (proxy, _) = super::http::split_url(&self.url);
+        self.wait_listening(&admin).await;
+        self.wait_listening(&proxy).await;
+    }
+
+    /// Waits until `addr` (`host:port`) accepts connections. [`Gateway::start`]
+    /// waits for the admin and plain listeners only; a test of another one
+    /// (`[server.tls]`) waits for it here: pingora binds a service's
+    /// listeners one after another, the TLS one after loading its files, so
+    /// the plain one accepting does not mean the TLS one does yet.
+    pub async fn wait_listening(&self, addr: &str) {
         for _ in 0..200 {
-            if tokio::net::TcpStream::connect(&addr).await.is_ok()
-                && tokio::net::TcpStream::connect(&proxy).await.is_ok()
-            {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("gateway did not start; its log:\n{}", self.log_text());
+        panic!(
+            "gateway did not listen on {addr}; its log:\n{}",
+            self.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {
