@@ -344,7 +344,7 @@ mod tests {
                     let decoded: String = serde_json::from_str(&raw).unwrap();
                     let got = members(&doc).unwrap_or_else(|| panic!("{doc}"));
                     assert_eq!(got[0].0, decoded, "{doc}");
-                    assert_eq!(got[0].1, format!(r#""{text}""#), "{doc}");
+                    assert_eq!(got[0].1, raw, "{doc}");
                     assert_eq!(got[1], ("z".into(), "[1]".into()), "{doc}");
                     assert_eq!(
                         string(raw.as_bytes()).as_deref(),
@@ -353,8 +353,8 @@ mod tests {
                     );
                     // Cut inside its last key, the document is refused.
                     assert_eq!(members(&doc[..doc.len() - 7]), None, "{doc}");
-                    // So it is cut before the first key's closing quote, or
-                    // right after the backslash of its escape.
+                    // And so it is when cut before the first key's closing
+                    // quote, or right after the backslash of its escape.
                     let key_end = 2 + text.len();
                     for cut in [key_end, esc.map_or(key_end, |at| 2 + at + 1)] {
                         let bytes = &doc.as_bytes()[..cut];
