@@ -13,6 +13,7 @@ mod python_selftest;
 mod shutdown;
 mod sse_recorded;
 mod store_conformance;
+mod timeouts;
 mod tls;
 mod upstream_connections;
 mod websocket;

@@ -1530,7 +1530,8 @@ impl ProxyHttp for Gateway {
     }
 
     /// A request refused while its (large) body streamed gets the A2A error
-    /// the caller's binding expects; anything else pingora's default answer.
+    /// the caller's binding expects; anything else pingora's default answer,
+    /// but a worker that timed out gets 504 where pingora answers 502.
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
@@ -1555,7 +1556,16 @@ impl ProxyHttp for Gateway {
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
             _ => match e.esource() {
-                ErrorSource::Upstream => 502,
+                // The worker did not answer in time (`timeouts.connect`,
+                // `timeouts.upstream_idle`): a gateway timeout, as nginx
+                // answers it; any other failure of the worker is a 502.
+                ErrorSource::Upstream => match e.etype() {
+                    ErrorType::ConnectTimedout
+                    | ErrorType::ReadTimedout
+                    | ErrorType::WriteTimedout
+                    | ErrorType::TLSHandshakeTimedout => 504,
+                    _ => 502,
+                },
                 ErrorSource::Downstream => match e.etype() {
                     ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
                     _ => 400,

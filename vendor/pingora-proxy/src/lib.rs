@@ -93,6 +93,10 @@ pub mod h1_pool;
 // a2a-gateway patch: a request's head sent with its body (see PATCHED.md).
 #[doc(hidden)]
 pub mod held_head;
+// a2a-gateway patch: one upstream read timer per HTTP/1 exchange (see
+// PATCHED.md).
+#[doc(hidden)]
+pub mod idle_timer;
 mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;

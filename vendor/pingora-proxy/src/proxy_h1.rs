@@ -40,7 +40,12 @@ where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        client_session.read_timeout = peer.options.read_timeout;
+        // a2a-gateway patch: the read timeout is kept by the exchange's loop
+        // (`proxy_handle_upstream`), one timer for the exchange instead of
+        // one per read that waits (see PATCHED.md, "One idle timer per
+        // exchange").
+        client_session.read_timeout = None;
+        let read_idle = peer.options.read_timeout;
         client_session.write_timeout = peer.options.write_timeout;
 
         // phase 2 send to upstream
@@ -166,7 +171,13 @@ where
                 &mut downstream_custom_message_reader,
                 pipe_state.clone(),
             ),
-            self.proxy_handle_upstream(client_session, tx_upstream, rx_downstream, pipe_state),
+            self.proxy_handle_upstream(
+                client_session,
+                tx_upstream,
+                rx_downstream,
+                pipe_state,
+                read_idle
+            ),
         );
 
         if let Some(custom_session) = session.downstream_session.as_custom_mut() {
@@ -258,6 +269,7 @@ where
         tx: mpsc::Sender<HttpTask>,
         mut rx: mpsc::Receiver<HttpTask>,
         pipe_state: Arc<AtomicU8>,
+        read_idle: Option<Duration>,
     ) -> Result<bool>
     where
         SV: ProxyHttp + Send + Sync,
@@ -268,9 +280,13 @@ where
         let mut upstream_can_reuse = true;
         let mut send_error = None;
         let mut upgraded = false;
+        // a2a-gateway patch: the exchange's one read timer (see idle_timer).
+        let idle_timer = None::<tokio::time::Sleep>;
+        tokio::pin!(idle_timer);
 
         /* duplex mode, wait for either to complete */
         while !request_done || !response_done {
+            let idle_deadline = crate::idle_timer::deadline(read_idle);
             tokio::select! {
                 res = client_session.read_response_task(), if !response_done => {
                     match res {
@@ -370,6 +386,23 @@ where
                            continue
                         }
                     }
+                },
+
+                // a2a-gateway patch: the worker's answer waited past the read
+                // timeout: as pingora-core's per-read timeout would fail it.
+                _ = OptionFuture::from(
+                    idle_deadline.map(|d| crate::idle_timer::passed(idle_timer.as_mut(), d))
+                ), if !response_done && idle_deadline.is_some() => {
+                    let e = Error::explain(
+                        ReadTimedout,
+                        if client_session.resp_header().is_none() {
+                            "while reading response headers"
+                        } else {
+                            "while reading body"
+                        },
+                    );
+                    let _ = tx.send(HttpTask::Failed(send_error.unwrap_or(e).into_up())).await;
+                    return Ok(false)
                 },
 
                 else => {
