@@ -152,6 +152,16 @@ async fn runs_without_a_config_file() {
     )
     .await;
     assert_eq!(health.status, 200);
+    let ready = request(
+        "GET",
+        &format!("http://127.0.0.1:{admin}"),
+        "/readyz",
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    assert_eq!(ready.text(), "ready\n");
     let _ = child.kill().await;
 }
 

@@ -269,8 +269,8 @@ async fn tls_listener_serves_and_cascades() {
         worker.url()
     ))
     .await;
+    // `Gateway::start` waited for `/readyz`, which covers this listener.
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    gw.wait_listening(&addr.to_string()).await;
 
     let mut tls = ca.connect(addr).await.expect("TLS to the gateway");
     let card = exchange(

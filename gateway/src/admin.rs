@@ -1,8 +1,13 @@
-//! The admin endpoint: `/healthz`, `/metrics` (Prometheus text), `/tasks`
-//! (what the store holds, as JSON, for debugging) and `/budgets` (accounts:
-//! limit, spent, reserved, left; and this replica's in-flight child budgets).
+//! The admin endpoint: `/healthz` (the process is up), `/readyz` (every
+//! proxy listener accepts connections), `/metrics` (Prometheus text),
+//! `/tasks` (what the store holds, as JSON, for debugging) and `/budgets`
+//! (accounts: limit, spent, reserved, left; and this replica's in-flight
+//! child budgets).
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use http::Response;
@@ -18,6 +23,84 @@ use crate::store::TaskStore;
 pub struct Admin {
     pub store: Arc<dyn TaskStore>,
     pub budgets: Arc<crate::budget::Budgets>,
+    /// Every proxy listener (`server.listen` and `server.tls.listen`), for
+    /// `/readyz`.
+    pub listeners: Vec<SocketAddr>,
+    /// Set once every listener accepted a connection: they stay bound until
+    /// the drain, which closes the admin listener as well.
+    pub ready: AtomicBool,
+}
+
+/// How long `/readyz` waits for one listener to accept.
+const READY_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Where to connect to reach a listener: its own address, or loopback for
+/// one bound to every interface.
+fn reach(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
+    }
+}
+
+impl Admin {
+    pub fn new(
+        store: Arc<dyn TaskStore>,
+        budgets: Arc<crate::budget::Budgets>,
+        listeners: Vec<SocketAddr>,
+    ) -> Admin {
+        Admin {
+            store,
+            budgets,
+            listeners,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Readiness for an orchestrator (a Kubernetes `readinessProbe`):
+    /// pingora binds a service's listeners one after another (a TLS one
+    /// after loading its certificate), and the admin listener is its own
+    /// service, so the admin answering says nothing about the proxy yet.
+    /// Each listener is tried with a connection of its own until all have
+    /// accepted once; the answer names those that did not.
+    async fn readiness(&self) -> Response<Vec<u8>> {
+        if self.ready.load(Ordering::Relaxed) {
+            return reply(200, "text/plain", b"ready\n".to_vec());
+        }
+        let waiting = not_accepting(&self.listeners).await;
+        if waiting.is_empty() {
+            self.ready.store(true, Ordering::Relaxed);
+            return reply(200, "text/plain", b"ready\n".to_vec());
+        }
+        let waiting: Vec<String> = waiting.iter().map(SocketAddr::to_string).collect();
+        reply(
+            503,
+            "text/plain",
+            format!(
+                "not ready: not accepting connections yet on {}\n",
+                waiting.join(", ")
+            )
+            .into_bytes(),
+        )
+    }
+}
+
+/// The listeners that did not accept a connection within
+/// [`READY_CONNECT_TIMEOUT`].
+async fn not_accepting(listeners: &[SocketAddr]) -> Vec<SocketAddr> {
+    let mut waiting = Vec::new();
+    for &addr in listeners {
+        let accepted = tokio::time::timeout(
+            READY_CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect(reach(addr)),
+        )
+        .await;
+        if !matches!(accepted, Ok(Ok(_))) {
+            waiting.push(addr);
+        }
+    }
+    waiting
 }
 
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -35,6 +118,7 @@ impl ServeHttp for Admin {
         let path = session.req_header().uri.path().to_string();
         match path.as_str() {
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
+            "/readyz" => self.readiness().await,
             "/metrics" => reply(
                 200,
                 "text/plain; version=0.0.4",
@@ -80,8 +164,40 @@ impl ServeHttp for Admin {
             _ => reply(
                 404,
                 "text/plain",
-                b"not found: try /healthz, /metrics, /tasks or /budgets\n".to_vec(),
+                b"not found: try /healthz, /readyz, /metrics, /tasks or /budgets\n".to_vec(),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener bound to every interface is reached on loopback; a port
+    /// nothing listens on is named; an unbound port that starts listening
+    /// is no longer named.
+    #[tokio::test]
+    async fn readiness_names_the_listeners_not_accepting() {
+        let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let any_addr = SocketAddr::from(([0, 0, 0, 0], any.local_addr().unwrap().port()));
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free_addr = free.local_addr().unwrap();
+        drop(free);
+        let listeners = [any_addr, free_addr];
+        assert_eq!(not_accepting(&listeners).await, vec![free_addr]);
+        let now_bound = std::net::TcpListener::bind(free_addr).unwrap();
+        assert_eq!(not_accepting(&listeners).await, Vec::<SocketAddr>::new());
+        drop((any, now_bound));
+    }
+
+    #[test]
+    fn unspecified_addresses_are_reached_on_loopback() {
+        let v6: SocketAddr = "[::]:81".parse().unwrap();
+        assert_eq!(reach(v6), "[::1]:81".parse().unwrap());
+        let v4: SocketAddr = "0.0.0.0:80".parse().unwrap();
+        assert_eq!(reach(v4), "127.0.0.1:80".parse().unwrap());
+        let own: SocketAddr = "10.1.2.3:80".parse().unwrap();
+        assert_eq!(reach(own), own);
     }
 }

@@ -200,7 +200,16 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     if let Some(addr) = cfg.server.admin {
         let mut admin = pingora::services::listening::Service::new(
             "admin".to_string(),
-            pingora::apps::http_app::HttpServer::new_app(Admin { store, budgets }),
+            pingora::apps::http_app::HttpServer::new_app(Admin::new(
+                store,
+                budgets,
+                cfg.server
+                    .listen
+                    .iter()
+                    .chain(cfg.server.tls.iter().flat_map(|t| &t.listen))
+                    .copied()
+                    .collect(),
+            )),
         );
         admin.add_tcp(&addr.to_string());
         server.add_service(admin);

@@ -136,19 +136,29 @@ impl Gateway {
         .await
     }
 
+    /// Waits for the admin listener, then for `/readyz` to answer 200: every
+    /// proxy listener, TLS ones included (pingora binds them one after
+    /// another), accepts connections.
     async fn wait_ready(&self) {
         let (admin, _) = super::http::split_url(&self.admin);
-        let (proxy, _) = super::http::split_url(&self.url);
         self.wait_listening(&admin).await;
-        self.wait_listening(&proxy).await;
+        let mut last = String::new();
+        for _ in 0..200 {
+            let r = super::http::request("GET", &self.admin, "/readyz", &[], b"").await;
+            if r.status == 200 {
+                return;
+            }
+            last = format!("{} {}", r.status, r.text());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!(
+            "gateway not ready within 5 s (last /readyz: {last}); its log:\n{}",
+            self.log_text()
+        );
     }
 
-    /// Waits until `addr` (`host:port`) accepts connections. [`Gateway::start`]
-    /// waits for the admin and plain listeners only; a test of another one
-    /// (`[server.tls]`) waits for it here: pingora binds a service's
-    /// listeners one after another, the TLS one after loading its files, so
-    /// the plain one accepting does not mean the TLS one does yet.
-    pub async fn wait_listening(&self, addr: &str) {
+    /// Waits until `addr` (`host:port`) accepts connections.
+    async fn wait_listening(&self, addr: &str) {
         for _ in 0..200 {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
                 return;
