@@ -5,6 +5,12 @@
 #
 #   benches/callgrind.sh [N]        (default N = 400 requests per run)
 #
+# The `gateway-no-idle` row is the same gateway with
+# `timeouts.upstream_idle = "0s"`: what the worker read bound costs.
+# `A2AGW_BIN=/path/to/a2a-gateway benches/callgrind.sh` counts another build
+# of the gateway (an earlier commit's) against the same bare pingora and
+# worker.
+#
 # Needs valgrind, the Python test worker's venv (tests/workers/setup-venv.sh)
 # and release builds of the gateway and of the proxy bench (which carries
 # the bare pass-through): `cargo bench -p a2a-gateway --bench proxy --no-run`.
@@ -32,7 +38,9 @@ run() {
     local name=$1 n=$2; shift 2
     local p; p=$(port)
     local out="$dir/$name.$n.cg"
-    sed "s/@PORT@/$p/" "$dir/gw.toml" > "$dir/gw.$p.toml"
+    local toml="$dir/gw.toml"
+    [[ $name == gateway-no-idle ]] && toml="$dir/gw-no-idle.toml"
+    sed "s/@PORT@/$p/" "$toml" > "$dir/gw.$p.toml"
     [[ $name == nginx ]] && nginx_conf "$dir/nginx.$p.conf" "$p" 0
     local args=("${@//@PORT@/$p}")
     args=("${args[@]//@CONFIG@/$dir/gw.$p.toml}")
@@ -47,9 +55,12 @@ run() {
 }
 
 gateway_toml "$dir/gw.toml" 1
+# The same gateway without the worker read bound (`timeouts.upstream_idle`,
+# which bare pingora does not set): what that bound costs per request.
+{ cat "$dir/gw.toml"; printf '[timeouts]\nupstream_idle = "0s"\n'; } > "$dir/gw-no-idle.toml"
 
 results=()
-proxies=(bare gateway bare-core-pool)
+proxies=(bare gateway gateway-no-idle bare-core-pool)
 command -v nginx >/dev/null && proxies+=(nginx) || echo "nginx not installed: its row is left out" >&2
 for proxy in "${proxies[@]}"; do
     for n in 0 "$N"; do
@@ -60,7 +71,7 @@ for proxy in "${proxies[@]}"; do
         elif [[ $proxy == bare-core-pool ]]; then
             ir=$(run bare-core-pool "$n" "$bare" --bare-pingora --pingora-core-pool --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         else
-            ir=$(A2A_GATEWAY_LOG=warn run gateway "$n" "$gw" --config @CONFIG@)
+            ir=$(A2A_GATEWAY_LOG=warn run "$proxy" "$n" "$gw" --config @CONFIG@)
         fi
         results+=("$proxy $n $ir")
     done
@@ -80,6 +91,8 @@ b=$(( (${ir[bare.$N]} - ${ir[bare.0]}) / N )); g=$(( (${ir[gateway.$N]} - ${ir[g
 echo
 c=$(( (${ir[bare-core-pool.$N]} - ${ir[bare-core-pool.0]}) / N ))
 echo "gateway / bare: $(python3 -c "print(f'{$g/$b:.2f}')")x instructions per request (+$((g - b)) per request)"
+ni=$(( (${ir[gateway-no-idle.$N]} - ${ir[gateway-no-idle.0]}) / N ))
+echo "gateway's worker read bound (upstream_idle 1h against 0s): $((g - ni)) per request"
 echo "bare with pingora-core's own upstream pool (as published) / bare: $(python3 -c "print(f'{$c/$b:.2f}')")x ($((c - b)) per request)"
 if [[ -n ${ir[nginx.$N]:-} ]]; then
     x=$(( (${ir[nginx.$N]} - ${ir[nginx.0]}) / N ))

@@ -2,7 +2,8 @@
 # repository's root): the binaries they run, free ports, the Python test
 # worker, and a driver of N sequential SendMessage requests.
 
-gw=$PWD/target/release/a2a-gateway
+# A2AGW_BIN: another gateway build to count (default: this tree's release).
+gw=${A2AGW_BIN:-$PWD/target/release/a2a-gateway}
 bare=$(ls -t "$PWD"/target/release/deps/proxy-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 py=$PWD/target/pyvenv/bin/python
 for f in "$gw" "$bare" "$py"; do

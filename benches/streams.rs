@@ -53,9 +53,11 @@
 //!    Columns: bare pingora, the gateway tracking the stream, the gateway
 //!    passing the same stream untracked (a `limits.max_inspect_body` of 1 KiB
 //!    below the ~1.6 KiB request body, so no SSE parsing at all), and the
-//!    gateway tracking with `timeouts.upstream_idle = "0s"` (pingora's
-//!    `pingora_timeout::timeout` boxes a `Sleep` each time a timed read has
-//!    to wait; bare pingora sets no upstream read timeout).
+//!    gateway tracking with `timeouts.upstream_idle = "0s"` (bare pingora
+//!    sets no upstream read timeout; pingora-core's per-read timeout boxed a
+//!    timer each time a timed read had to wait, 2 allocations per trickled
+//!    event, until the vendored pingora-proxy kept one timer per exchange:
+//!    this column shows the bound costs nothing per event).
 //!
 //! Under `cargo test` (no `--bench` argument) it only says it was skipped.
 
