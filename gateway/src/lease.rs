@@ -38,10 +38,11 @@ pub const CLAIM_HOLD_MARGIN: Duration = Duration::from_secs(5);
 pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
 
 /// When a lapsed lease of a route this replica does not have is claimed
-/// again (by any replica: one that has the route, in a rolling deploy).
-/// Short, since replicas without the route may win the next claims too; a
-/// route no replica has any more costs one claim per second per lease until
-/// its task record expires.
+/// again (by any replica: one that has the route, in a rolling deploy),
+/// placed a quarter tick off this replica's own ticks so that the others
+/// look first ([`lease::hand_back_at`]). Short, since replicas without the
+/// route may win the next claims too; a route no replica has any more costs
+/// one claim per second per lease until its task record expires.
 pub const RETRY_UNKNOWN_ROUTE: Duration = Duration::from_secs(1);
 
 /// Gateway-held leases of this replica: when each is next due for renewal,
@@ -202,7 +203,12 @@ impl Leases {
             }
             let Some(route) = self.routes.by_name(&rec.key.route) else {
                 tracing::debug!(task = %rec.key, "a lapsed lease names a route this replica does not have; handed back for a replica that has it");
-                self.retry(&rec.key, now, RETRY_UNKNOWN_ROUTE).await;
+                let at = lease::hand_back_at(
+                    now,
+                    RETRY_UNKNOWN_ROUTE.as_millis() as u64,
+                    self.tick.as_millis() as u64,
+                );
+                self.retry(&rec.key, at).await;
                 continue;
             };
             let Some(target) = rec.target.clone() else {
@@ -253,8 +259,8 @@ impl Leases {
         }
     }
 
-    async fn retry(&self, key: &TaskKey, now: u64, after: Duration) {
-        let at = now + after.as_millis() as u64;
+    /// Makes a claimed lapse claimable again at `at` (store clock, ms).
+    async fn retry(&self, key: &TaskKey, at: u64) {
         if let Err(e) = self.store.lease_retry(key, at).await {
             metrics::STORE_ERRORS
                 .with_label_values(&["lease_retry"])
