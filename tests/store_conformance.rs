@@ -154,7 +154,10 @@ async fn concurrent_claims_take_each_lease_once() {
         claimers.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
-                let got = s.lease_claim_lapsed(5_000, 7, NEVER).await.unwrap();
+                let got = s
+                    .lease_claim_lapsed(5_000, 7, NEVER, &[Arc::from("r")])
+                    .await
+                    .unwrap();
                 if got.is_empty() {
                     return mine;
                 }
@@ -194,7 +197,11 @@ async fn renewal_racing_a_claim_never_both() {
             },
             {
                 let s = claimer.clone();
-                tokio::spawn(async move { s.lease_claim_lapsed(2_000, 10, NEVER).await.unwrap() })
+                tokio::spawn(async move {
+                    s.lease_claim_lapsed(2_000, 10, NEVER, &[Arc::from("r")])
+                        .await
+                        .unwrap()
+                })
             }
         );
         let (r, c) = (r.unwrap(), c.unwrap());
@@ -212,7 +219,11 @@ async fn renewal_racing_a_claim_never_both() {
             },
             {
                 let s = claimer.clone();
-                tokio::spawn(async move { s.lease_claim_lapsed(1_500, 10, NEVER).await.unwrap() })
+                tokio::spawn(async move {
+                    s.lease_claim_lapsed(1_500, 10, NEVER, &[Arc::from("r")])
+                        .await
+                        .unwrap()
+                })
             }
         );
         match (r.unwrap(), c.unwrap().len()) {
@@ -247,7 +258,10 @@ async fn dead_server_fails_fast_then_recovers() {
                 0 => s.get(&k).await.map(|_| ()),
                 1 => s.update(&k, TaskUpdate::default(), 2).await.map(|_| ()),
                 2 => s.lease_renew(&k, 3).await.map(|_| ()),
-                _ => s.lease_claim_lapsed(9_999, 10, NEVER).await.map(|_| ()),
+                _ => s
+                    .lease_claim_lapsed(9_999, 10, NEVER, &[Arc::from("r")])
+                    .await
+                    .map(|_| ()),
             }
         })
         .await

@@ -4,8 +4,9 @@
 //! - **Reaper**: claims lapsed leases from the store's deadline index (an
 //!   atomic claim, so exactly one replica acts on each) and sends
 //!   `CancelTask` with the route's worker credential. A lease whose cancel
-//!   failed every attempt, or whose route this replica lacks, is handed back
-//!   to be claimed again later (never revived: renewals still fail).
+//!   failed every attempt is handed back to be claimed again later, one whose
+//!   route this replica lacks at once; either only by replicas that have its
+//!   route (never revived: renewals still fail).
 //! - **Renewer**: renews the gateway-held leases of callers connected to this
 //!   replica, every third of their TTL, in one store call per tick. When this
 //!   replica dies the renewals stop and another replica's reaper cancels.
@@ -36,14 +37,6 @@ pub const CLAIM_HOLD_MARGIN: Duration = Duration::from_secs(5);
 
 /// When a lapsed lease whose cancel failed (every attempt) is claimed again.
 pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
-
-/// When a lapsed lease of a route this replica does not have is claimed
-/// again (by any replica: one that has the route, in a rolling deploy),
-/// placed a quarter tick off this replica's own ticks so that the others
-/// look first ([`lease::hand_back_at`]). Short, since replicas without the
-/// route may win the next claims too; a route no replica has any more costs
-/// one claim per second per lease until its task record expires.
-pub const RETRY_UNKNOWN_ROUTE: Duration = Duration::from_secs(1);
 
 /// Gateway-held leases of this replica: when each is next due for renewal,
 /// and how many of this replica's streams hold it (a stream and a
@@ -110,6 +103,8 @@ pub struct Leases {
     store: Arc<dyn TaskStore>,
     canceller: Canceller,
     routes: Arc<Routes>,
+    /// The routes' names: handed-back leases are claimed only for these.
+    route_names: Vec<Arc<str>>,
     replica_id: String,
     tick: Duration,
     held: Mutex<Held>,
@@ -125,10 +120,12 @@ impl Leases {
         tick: Duration,
         health: Arc<StoreHealth>,
     ) -> Self {
+        let route_names = routes.iter().map(|r| r.name.clone()).collect();
         Leases {
             store,
             canceller,
             routes,
+            route_names,
             replica_id,
             tick,
             held: Mutex::new(Held::default()),
@@ -183,7 +180,10 @@ impl Leases {
     /// Claims lapsed leases and cancels their tasks; returns how many.
     pub async fn reap(&self, now: u64) -> usize {
         let hold = now + (self.canceller.longest() + CLAIM_HOLD_MARGIN).as_millis() as u64;
-        let claimed = self.store.lease_claim_lapsed(now, CLAIM_BATCH, hold).await;
+        let claimed = self
+            .store
+            .lease_claim_lapsed(now, CLAIM_BATCH, hold, &self.route_names)
+            .await;
         self.health.record(&claimed);
         let lapsed = match claimed {
             Ok(l) => l,
@@ -203,12 +203,7 @@ impl Leases {
             }
             let Some(route) = self.routes.by_name(&rec.key.route) else {
                 tracing::debug!(task = %rec.key, "a lapsed lease names a route this replica does not have; handed back for a replica that has it");
-                let at = lease::hand_back_at(
-                    now,
-                    RETRY_UNKNOWN_ROUTE.as_millis() as u64,
-                    self.tick.as_millis() as u64,
-                );
-                self.retry(&rec.key, at).await;
+                self.retry(&rec.key, now).await;
                 continue;
             };
             let Some(target) = rec.target.clone() else {

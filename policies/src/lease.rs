@@ -60,27 +60,6 @@ pub fn renew_every_ms(ttl_ms: u64) -> u64 {
     (ttl_ms / 3).max(1)
 }
 
-/// When a replica that claimed a lapsed lease it cannot act on (its route
-/// is missing from this replica's config, mid rolling deploy) makes it
-/// claimable again: `after_ms` past its claim at `now_ms`, rounded up to a
-/// whole number of its ticks, plus a quarter tick.
-///
-/// Every replica claims on its own tick, and the claim at `now_ms` was made
-/// on one of the hander's. A deadline a whole number of ticks later falls
-/// on the hander's own tick again, so its next claim would see the lapse
-/// first every time and a replica with the route would never get it (seen
-/// in `leases::a_lapse_claimed_by_a_replica_without_the_route_is_handed_on`).
-/// A quarter tick later, the hander's tick finds it not yet lapsed (unless
-/// that tick runs a quarter tick late), and the other replicas' ticks get
-/// the remaining three quarters of a tick to claim it before the hander
-/// looks again.
-pub fn hand_back_at(now_ms: u64, after_ms: u64, tick_ms: u64) -> u64 {
-    let tick = tick_ms.max(1);
-    now_ms
-        .saturating_add(after_ms.div_ceil(tick).saturating_mul(tick))
-        .saturating_add(tick / 4)
-}
-
 /// The outcome of a renewal, decided in one atomic step by the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
@@ -106,31 +85,6 @@ pub fn renew(now_ms: u64, lease: Option<(u64, u64)>) -> Renewal {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hand_back_lands_a_quarter_tick_after_the_handers_tick() {
-        // (now, after, tick) -> deadline
-        let table = [
-            (10_000, 1_000, 100, 11_025),
-            (10_000, 1_000, 30, 11_027), // 34 ticks = 1,020 ms, + 7
-            (10_000, 1_000, 10, 11_002),
-            (10_000, 1_000, 1_000, 11_250),
-            (10_000, 0, 100, 10_025),
-            (10_000, 1_000, 0, 11_000), // a zero tick counts as 1 ms
-            (u64::MAX - 5, 1_000, 100, u64::MAX),
-        ];
-        for (now, after, tick, want) in table {
-            assert_eq!(hand_back_at(now, after, tick), want, "{now} {after} {tick}");
-        }
-        // The hander's own tick a whole number of ticks on, on time or up to
-        // a quarter tick late, finds it not yet lapsed; its next tick does.
-        let (now, tick) = (50_000, 100);
-        let at = hand_back_at(now, 1_000, tick);
-        for late in [0, 10, 25] {
-            assert!(!is_lapsed(now + 1_000 + late, at), "{late}");
-        }
-        assert!(is_lapsed(now + 1_100, at));
-    }
 
     #[test]
     fn bounds_table() {

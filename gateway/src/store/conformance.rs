@@ -269,6 +269,11 @@ async fn records(store: &dyn TaskStore) {
     assert_eq!(store.list(1).await.unwrap().len(), 1);
 }
 
+/// The routes a claimer has: `lkey`'s.
+fn routes() -> Vec<Arc<str>> {
+    vec![Arc::from("lease")]
+}
+
 fn lkey(id: &str) -> TaskKey {
     TaskKey {
         route: "lease".into(),
@@ -309,7 +314,7 @@ async fn leases(store: &dyn TaskStore) {
     );
     // Nothing has lapsed yet.
     assert!(store
-        .lease_claim_lapsed(2_600, 100, NEVER)
+        .lease_claim_lapsed(2_600, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -318,11 +323,14 @@ async fn leases(store: &dyn TaskStore) {
         store.lease_renew(&lkey("l1"), 2_601).await.unwrap(),
         Renewal::Lapsed
     );
-    let claimed = store.lease_claim_lapsed(2_601, 100, NEVER).await.unwrap();
+    let claimed = store
+        .lease_claim_lapsed(2_601, 100, NEVER, &routes())
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].key, lkey("l1"));
     assert!(store
-        .lease_claim_lapsed(9_999, 100, NEVER)
+        .lease_claim_lapsed(9_999, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -341,7 +349,7 @@ async fn leases(store: &dyn TaskStore) {
     // its retry time comes, by one caller, and is never renewed meanwhile.
     store.lease_retry(&lkey("l1"), 5_000).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(4_999, 100, NEVER)
+        .lease_claim_lapsed(4_999, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -349,11 +357,14 @@ async fn leases(store: &dyn TaskStore) {
         store.lease_renew(&lkey("l1"), 4_999).await.unwrap(),
         Renewal::NoLease
     );
-    let again = store.lease_claim_lapsed(5_000, 100, NEVER).await.unwrap();
+    let again = store
+        .lease_claim_lapsed(5_000, 100, NEVER, &routes())
+        .await
+        .unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].key, lkey("l1"));
     assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER)
+        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -361,14 +372,14 @@ async fn leases(store: &dyn TaskStore) {
     store.lease_retry(&lkey("l1"), 6_000).await.unwrap();
     store.lease_end(&lkey("l1")).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER)
+        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
     // Unknown tasks are not handed back.
     store.lease_retry(&lkey("none"), 6_000).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER)
+        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -415,7 +426,7 @@ async fn leases(store: &dyn TaskStore) {
     // An ended lease is gone too.
     store.lease_end(&lkey("h2")).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER)
+        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -428,8 +439,14 @@ async fn leases(store: &dyn TaskStore) {
             .await
             .unwrap();
     }
-    let first = store.lease_claim_lapsed(5_000, 3, NEVER).await.unwrap();
-    let second = store.lease_claim_lapsed(5_000, 3, NEVER).await.unwrap();
+    let first = store
+        .lease_claim_lapsed(5_000, 3, NEVER, &routes())
+        .await
+        .unwrap();
+    let second = store
+        .lease_claim_lapsed(5_000, 3, NEVER, &routes())
+        .await
+        .unwrap();
     assert_eq!((first.len(), second.len()), (3, 2));
     let mut ids: Vec<String> = first
         .iter()
@@ -445,18 +462,24 @@ async fn leases(store: &dyn TaskStore) {
         .lease_start(&lkey("d1"), 1_000, None, 0)
         .await
         .unwrap();
-    let got = store.lease_claim_lapsed(5_000, 10, 8_000).await.unwrap();
+    let got = store
+        .lease_claim_lapsed(5_000, 10, 8_000, &routes())
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     assert!(store
-        .lease_claim_lapsed(7_999, 10, NEVER)
+        .lease_claim_lapsed(7_999, 10, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
-    let again = store.lease_claim_lapsed(8_000, 10, 9_000).await.unwrap();
+    let again = store
+        .lease_claim_lapsed(8_000, 10, 9_000, &routes())
+        .await
+        .unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].key, lkey("d1"));
     assert!(store
-        .lease_claim_lapsed(8_999, 10, NEVER)
+        .lease_claim_lapsed(8_999, 10, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -464,20 +487,20 @@ async fn leases(store: &dyn TaskStore) {
     store.lease_retry(&lkey("d1"), 8_500).await.unwrap();
     assert_eq!(
         store
-            .lease_claim_lapsed(8_500, 10, 20_000)
+            .lease_claim_lapsed(8_500, 10, 20_000, &routes())
             .await
             .unwrap()
             .len(),
         1
     );
     assert!(store
-        .lease_claim_lapsed(19_999, 10, NEVER)
+        .lease_claim_lapsed(19_999, 10, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
     store.lease_end(&lkey("d1")).await.unwrap();
     assert!(store
-        .lease_claim_lapsed(NEVER - 1, 10, NEVER)
+        .lease_claim_lapsed(NEVER - 1, 10, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -490,7 +513,7 @@ async fn leases(store: &dyn TaskStore) {
         .unwrap();
     assert_eq!(
         store
-            .lease_claim_lapsed(5_000, 10, 8_000)
+            .lease_claim_lapsed(5_000, 10, 8_000, &routes())
             .await
             .unwrap()
             .len(),
@@ -501,7 +524,7 @@ async fn leases(store: &dyn TaskStore) {
         .await
         .unwrap();
     assert!(store
-        .lease_claim_lapsed(8_000, 10, NEVER)
+        .lease_claim_lapsed(8_000, 10, NEVER, &routes())
         .await
         .unwrap()
         .is_empty());
@@ -512,4 +535,52 @@ async fn leases(store: &dyn TaskStore) {
         }
     );
     store.lease_end(&lkey("n1")).await.unwrap();
+
+    // Handed-back leases are claimed by route: a claimer without the
+    // lease's route (an older config mid rolling deploy) does not take back
+    // what it handed back, a claimer with the route does; a first lapse is
+    // anyone's, and so is nothing else.
+    let other: Vec<Arc<str>> = vec![Arc::from("elsewhere")];
+    store
+        .lease_start(&lkey("h1"), 1_000, None, 0)
+        .await
+        .unwrap();
+    let first = store
+        .lease_claim_lapsed(5_000, 10, NEVER, &other)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1, "a first lapse is claimed by any replica");
+    store.lease_retry(&lkey("h1"), 5_000).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(6_000, 10, NEVER, &other)
+        .await
+        .unwrap()
+        .is_empty());
+    let taken = store
+        .lease_claim_lapsed(6_000, 10, 7_000, &routes())
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].key, lkey("h1"));
+    // Its claim's hold is by route too: if that claimer dies, a replica
+    // with the route takes it, not one without.
+    assert!(store
+        .lease_claim_lapsed(7_000, 10, NEVER, &other)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .lease_claim_lapsed(7_000, 10, NEVER, &routes())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    store.lease_end(&lkey("h1")).await.unwrap();
+    assert!(store
+        .lease_claim_lapsed(NEVER - 1, 10, NEVER, &routes())
+        .await
+        .unwrap()
+        .is_empty());
 }

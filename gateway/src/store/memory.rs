@@ -1,7 +1,7 @@
 //! The embedded store: one gateway process, no dependencies.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -43,12 +43,13 @@ impl Retries {
         }
     }
 
-    /// Takes up to `limit` entries due by `now_ms`.
-    fn take_due(&mut self, now_ms: u64, limit: usize) -> Vec<TaskKey> {
+    /// Takes up to `limit` entries due by `now_ms` of the `routes` given.
+    fn take_due(&mut self, now_ms: u64, limit: usize, routes: &[Arc<str>]) -> Vec<TaskKey> {
         let due: Vec<(u64, TaskKey)> = self
             .due
             .iter()
             .take_while(|(at, _)| *at <= now_ms)
+            .filter(|(_, k)| routes.contains(&k.route))
             .take(limit)
             .cloned()
             .collect();
@@ -381,6 +382,7 @@ impl TaskStore for MemoryStore {
         now_ms: u64,
         limit: usize,
         hold_until_ms: u64,
+        routes: &[Arc<str>],
     ) -> Result<Vec<TaskRecord>, StoreError> {
         let claimed: Vec<(u64, TaskKey)> = {
             let mut index = self.index();
@@ -401,7 +403,7 @@ impl TaskStore for MemoryStore {
             .collect();
         let mut retries = self.retries();
         if out.len() < limit {
-            let due = retries.take_due(now_ms, limit - out.len());
+            let due = retries.take_due(now_ms, limit - out.len(), routes);
             out.extend(
                 due.into_iter()
                     .filter_map(|key| self.tasks.get(&key))

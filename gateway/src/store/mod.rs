@@ -205,24 +205,33 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Ends the task's lease (it settled, or it was cancelled).
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError>;
 
-    /// Takes up to `limit` lapsed leases out of the deadline index (then
-    /// handed-back ones due by `now_ms`, see [`TaskStore::lease_retry`]) and
-    /// returns their records. Atomic: across every replica sharing the
-    /// store, each lapsed lease is returned to exactly one caller. Each is
-    /// also handed back for `hold_until_ms`, so that it is claimed again if
-    /// its claimer dies before ending it ([`TaskStore::lease_end`]) or
-    /// handing it back sooner.
+    /// Takes up to `limit` lapsed leases out of the deadline index (of any
+    /// route), then handed-back ones due by `now_ms` of the `routes` the
+    /// caller has (see [`TaskStore::lease_retry`]), and returns their
+    /// records. Atomic: across every replica sharing the store, each lapsed
+    /// lease is returned to exactly one caller. Each is also handed back for
+    /// `hold_until_ms`, so that it is claimed again (by a replica with its
+    /// route) if its claimer dies before ending it ([`TaskStore::lease_end`])
+    /// or handing it back sooner.
+    ///
+    /// Handed-back leases are claimed by route so that a replica that lacks
+    /// a route (an older config mid rolling deploy) cannot take a lease it
+    /// handed back again before a replica with the route does: claims race
+    /// on each replica's tick, and the hander, whose clock and tick phase
+    /// may always come first, starved the others.
     async fn lease_claim_lapsed(
         &self,
         now_ms: u64,
         limit: usize,
         hold_until_ms: u64,
+        routes: &[Arc<str>],
     ) -> Result<Vec<TaskRecord>, StoreError>;
 
     /// Hands a lapsed lease claimed by [`TaskStore::lease_claim_lapsed`]
     /// back for another claim at `at_ms` (its cancel failed, or the claiming
-    /// replica lacks its route), without reviving it: renewals still find no
-    /// lease. Does nothing once the task or its lease is gone.
+    /// replica lacks its route), by a replica that has its route, without
+    /// reviving it: renewals still find no lease. Does nothing once the task
+    /// or its lease is gone.
     async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError>;
 
     /// Live leases in the deadline index (for metrics and the admin endpoint).

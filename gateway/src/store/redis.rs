@@ -6,7 +6,8 @@
 //! | --- | --- | --- |
 //! | `{ns}:task:{route}:{tenant}:{task_id}` | hash | one [`TaskRecord`] |
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
-//! | `{ns}:leases:retry` | sorted set | lapsed leases handed back for another claim, score = when |
+//! | `{ns}:leases:retry:{route}` | sorted set | the route's lapsed leases handed back for another claim (and the holds of claimed ones), score = when; claimed only by replicas that have the route; expires a day after its last hand-back |
+//! | `{ns}:leases:retry` | sorted set | the same for every route, as written before they were kept per route: still claimed, no longer written |
 //! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
 //! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
@@ -76,6 +77,7 @@
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -216,12 +218,14 @@ const GET: &str = r#"
 return record(KEYS[1])
 "#;
 
-/// KEYS: task, leases, lease retries. ARGV: now, deadline, ttl, has_holder,
-/// holder, route, tenant, task_id. A hand-back or claim hold of an earlier
-/// lease of the task is dropped: it must not reap this one.
+/// KEYS: task, leases, lease retries (as written before retries were kept
+/// per route), the route's lease retries. ARGV: now, deadline, ttl,
+/// has_holder, holder, route, tenant, task_id. A hand-back or claim hold of
+/// an earlier lease of the task is dropped: it must not reap this one.
 const LEASE_START: &str = r#"
 local k, z = KEYS[1], KEYS[2]
 redis.call('ZREM', KEYS[3], k)
+redis.call('ZREM', KEYS[4], k)
 redis.call('HSET', k, 'route', ARGV[6], 'tenant', ARGV[7], 'task_id', ARGV[8], 'updated_ms', ARGV[1],
   'lease_ttl', ARGV[3], 'lease_deadline', ARGV[2])
 if ARGV[4] == '1' then
@@ -249,23 +253,39 @@ end
 return n
 "#;
 
-/// KEYS: task, leases, lease retries.
+/// KEYS: task, leases, lease retries (before retries were kept per route),
+/// the route's lease retries.
 const LEASE_END: &str = r#"
 local k, z = KEYS[1], KEYS[2]
 redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
 redis.call('ZREM', z, k)
 redis.call('ZREM', KEYS[3], k)
+redis.call('ZREM', KEYS[4], k)
 if redis.call('EXISTS', k) == 1 then expire(k) end
 return 1
 "#;
 
-/// KEYS: leases, lease retries. ARGV: now, limit, hold until. Lapsed =
-/// deadline < now, strictly; then handed-back leases due by now whose task
-/// still holds a lease. Each claimed one is handed back for `hold until`
-/// (its claimer ends it or hands it back sooner). Returns the claimed
-/// records (`record`); an entry whose hash is gone is dropped.
+/// KEYS: leases, lease retries (as written before retries were kept per
+/// route), then the lease retries of each route the claimer has. ARGV: now,
+/// limit, hold until. Lapsed = deadline < now,
+/// strictly, any route; then handed-back leases due by now, of the
+/// claimer's routes, whose task still holds a lease. Each claimed one is
+/// handed back for `hold until` into its route's retries (its claimer ends
+/// it or hands it back sooner). Returns the claimed records (`record`); an
+/// entry whose hash is gone is dropped.
 const LEASE_CLAIM: &str = r#"
-local z, r, limit, hold = KEYS[1], KEYS[2], num(ARGV[2]), ARGV[3]
+local z, limit, hold, tp, rp = KEYS[1], num(ARGV[2]), ARGV[3], {TASK_PREFIX}, {RETRY_PREFIX}
+local function held_in(k)
+  local rest = string.sub(k, #tp + 1)
+  local e = string.find(rest, ':', 1, true)
+  if string.sub(k, 1, #tp) ~= tp or not e then return KEYS[2] end
+  return rp .. string.sub(rest, 1, e - 1)
+end
+local function hold_it(k)
+  local r = held_in(k)
+  redis.call('ZADD', r, hold, k)
+  redis.call('PEXPIRE', r, {RETRIES_TTL_MS})
+end
 local ks = redis.call('ZRANGEBYSCORE', z, '-inf', '(' .. ARGV[1], 'LIMIT', '0', ARGV[2])
 local out = {}
 for _, k in ipairs(ks) do
@@ -273,27 +293,32 @@ for _, k in ipairs(ks) do
   local rec = record(k)
   if #rec > 0 then
     out[#out + 1] = rec
-    redis.call('ZADD', r, hold, k)
+    hold_it(k)
   end
 end
-if #out < limit then
+for i = 2, #KEYS do
+  if #out >= limit then break end
+  local r = KEYS[i]
   local rs = redis.call('ZRANGEBYSCORE', r, '-inf', ARGV[1], 'LIMIT', '0', tostring(limit - #out))
   for _, k in ipairs(rs) do
     redis.call('ZREM', r, k)
     if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
       out[#out + 1] = record(k)
-      redis.call('ZADD', r, hold, k)
+      hold_it(k)
     end
   end
 end
 return out
 "#;
 
-/// KEYS: task, lease retries. ARGV: retry at. Only while the task holds a
-/// lease; the deadline index is not touched, so renewals find none.
+/// KEYS: task, its route's lease retries. ARGV: retry at. Only while the
+/// task holds a lease; the deadline index is not touched, so renewals find
+/// none. The route's set expires a day after its last hand-back, so that the
+/// hand-backs of a route no replica has any more do not stay forever.
 const LEASE_RETRY: &str = r#"
 if redis.call('HEXISTS', KEYS[1], 'lease_ttl') == 1 then
   redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+  redis.call('PEXPIRE', KEYS[2], {RETRIES_TTL_MS})
   return 1
 end
 return 0
@@ -405,6 +430,11 @@ struct Scripts {
 /// A script (the prelude and a body) with the state sets, retention, the
 /// replica keys' prefix (`{namespace}:replica:`) and the ticket tombstones'
 /// (`{namespace}:ticket:`) filled in.
+/// How long a route's set of handed-back leases lives after its last
+/// hand-back: a route no replica has any more leaves its hand-backs
+/// unclaimed (claims are by route), and they go with the set.
+const RETRIES_TTL: Duration = Duration::from_secs(24 * 3600);
+
 fn fill(text: &str, namespace: &str) -> String {
     let lua_set = |pred: fn(TaskState) -> bool| {
         let mut s = String::from("{");
@@ -422,9 +452,15 @@ fn fill(text: &str, namespace: &str) -> String {
             "{TOMBSTONE_MS}",
             &super::TICKET_TOMBSTONE.as_millis().to_string(),
         )
+        .replace("{RETRIES_TTL_MS}", &RETRIES_TTL.as_millis().to_string())
         // The namespace last: nothing in it is taken for a placeholder.
         .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
         .replace("{TICKETS}", &lua_string(&format!("{namespace}:ticket:")))
+        .replace("{TASK_PREFIX}", &lua_string(&format!("{namespace}:task:")))
+        .replace(
+            "{RETRY_PREFIX}",
+            &lua_string(&format!("{namespace}:leases:retry:")),
+        )
 }
 
 /// `s` as a Lua string literal.
@@ -588,6 +624,12 @@ impl RedisStore {
             .arg(&a.ticket);
     }
 
+    /// The Redis key of a route's handed-back leases (claimed only by
+    /// replicas that have the route).
+    fn retry_key(&self, route: &str) -> String {
+        format!("{}:{}", self.retries_key, pct(route))
+    }
+
     /// The Redis key of the lease deadline index.
     pub fn leases_key(&self) -> &str {
         &self.leases_key
@@ -714,6 +756,7 @@ impl TaskStore for RedisStore {
         inv.key(&k)
             .key(&self.leases_key)
             .key(&self.retries_key)
+            .key(self.retry_key(&key.route))
             .arg(now_ms)
             .arg(deadline_ms)
             .arg(ttl_ms)
@@ -777,7 +820,10 @@ impl TaskStore for RedisStore {
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
         let k = self.task_key(key);
         let mut inv = self.scripts.lease_end.prepare_invoke();
-        inv.key(&k).key(&self.leases_key).key(&self.retries_key);
+        inv.key(&k)
+            .key(&self.leases_key)
+            .key(&self.retries_key)
+            .key(self.retry_key(&key.route));
         let _: Value = self
             .call("lease_end", |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -791,14 +837,17 @@ impl TaskStore for RedisStore {
         now_ms: u64,
         limit: usize,
         hold_until_ms: u64,
+        routes: &[Arc<str>],
     ) -> Result<Vec<TaskRecord>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
         let mut inv = self.scripts.lease_claim.prepare_invoke();
-        inv.key(&self.leases_key)
-            .key(&self.retries_key)
-            .arg(now_ms.min(MAX_EXACT))
+        inv.key(&self.leases_key).key(&self.retries_key);
+        for route in routes {
+            inv.key(self.retry_key(route));
+        }
+        inv.arg(now_ms.min(MAX_EXACT))
             .arg(limit.min(MAX_EXACT as usize))
             .arg(hold_until_ms.min(MAX_EXACT));
         let v: Value = self
@@ -812,7 +861,7 @@ impl TaskStore for RedisStore {
     async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError> {
         let mut inv = self.scripts.lease_retry.prepare_invoke();
         inv.key(self.task_key(key))
-            .key(&self.retries_key)
+            .key(self.retry_key(&key.route))
             .arg(at_ms.min(MAX_EXACT));
         let _: Value = self
             .call("lease_retry", |mut c| async move {
