@@ -16,7 +16,7 @@
 # the bare pass-through): `cargo bench -p a2a-gateway --bench proxy --no-run`.
 # Each proxy runs twice under callgrind, once with no request and once with
 # N sequential keep-alive SendMessage requests (JSON-RPC, ~1 KB, task
-# tracking on); (Ir(N) - Ir(0)) / N is the cost of one request. A third
+# tracking on); (Ir(N) - Ir(0)) / N is the cost of one request. Another
 # proxy, bare pingora with pingora-core's own upstream pool
 # (`--pingora-core-pool`), shows what the vendored pingora-proxy's pool
 # takes off (vendor/pingora-proxy/PATCHED.md). nginx (Debian's nginx-light,

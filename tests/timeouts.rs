@@ -69,7 +69,7 @@ async fn a_silent_worker_is_cut_off_and_its_child_cancelled() {
             "{bind:?}: {rest:?}"
         );
         assert!(
-            cut_after >= Duration::from_millis(450) && cut_after < Duration::from_secs(5),
+            cut_after >= Duration::from_millis(300) && cut_after < Duration::from_secs(5),
             "{bind:?}: the stream ended {cut_after:?} after the worker went quiet"
         );
         worker
@@ -147,7 +147,12 @@ async fn the_read_timer_fires_at_the_latest_deadline_only() {
     }
     // A pass that waits ends `bound` after it began.
     let began = Instant::now();
-    passed(timer.as_mut(), deadline(Some(bound)).unwrap()).await;
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        passed(timer.as_mut(), deadline(Some(bound)).unwrap()),
+    )
+    .await
+    .expect("the timer fires");
     let waited = began.elapsed();
     assert!(
         waited >= bound && waited < bound + Duration::from_millis(200),

@@ -13,9 +13,10 @@
 //! only re-armed when it fires before that deadline, so a stream whose
 //! worker keeps talking touches it about once per bound, not once per read.
 //!
-//! What is bounded is the same: the time a read of the worker's answer
-//! waits, counted from when the loop last moved (a read completed, or a
-//! chunk of the request body went out).
+//! What is bounded is nearly the same: the time a read of the worker's
+//! answer waits, counted from when the loop last moved (a read completed,
+//! or a chunk of the request body went out); a response head that arrives
+//! in several reads is bounded as a whole.
 //!
 //! Tested in the repository's `tests/timeouts.rs` (the timer alone, and the
 //! gateway in front of real workers that pause and go quiet).
