@@ -203,6 +203,21 @@ async fn allocator_is_picked_by_env() {
     assert!(chosen(&log, "mimalloc"), "{log}");
 }
 
+/// A listener on port 0 (a port the kernel would pick, which no caller
+/// could be told) is refused on the command line as in the config file.
+#[tokio::test]
+async fn port_zero_listeners_are_refused() {
+    for flag in ["--listen", "--admin"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+            .args([flag, "127.0.0.1:0", "--worker", "http://127.0.0.1:1"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("port 0 is not allowed"), "{flag}: {err}");
+    }
+}
+
 /// `check-config` prints every error at once, each with file:line:col.
 #[tokio::test]
 async fn check_config_reports_every_error() {

@@ -1068,15 +1068,23 @@ fn route_host(item: &Item) -> Result<String, String> {
 
 fn socket_addr(item: &Item) -> Result<SocketAddr, String> {
     let s = string(item)?;
-    s.parse().map_err(|_| {
+    let addr: SocketAddr = s.parse().map_err(|_| {
         format!(
             "expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found {}",
             found(item)
         )
-    })
+    })?;
+    // Port 0 would bind a port the kernel picks, which nobody could be told
+    // (and `/readyz` could never find).
+    if addr.port() == 0 {
+        return Err(format!(
+            "port 0 is not allowed: a listener needs a known port, found {}",
+            found(item)
+        ));
+    }
+    Ok(addr)
 }
 
-/// One address or an array of them.
 /// One address or an array of them; an empty array only when `may_be_empty`
 /// (plain listeners beside TLS ones).
 fn listen(item: &Item, may_be_empty: bool) -> Result<Vec<SocketAddr>, Bad> {

@@ -565,6 +565,8 @@ fn single_errors() {
         ("[[routes]]\nname = \"a\"", "1:1: routes[0].worker: missing required key"),
         // bad values: server
         ("[server]\nlisten = \"localhost:80\"\n", "2:10: server.listen: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"localhost:80\""),
+        ("[server]\nlisten = \"0.0.0.0:0\"\n", "2:10: server.listen: port 0 is not allowed: a listener needs a known port, found \"0.0.0.0:0\""),
+        ("[server]\nadmin = \"127.0.0.1:0\"\n", "2:9: server.admin: port 0 is not allowed: a listener needs a known port, found \"127.0.0.1:0\""),
         ("[server]\nlisten = []\n", "2:10: server.listen: expected at least one address"),
         ("[server]\nlisten = [\"1.2.3.4:5\", \"1.2.3.4:5\"]\n", "2:24: server.listen[1]: 1.2.3.4:5 is listed twice"),
         ("[server]\nthreads = 0\n", "2:11: server.threads: must be between 1 and 256, found 0"),

@@ -22,13 +22,13 @@ struct Cli {
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Address to listen on (overrides the config's `server.listen`).
-    #[arg(long)]
+    #[arg(long, value_parser = known_port)]
     listen: Option<SocketAddr>,
     /// The worker's URL, for running without a config file.
     #[arg(long)]
     worker: Option<String>,
-    /// Admin address for /healthz, /metrics and /tasks.
-    #[arg(long)]
+    /// Admin address for /healthz, /readyz, /metrics, /tasks and /budgets.
+    #[arg(long, value_parser = known_port)]
     admin: Option<SocketAddr>,
     /// Task store (overrides `store.url`): `memory://` or `redis://HOST:PORT/DB`.
     #[arg(long)]
@@ -127,4 +127,16 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// A listener address with a port a caller can be told (not 0, which would
+/// bind one the kernel picks), as the config file requires.
+fn known_port(s: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = s
+        .parse()
+        .map_err(|e| format!("expected an IP address and port like 127.0.0.1:8080: {e}"))?;
+    if addr.port() == 0 {
+        return Err("port 0 is not allowed: a listener needs a known port".into());
+    }
+    Ok(addr)
 }
