@@ -427,14 +427,29 @@ struct Scripts {
     get: Script,
 }
 
-/// A script (the prelude and a body) with the state sets, retention, the
-/// replica keys' prefix (`{namespace}:replica:`) and the ticket tombstones'
-/// (`{namespace}:ticket:`) filled in.
 /// How long a route's set of handed-back leases lives after its last
 /// hand-back: a route no replica has any more leaves its hand-backs
 /// unclaimed (claims are by route), and they go with the set.
 const RETRIES_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// Where task keys start (`{namespace}:task:`, then route, tenant and id):
+/// [`RedisStore::task_key`], and the claim script that reads a task key's
+/// route.
+fn task_prefix(namespace: &str) -> String {
+    format!("{namespace}:task:")
+}
+
+/// Where a route's set of handed-back leases is (`{namespace}:leases:retry:`
+/// then the route as in task keys): [`RedisStore::retry_key`], and the claim
+/// script that holds a claimed lease in its route's set.
+fn retry_prefix(namespace: &str) -> String {
+    format!("{namespace}:leases:retry:")
+}
+
+/// A script (the prelude and a body) with the state sets, retention, the
+/// replica keys' prefix (`{namespace}:replica:`), the ticket tombstones'
+/// (`{namespace}:ticket:`), and the task keys' and per-route retries'
+/// prefixes filled in.
 fn fill(text: &str, namespace: &str) -> String {
     let lua_set = |pred: fn(TaskState) -> bool| {
         let mut s = String::from("{");
@@ -456,11 +471,8 @@ fn fill(text: &str, namespace: &str) -> String {
         // The namespace last: nothing in it is taken for a placeholder.
         .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
         .replace("{TICKETS}", &lua_string(&format!("{namespace}:ticket:")))
-        .replace("{TASK_PREFIX}", &lua_string(&format!("{namespace}:task:")))
-        .replace(
-            "{RETRY_PREFIX}",
-            &lua_string(&format!("{namespace}:leases:retry:")),
-        )
+        .replace("{TASK_PREFIX}", &lua_string(&task_prefix(namespace)))
+        .replace("{RETRY_PREFIX}", &lua_string(&retry_prefix(namespace)))
 }
 
 /// `s` as a Lua string literal.
@@ -506,8 +518,14 @@ pub struct RedisStore {
     conn: ConnectionManager,
     namespace: String,
     leases_key: String,
-    /// Lapsed leases handed back for another claim (`lease_retry`).
+    /// Lapsed leases handed back for another claim, as versions before the
+    /// per-route sets wrote them: still claimed from and cleared, no longer
+    /// written.
     retries_key: String,
+    /// [`task_prefix`] of the namespace.
+    task_prefix: String,
+    /// [`retry_prefix`] of the namespace.
+    retry_prefix: String,
     /// This process's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
     replica_key: String,
     replica: String,
@@ -569,6 +587,8 @@ impl RedisStore {
             namespace: namespace.to_string(),
             leases_key: format!("{namespace}:leases"),
             retries_key: format!("{namespace}:leases:retry"),
+            task_prefix: task_prefix(namespace),
+            retry_prefix: retry_prefix(namespace),
             replica_key: format!("{namespace}:replica:{replica}"),
             replica,
             gone: tokio::sync::Mutex::new(false),
@@ -587,8 +607,8 @@ impl RedisStore {
     /// The Redis key of a task's hash.
     pub fn task_key(&self, key: &TaskKey) -> String {
         format!(
-            "{}:task:{}:{}:{}",
-            self.namespace,
+            "{}{}:{}:{}",
+            self.task_prefix,
             pct(&key.route),
             pct(&key.tenant),
             pct(&key.task_id)
@@ -627,7 +647,7 @@ impl RedisStore {
     /// The Redis key of a route's handed-back leases (claimed only by
     /// replicas that have the route).
     fn retry_key(&self, route: &str) -> String {
-        format!("{}:{}", self.retries_key, pct(route))
+        format!("{}{}", self.retry_prefix, pct(route))
     }
 
     /// The Redis key of the lease deadline index.
