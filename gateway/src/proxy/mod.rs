@@ -1338,21 +1338,23 @@ impl ProxyHttp for Gateway {
             stop_awaiting_id(session, ctx);
             return Ok(());
         }
-        let (sse, json) = (is_sse(resp), is_json(resp));
-        if !sse {
-            stop_awaiting_id(session, ctx);
-        }
-        if sse {
+        if is_sse(resp) {
             ctx.body = Body::Sse(SseParser::new(self.limits.max_sse_event));
             ctx.streaming = method.is_streaming();
             if ctx.streaming {
                 metrics::OPEN_STREAMS.inc();
             }
-        } else if json && ctx.budget.is_some() && resp.status.is_success() {
+            return Ok(());
+        }
+        stop_awaiting_id(session, ctx);
+        if !is_json(resp) {
+            return Ok(());
+        }
+        if ctx.budget.is_some() && resp.status.is_success() {
             resp.remove_header(&http::header::CONTENT_LENGTH);
             resp.insert_header("transfer-encoding", "chunked")?;
             ctx.body = Body::HeldJson(Vec::new());
-        } else if json {
+        } else {
             ctx.body = Body::Json(Vec::new());
         }
         Ok(())
