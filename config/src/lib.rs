@@ -624,6 +624,18 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// A listener address whose port callers can be told: port 0 would bind one
+/// the kernel picks, which nobody could be told (and `/readyz` could never
+/// find). Checked for the config file's listeners and the command line's
+/// `--listen` and `--admin` alike.
+pub fn known_port(addr: SocketAddr) -> Result<SocketAddr, &'static str> {
+    if addr.port() == 0 {
+        Err("port 0 is not allowed: a listener needs a known port")
+    } else {
+        Ok(addr)
+    }
+}
+
 /// Reads and validates a config file; errors are about `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     let with_file = |mut errors: ConfigErrors| {

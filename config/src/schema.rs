@@ -1074,15 +1074,7 @@ fn socket_addr(item: &Item) -> Result<SocketAddr, String> {
             found(item)
         )
     })?;
-    // Port 0 would bind a port the kernel picks, which nobody could be told
-    // (and `/readyz` could never find).
-    if addr.port() == 0 {
-        return Err(format!(
-            "port 0 is not allowed: a listener needs a known port, found {}",
-            found(item)
-        ));
-    }
-    Ok(addr)
+    crate::known_port(addr).map_err(|why| format!("{why}, found {}", found(item)))
 }
 
 /// One address or an array of them; an empty array only when `may_be_empty`

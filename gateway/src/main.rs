@@ -129,14 +129,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// A listener address with a port a caller can be told (not 0, which would
-/// bind one the kernel picks), as the config file requires.
+/// A listener address, checked as the config file's are
+/// ([`config::known_port`]).
 fn known_port(s: &str) -> Result<SocketAddr, String> {
     let addr: SocketAddr = s
         .parse()
         .map_err(|e| format!("expected an IP address and port like 127.0.0.1:8080: {e}"))?;
-    if addr.port() == 0 {
-        return Err("port 0 is not allowed: a listener needs a known port".into());
-    }
-    Ok(addr)
+    config::known_port(addr).map_err(str::to_owned)
 }
