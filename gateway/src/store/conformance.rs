@@ -274,6 +274,20 @@ fn routes() -> Vec<Arc<str>> {
     vec![Arc::from("lease")]
 }
 
+/// [`TaskStore::lease_claim_lapsed`] by a claimer with `routes`.
+async fn claim(
+    store: &dyn TaskStore,
+    now_ms: u64,
+    limit: usize,
+    hold_until_ms: u64,
+    routes: &[Arc<str>],
+) -> Vec<TaskRecord> {
+    store
+        .lease_claim_lapsed(now_ms, limit, hold_until_ms, routes)
+        .await
+        .unwrap()
+}
+
 fn lkey(id: &str) -> TaskKey {
     TaskKey {
         route: "lease".into(),
@@ -313,27 +327,16 @@ async fn leases(store: &dyn TaskStore) {
         Renewal::Renewed { deadline_ms: 2_600 }
     );
     // Nothing has lapsed yet.
-    assert!(store
-        .lease_claim_lapsed(2_600, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 2_600, 100, NEVER, &routes()).await.is_empty());
     // Past the deadline a renewal does not revive it; it is claimed once.
     assert_eq!(
         store.lease_renew(&lkey("l1"), 2_601).await.unwrap(),
         Renewal::Lapsed
     );
-    let claimed = store
-        .lease_claim_lapsed(2_601, 100, NEVER, &routes())
-        .await
-        .unwrap();
+    let claimed = claim(store, 2_601, 100, NEVER, &routes()).await;
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].key, lkey("l1"));
-    assert!(store
-        .lease_claim_lapsed(9_999, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 9_999, 100, NEVER, &routes()).await.is_empty());
     // A claimed lease renews nothing.
     assert_eq!(
         store.lease_renew(&lkey("l1"), 2_602).await.unwrap(),
@@ -348,41 +351,22 @@ async fn leases(store: &dyn TaskStore) {
     // A claimed lease handed back (its cancel failed) is claimed again once
     // its retry time comes, by one caller, and is never renewed meanwhile.
     store.lease_retry(&lkey("l1"), 5_000).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(4_999, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 4_999, 100, NEVER, &routes()).await.is_empty());
     assert_eq!(
         store.lease_renew(&lkey("l1"), 4_999).await.unwrap(),
         Renewal::NoLease
     );
-    let again = store
-        .lease_claim_lapsed(5_000, 100, NEVER, &routes())
-        .await
-        .unwrap();
+    let again = claim(store, 5_000, 100, NEVER, &routes()).await;
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].key, lkey("l1"));
-    assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 99_999, 100, NEVER, &routes()).await.is_empty());
     // Handed back after its lease ended (the task settled): nothing to claim.
     store.lease_retry(&lkey("l1"), 6_000).await.unwrap();
     store.lease_end(&lkey("l1")).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 99_999, 100, NEVER, &routes()).await.is_empty());
     // Unknown tasks are not handed back.
     store.lease_retry(&lkey("none"), 6_000).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 99_999, 100, NEVER, &routes()).await.is_empty());
 
     // Held leases renew in a batch; unknown keys are skipped.
     store
@@ -425,11 +409,7 @@ async fn leases(store: &dyn TaskStore) {
     assert_eq!(store.get(&lkey("h1")).await.unwrap().unwrap().lease, None);
     // An ended lease is gone too.
     store.lease_end(&lkey("h2")).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(99_999, 100, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 99_999, 100, NEVER, &routes()).await.is_empty());
     assert_eq!(store.lease_count().await.unwrap(), before);
 
     // Claims are bounded by `limit`, and every lapsed lease is claimed once.
@@ -439,14 +419,8 @@ async fn leases(store: &dyn TaskStore) {
             .await
             .unwrap();
     }
-    let first = store
-        .lease_claim_lapsed(5_000, 3, NEVER, &routes())
-        .await
-        .unwrap();
-    let second = store
-        .lease_claim_lapsed(5_000, 3, NEVER, &routes())
-        .await
-        .unwrap();
+    let first = claim(store, 5_000, 3, NEVER, &routes()).await;
+    let second = claim(store, 5_000, 3, NEVER, &routes()).await;
     assert_eq!((first.len(), second.len()), (3, 2));
     let mut ids: Vec<String> = first
         .iter()
@@ -462,47 +436,20 @@ async fn leases(store: &dyn TaskStore) {
         .lease_start(&lkey("d1"), 1_000, None, 0)
         .await
         .unwrap();
-    let got = store
-        .lease_claim_lapsed(5_000, 10, 8_000, &routes())
-        .await
-        .unwrap();
+    let got = claim(store, 5_000, 10, 8_000, &routes()).await;
     assert_eq!(got.len(), 1);
-    assert!(store
-        .lease_claim_lapsed(7_999, 10, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
-    let again = store
-        .lease_claim_lapsed(8_000, 10, 9_000, &routes())
-        .await
-        .unwrap();
+    assert!(claim(store, 7_999, 10, NEVER, &routes()).await.is_empty());
+    let again = claim(store, 8_000, 10, 9_000, &routes()).await;
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].key, lkey("d1"));
-    assert!(store
-        .lease_claim_lapsed(8_999, 10, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 8_999, 10, NEVER, &routes()).await.is_empty());
     // Handed back sooner than its hold: due then, once (the hold replaced).
     store.lease_retry(&lkey("d1"), 8_500).await.unwrap();
-    assert_eq!(
-        store
-            .lease_claim_lapsed(8_500, 10, 20_000, &routes())
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
-    assert!(store
-        .lease_claim_lapsed(19_999, 10, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert_eq!(claim(store, 8_500, 10, 20_000, &routes()).await.len(), 1);
+    assert!(claim(store, 19_999, 10, NEVER, &routes()).await.is_empty());
     store.lease_end(&lkey("d1")).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(NEVER - 1, 10, NEVER, &routes())
+    assert!(claim(store, NEVER - 1, 10, NEVER, &routes())
         .await
-        .unwrap()
         .is_empty());
 
     // A task that gets a new lease after a claim (the caller resumed it):
@@ -511,23 +458,12 @@ async fn leases(store: &dyn TaskStore) {
         .lease_start(&lkey("n1"), 1_000, None, 0)
         .await
         .unwrap();
-    assert_eq!(
-        store
-            .lease_claim_lapsed(5_000, 10, 8_000, &routes())
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(claim(store, 5_000, 10, 8_000, &routes()).await.len(), 1);
     store
         .lease_start(&lkey("n1"), 60_000, None, 6_000)
         .await
         .unwrap();
-    assert!(store
-        .lease_claim_lapsed(8_000, 10, NEVER, &routes())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(claim(store, 8_000, 10, NEVER, &routes()).await.is_empty());
     assert_eq!(
         store.lease_renew(&lkey("n1"), 9_000).await.unwrap(),
         Renewal::Renewed {
@@ -545,42 +481,19 @@ async fn leases(store: &dyn TaskStore) {
         .lease_start(&lkey("h1"), 1_000, None, 0)
         .await
         .unwrap();
-    let first = store
-        .lease_claim_lapsed(5_000, 10, NEVER, &other)
-        .await
-        .unwrap();
+    let first = claim(store, 5_000, 10, NEVER, &other).await;
     assert_eq!(first.len(), 1, "a first lapse is claimed by any replica");
     store.lease_retry(&lkey("h1"), 5_000).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(6_000, 10, NEVER, &other)
-        .await
-        .unwrap()
-        .is_empty());
-    let taken = store
-        .lease_claim_lapsed(6_000, 10, 7_000, &routes())
-        .await
-        .unwrap();
+    assert!(claim(store, 6_000, 10, NEVER, &other).await.is_empty());
+    let taken = claim(store, 6_000, 10, 7_000, &routes()).await;
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].key, lkey("h1"));
     // Its claim's hold is by route too: if that claimer dies, a replica
     // with the route takes it, not one without.
-    assert!(store
-        .lease_claim_lapsed(7_000, 10, NEVER, &other)
-        .await
-        .unwrap()
-        .is_empty());
-    assert_eq!(
-        store
-            .lease_claim_lapsed(7_000, 10, NEVER, &routes())
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
+    assert!(claim(store, 7_000, 10, NEVER, &other).await.is_empty());
+    assert_eq!(claim(store, 7_000, 10, NEVER, &routes()).await.len(), 1);
     store.lease_end(&lkey("h1")).await.unwrap();
-    assert!(store
-        .lease_claim_lapsed(NEVER - 1, 10, NEVER, &routes())
+    assert!(claim(store, NEVER - 1, 10, NEVER, &routes())
         .await
-        .unwrap()
         .is_empty());
 }
