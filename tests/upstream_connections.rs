@@ -248,75 +248,104 @@ async fn exchange(authority: &str, parts: &[(Duration, Option<&[u8]>)]) -> Respo
 /// a body sent long after its head, one larger than the gateway's pre-read,
 /// a chunked one, and one behind `Expect: 100-continue` that the worker
 /// itself must answer (a held head there would leave both sides waiting).
+/// The same with no read-ahead on callers' connections (`server.read_buffer
+/// = 0`) and with one smaller than a head (1 KiB against a 3 KiB head).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_of_every_shape_reach_the_worker() {
     for kind in [Kind::Rust, Kind::Python] {
         let worker = Worker::start(kind).await;
-        let gw = Gateway::in_front_of(&worker.url(), "").await;
-        let (authority, _) = split_url(&gw.url);
-        let small = send_message("quick").to_string();
-        let mut big_message = message("quick");
-        big_message["metadata"] = json!({"pad": "x".repeat(200 * 1024)});
-        let big = json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage",
-            "params": {"message": big_message}})
-        .to_string();
-        let head = |len: usize, extra: &str| {
-            format!(
-                "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nconnection: close\r\n{extra}content-length: {len}\r\n\r\n"
-            )
-        };
-        let chunked = format!(
-            "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{small}\r\n0\r\n\r\n",
-            small.len()
-        );
-        let now = Duration::ZERO;
-        let later = Duration::from_millis(300);
-        let cases: Vec<(&str, Parts)> = vec![
-            (
-                "small, one write",
-                vec![(
-                    now,
-                    Some(format!("{}{small}", head(small.len(), "")).into_bytes()),
-                )],
-            ),
-            (
-                "small, body 300 ms after the head",
-                vec![
-                    (now, Some(head(small.len(), "").into_bytes())),
-                    (later, Some(small.clone().into_bytes())),
-                ],
-            ),
-            (
-                "200 KiB",
-                vec![(
-                    now,
-                    Some(format!("{}{big}", head(big.len(), "")).into_bytes()),
-                )],
-            ),
-            (
-                "200 KiB behind expect: 100-continue",
-                vec![
-                    (
-                        now,
-                        Some(head(big.len(), "expect: 100-continue\r\n").into_bytes()),
-                    ),
-                    (now, None),
-                    (now, Some(big.clone().into_bytes())),
-                ],
-            ),
-            ("chunked", vec![(now, Some(chunked.into_bytes()))]),
-        ];
-        for (name, parts) in cases {
-            let parts: Vec<(Duration, Option<&[u8]>)> =
-                parts.iter().map(|(d, p)| (*d, p.as_deref())).collect();
-            let resp = exchange(&authority, &parts).await;
-            assert_eq!(resp.status, 200, "{kind:?}, {name}: {}", resp.text());
-            assert_eq!(
-                resp.json()["result"]["task"]["status"]["state"],
-                "TASK_STATE_COMPLETED",
-                "{kind:?}, {name}: {}",
-                resp.text()
-            );
+        for read_buffer in ["", "read_buffer = 0\n", "read_buffer = \"1KiB\"\n"] {
+            bodies_of_every_shape(kind, &worker, read_buffer).await;
         }
+    }
+}
+
+/// One gateway (`read_buffer`: `[server]` keys) in front of `worker`, and
+/// each shape of request body through it.
+async fn bodies_of_every_shape(kind: Kind, worker: &Worker, read_buffer: &str) {
+    // Keys before the first table header land in the harness's `[server]`.
+    let gw = Gateway::start(&format!(
+        "{read_buffer}[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        worker.url()
+    ))
+    .await;
+    let (authority, _) = split_url(&gw.url);
+    let small = send_message("quick").to_string();
+    let mut big_message = message("quick");
+    big_message["metadata"] = json!({"pad": "x".repeat(200 * 1024)});
+    let big = json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage",
+        "params": {"message": big_message}})
+    .to_string();
+    let head = |len: usize, extra: &str| {
+        format!(
+            "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nconnection: close\r\n{extra}content-length: {len}\r\n\r\n"
+        )
+    };
+    let chunked = format!(
+        "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{small}\r\n0\r\n\r\n",
+        small.len()
+    );
+    let now = Duration::ZERO;
+    let later = Duration::from_millis(300);
+    let cases: Vec<(&str, Parts)> = vec![
+        (
+            "small, one write",
+            vec![(
+                now,
+                Some(format!("{}{small}", head(small.len(), "")).into_bytes()),
+            )],
+        ),
+        (
+            "small, body 300 ms after the head",
+            vec![
+                (now, Some(head(small.len(), "").into_bytes())),
+                (later, Some(small.clone().into_bytes())),
+            ],
+        ),
+        (
+            "200 KiB",
+            vec![(
+                now,
+                Some(format!("{}{big}", head(big.len(), "")).into_bytes()),
+            )],
+        ),
+        (
+            "200 KiB behind expect: 100-continue",
+            vec![
+                (
+                    now,
+                    Some(head(big.len(), "expect: 100-continue\r\n").into_bytes()),
+                ),
+                (now, None),
+                (now, Some(big.clone().into_bytes())),
+            ],
+        ),
+        ("chunked", vec![(now, Some(chunked.into_bytes()))]),
+        (
+            "a 3 KiB head",
+            vec![(
+                now,
+                Some(
+                    format!(
+                        "{}{small}",
+                        head(small.len(), &format!("x-pad: {}\r\n", "p".repeat(3 * 1024)))
+                    )
+                    .into_bytes(),
+                ),
+            )],
+        ),
+    ];
+    for (name, parts) in cases {
+        let parts: Vec<(Duration, Option<&[u8]>)> =
+            parts.iter().map(|(d, p)| (*d, p.as_deref())).collect();
+        let resp = exchange(&authority, &parts).await;
+        let case = format!("{kind:?}, {read_buffer:?}, {name}");
+        assert_eq!(resp.status, 200, "{case}: {}", resp.text());
+        assert_eq!(
+            resp.json()["result"]["task"]["status"]["state"],
+            "TASK_STATE_COMPLETED",
+            "{case}: {}",
+            resp.text()
+        );
     }
 }

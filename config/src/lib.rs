@@ -44,6 +44,15 @@ pub struct Config {
     pub routes: Vec<Route>,
 }
 
+/// `server.read_buffer`'s default: the read-ahead on a caller's connection.
+/// A typical A2A request (head and JSON body, a few hundred bytes to a few
+/// KiB) still arrives in one read; a read asking for this much or more goes
+/// straight to the socket. pingora's default, 64 KiB, is allocated zeroed for
+/// every accepted connection and kept until it closes: once the allocator
+/// hands out reused memory, the zeroing makes all of it resident, and an
+/// open stream cost twice what it does with 4 KiB (`benches/streams.rs`).
+pub const DEFAULT_READ_BUFFER: usize = 4 * 1024;
+
 /// `[server]`: where the gateway listens and how it names itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Server {
@@ -56,6 +65,10 @@ pub struct Server {
     pub admin: Option<SocketAddr>,
     /// Proxy worker threads, 1 to 256. Default 2.
     pub threads: usize,
+    /// Bytes read ahead on each caller connection (plain and TLS), 0 (none)
+    /// to 1 MiB; held while the connection is open. Default
+    /// [`DEFAULT_READ_BUFFER`].
+    pub read_buffer: usize,
     /// `[server.tls]`: listeners that terminate TLS for callers. `None`:
     /// plain HTTP only (`listen`).
     pub tls: Option<ServerTls>,
@@ -81,6 +94,7 @@ impl Default for Server {
             public_url: None,
             admin: None,
             threads: 2,
+            read_buffer: DEFAULT_READ_BUFFER,
             tls: None,
         }
     }

@@ -177,6 +177,7 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
         );
     }
     let threads = r.or("threads", d.threads, int_in(1..=256));
+    let read_buffer = r.or("read_buffer", d.read_buffer, size_in(0..=MIB));
     let tls_reader = r.section("tls");
     let tls = if with_tls {
         server_tls(tls_reader, env, &listen, admin)
@@ -189,6 +190,7 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
         public_url,
         admin,
         threads,
+        read_buffer,
         tls,
     }
 }

@@ -122,6 +122,7 @@ fn defaults() {
     assert_eq!(c.server, Server::default());
     assert_eq!(c.server.listen, vec!["127.0.0.1:8080".parse().unwrap()]);
     assert_eq!(c.server.threads, 2);
+    assert_eq!(c.server.read_buffer, 4096);
     assert_eq!(c.store.kind, StoreKind::Memory);
     assert_eq!(c.store.on_store_error, OnStoreError::FailOpen);
     assert_eq!(c.limits.max_inspect_body, 1 << 20);
@@ -414,6 +415,9 @@ fn valid_files() {
         ("[server]\nthreads = 1", |c| c.server.threads == 1),
         ("server = { threads = 3 }", |c| c.server.threads == 3),
         ("server.threads = 4", |c| c.server.threads == 4),
+        ("[server]\nread_buffer = 0", |c| c.server.read_buffer == 0),
+        ("[server]\nread_buffer = \"64KiB\"", |c| c.server.read_buffer == 64 << 10),
+        ("[server]\nread_buffer = \"1MiB\"", |c| c.server.read_buffer == 1 << 20),
         ("[store]\nurl = \"redis://cache:6379/0\"", |c| {
             c.store.kind
                 == StoreKind::Redis {
@@ -540,7 +544,7 @@ fn single_errors() {
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads, tls",
+            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads, read_buffer, tls",
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
@@ -571,6 +575,8 @@ fn single_errors() {
         ("[server]\nlisten = [\"1.2.3.4:5\", \"1.2.3.4:5\"]\n", "2:24: server.listen[1]: 1.2.3.4:5 is listed twice"),
         ("[server]\nthreads = 0\n", "2:11: server.threads: must be between 1 and 256, found 0"),
         ("[server]\nthreads = 257\n", "2:11: server.threads: must be between 1 and 256, found 257"),
+        ("[server]\nread_buffer = \"2MiB\"\n", "2:15: server.read_buffer: must be between 0B and 1MiB, found \"2MiB\""),
+        ("[server]\nread_buffer = \"4k\"\n", "2:15: server.read_buffer: invalid size \"4k\": unknown unit \"k\"; use B, KiB, MiB, GiB, KB, MB or GB"),
         ("[server]\npublic_url = \"agents.example.com\"\n", "2:14: server.public_url: expected an http or https URL with a host, found \"agents.example.com\""),
         ("[server]\npublic_url = \"https://x/?a=b\"\n", "2:14: server.public_url: a public URL has no user info, query or fragment, found \"https://x/?a=b\""),
         ("[server]\nadmin = \"127.0.0.1:8080\"\n", "2:9: server.admin: the admin listener must not share an address with listen"),
@@ -685,7 +691,7 @@ worker = "http://127.0.0.1:9002"
     let want = [
         "2:27: server.listen[1]: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"nope\"",
         "3:11: server.threads: must be between 1 and 256, found 0",
-        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads, tls",
+        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads, read_buffer, tls",
         "7:17: limits.max_sse_event: invalid size \"1 lightyear\": unknown unit \"lightyear\"; use B, KiB, MiB, GiB, KB, MB or GB",
         "11:15: cancel.backoff_max: must be at least backoff",
         "15:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\"",

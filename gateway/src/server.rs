@@ -4,6 +4,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use pingora::listeners::tls::TlsSettings;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
@@ -164,16 +166,21 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         ),
         "a2a-gateway",
     );
+    let buffers = L4BufferSettings::default().read(cfg.server.read_buffer);
     for addr in &cfg.server.listen {
-        proxy.add_tcp(&addr.to_string());
+        proxy.add_listener(ListenerConfig::tcp(addr.to_string()).l4_buffer(buffers));
     }
     if let Some(tls) = &cfg.server.tls {
         // Loaded and checked by `check_tls` above.
         let (cert, key) = tls_paths(tls)?;
         for addr in &tls.listen {
-            proxy
-                .add_tls(&addr.to_string(), cert, key)
+            let settings = TlsSettings::intermediate(cert, key)
                 .map_err(|e| format!("server.tls listener {addr}: {e}"))?;
+            proxy.add_listener(
+                ListenerConfig::tcp(addr.to_string())
+                    .tls(settings)
+                    .l4_buffer(buffers),
+            );
         }
     }
     server.add_service(proxy);

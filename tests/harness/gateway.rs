@@ -71,7 +71,9 @@ pub struct Gateway {
 
 impl Gateway {
     /// Starts the gateway with `[server]` filled in by the harness and the
-    /// rest of the config (routes, policies) from `body`.
+    /// rest of the config (routes, policies) from `body`, which follows the
+    /// harness's `[server]` keys: keys before its first table header set
+    /// more of `[server]`.
     pub async fn start(body: &str) -> Gateway {
         Gateway::start_with_env(body, &[]).await
     }
