@@ -457,7 +457,12 @@ where
                 ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
                 true,
             )),
-            None => match self.client_upstream.get_http_session(&*peer).await {
+            // a2a-gateway patch: the connector's future is boxed (see
+            // PATCHED.md, "Smaller request futures"): held inline, its 8.8 KiB
+            // sized this function's future, which every open request keeps
+            // whole for its life, and it runs only when the pool has no idle
+            // connection.
+            None => match Box::pin(self.client_upstream.get_http_session(&*peer)).await {
                 // A new connection for the pool: wrapped so that a request's
                 // head can go out with its body (`held_head`).
                 Ok((ClientSession::H1(h1), reused)) if h1_pool.is_some() => {
@@ -524,9 +529,16 @@ where
                         (server_reused, error)
                     }
                     ClientSession::Custom(mut c) => {
-                        let (server_reused, error) = self
-                            .proxy_to_custom_upstream(session, &mut c, client_reused, &peer, ctx)
-                            .await;
+                        // a2a-gateway patch: boxed, as the connector's
+                        // future above (a path the gateway never takes).
+                        let (server_reused, error) = Box::pin(self.proxy_to_custom_upstream(
+                            session,
+                            &mut c,
+                            client_reused,
+                            &peer,
+                            ctx,
+                        ))
+                        .await;
                         let session = ClientSession::Custom(c);
                         self.client_upstream
                             .release_http_session(session, &*peer, peer.idle_timeout())
