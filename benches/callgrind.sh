@@ -39,7 +39,7 @@ run() {
     local p; p=$(port)
     local out="$dir/$name.$n.cg"
     local toml="$dir/gw.toml"
-    [[ $name == gateway-no-idle ]] && toml="$dir/gw-no-idle.toml"
+    [[ -f $dir/$name.toml ]] && toml="$dir/$name.toml"
     sed "s/@PORT@/$p/" "$toml" > "$dir/gw.$p.toml"
     [[ $name == nginx ]] && nginx_conf "$dir/nginx.$p.conf" "$p" 0
     local args=("${@//@PORT@/$p}")
@@ -57,10 +57,14 @@ run() {
 gateway_toml "$dir/gw.toml" 1
 # The same gateway without the worker read bound (`timeouts.upstream_idle`,
 # which bare pingora does not set): what that bound costs per request.
-{ cat "$dir/gw.toml"; printf '[timeouts]\nupstream_idle = "0s"\n'; } > "$dir/gw-no-idle.toml"
+{ cat "$dir/gw.toml"; printf '[timeouts]\nupstream_idle = "0s"\n'; } > "$dir/gateway-no-idle.toml"
+# The gateway with pingora's own 64 KiB read-ahead on callers' connections
+# (`server.read_buffer`; the gateway's default is 4 KiB), and bare pingora
+# with the gateway's: what the read-ahead's size costs per request.
+sed 's/^threads = .*/&\nread_buffer = "64KiB"/' "$dir/gw.toml" > "$dir/gateway-read-64k.toml"
 
 results=()
-proxies=(bare gateway gateway-no-idle bare-core-pool)
+proxies=(bare gateway gateway-no-idle gateway-read-64k bare-read-4k bare-core-pool)
 command -v nginx >/dev/null && proxies+=(nginx) || echo "nginx not installed: its row is left out" >&2
 for proxy in "${proxies[@]}"; do
     for n in 0 "$N"; do
@@ -68,6 +72,8 @@ for proxy in "${proxies[@]}"; do
             ir=$(run bare "$n" "$bare" --bare-pingora --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         elif [[ $proxy == nginx ]]; then
             ir=$(run nginx "$n" nginx -c "$dir/nginx.@PORT@.conf")
+        elif [[ $proxy == bare-read-4k ]]; then
+            ir=$(run bare-read-4k "$n" "$bare" --bare-pingora --l4-read-buffer 4096 --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         elif [[ $proxy == bare-core-pool ]]; then
             ir=$(run bare-core-pool "$n" "$bare" --bare-pingora --pingora-core-pool --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         else
@@ -93,6 +99,9 @@ c=$(( (${ir[bare-core-pool.$N]} - ${ir[bare-core-pool.0]}) / N ))
 echo "gateway / bare: $(python3 -c "print(f'{$g/$b:.2f}')")x instructions per request (+$((g - b)) per request)"
 ni=$(( (${ir[gateway-no-idle.$N]} - ${ir[gateway-no-idle.0]}) / N ))
 echo "gateway's worker read bound (upstream_idle 1h against 0s): $((g - ni)) per request"
+g64=$(( (${ir[gateway-read-64k.$N]} - ${ir[gateway-read-64k.0]}) / N ))
+b4=$(( (${ir[bare-read-4k.$N]} - ${ir[bare-read-4k.0]}) / N ))
+echo "callers' read-ahead, 4 KiB against pingora's 64 KiB: gateway $((g - g64)), bare $((b4 - b)) per request; gateway / bare with the same 4 KiB: $(python3 -c "print(f'{$g/$b4:.2f}')")x"
 echo "bare with pingora-core's own upstream pool (as published) / bare: $(python3 -c "print(f'{$c/$b:.2f}')")x ($((c - b)) per request)"
 if [[ -n ${ir[nginx.$N]:-} ]]; then
     x=$(( (${ir[nginx.$N]} - ${ir[nginx.0]}) / N ))
