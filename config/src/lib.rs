@@ -51,6 +51,9 @@ pub struct Config {
 /// every accepted connection and kept until it closes: once the allocator
 /// hands out reused memory, the zeroing makes all of it resident, and an
 /// open stream cost twice what it does with 4 KiB (`benches/streams.rs`).
+/// On TLS listeners rustls reads 4 KiB or more at a time, so with this
+/// default TLS reads go straight to the socket: a large body over TLS takes
+/// more read calls than with 64 KiB.
 pub const DEFAULT_READ_BUFFER: usize = 4 * 1024;
 
 /// `[server]`: where the gateway listens and how it names itself.
