@@ -224,7 +224,9 @@ impl Cascade {
                 Decision::Probe(cause) => {
                     let Some(key) = &key else { return };
                     let job = job(&end, key.clone(), cause, end.cancel_headers.clone());
-                    match self.canceller.task_state(&job).await {
+                    // Boxed, as the cancel below: inline, the two sized
+                    // this future (13 KiB), which every ended stream spawns.
+                    match Box::pin(self.canceller.task_state(&job)).await {
                         Probed::State(s) => {
                             end.seen.state = Some(s);
                             end.seen.unsure = false;
@@ -256,7 +258,7 @@ impl Cascade {
                     // A cancel that failed every attempt leaves the task's
                     // lease, if it has one, for the reaper to try again when
                     // it lapses.
-                    if self.canceller.cancel(&job).await.is_done() {
+                    if Box::pin(self.canceller.cancel(&job)).await.is_done() {
                         self.end_lease(&job.key).await;
                     }
                     return;
