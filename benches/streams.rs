@@ -418,6 +418,22 @@ impl Proxy {
             .sum()
     }
 
+    /// Waits up to 15 s for the gateway's open tracked streams gauge to say
+    /// `n`; else its last value.
+    async fn wait_tracked(&self, n: usize) -> Result<(), usize> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let open = self.metric("a2agw_open_tracked_streams").await as usize;
+            if open == n {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(open);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// (allocation calls, realloc calls, bytes asked) so far.
     fn allocs(&self) -> Option<[u64; 3]> {
         let bytes = std::fs::read(self.counter.as_ref()?).ok()?;
@@ -730,17 +746,8 @@ async fn memory_body(
     }
     let mut note = String::new();
     if kind == Kind::Gateway {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let open = proxy.metric("a2agw_open_tracked_streams").await as usize;
-            if open == n {
-                break;
-            }
-            if Instant::now() > deadline {
-                note = format!("the gateway's open tracked streams gauge says {open}, not {n}");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(open) = proxy.wait_tracked(n).await {
+            note = format!("the gateway's open tracked streams gauge says {open}, not {n}");
         }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -834,19 +841,10 @@ async fn memory_body(
         let (again, errors) = open_many(&addr, n_again).await;
         if errors.is_empty() {
             if kind == Kind::Gateway {
-                let deadline = Instant::now() + Duration::from_secs(15);
-                loop {
-                    let open = proxy.metric("a2agw_open_tracked_streams").await as usize;
-                    if open >= n_again {
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        note.push_str(&format!(
-                            " Second opening: the gauge says {open}, not {n_again}."
-                        ));
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                if let Err(open) = proxy.wait_tracked(n_again).await {
+                    note.push_str(&format!(
+                        " Second opening: the gauge says {open}, not {n_again}."
+                    ));
                 }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
