@@ -307,7 +307,11 @@ where
             });
 
             let h2_options = self.h2_options();
-            let h2_conn = match server::handshake(stream, h2_options).await {
+            // a2a-gateway patch: the HTTP/2 handshake and accept loop are
+            // boxed, so that their futures (about 1.5 and 3 KiB) do not size
+            // every HTTP/1 connection's future for its whole life (see
+            // PATCHED.md, "Smaller connection tasks").
+            let h2_conn = match Box::pin(server::handshake(stream, h2_options)).await {
                 Err(e) => {
                     error!("H2 handshake error {e}");
                     return None;
@@ -321,7 +325,7 @@ where
             let app = self.clone();
             let shutdown_for_session = shutdown.clone();
             let h2_idle_timeout = self.server_options().and_then(|o| o.h2_idle_timeout);
-            server::accept_downstream_sessions(
+            Box::pin(server::accept_downstream_sessions(
                 h2_conn,
                 digest,
                 shutdown.clone(),
@@ -338,7 +342,7 @@ where
                             .await;
                     });
                 },
-            )
+            ))
             .await;
         } else if custom || matches!(stream.selected_alpn_proto(), Some(ALPN::Custom(_))) {
             return self.clone().process_custom_session(stream, shutdown).await;
