@@ -9,8 +9,8 @@
 # `timeouts.upstream_idle = "0s"`: what the worker read bound costs. The
 # `gateway-read-64k` row is the gateway with pingora's 64 KiB read-ahead on
 # callers' connections (`server.read_buffer`; left out for a build that
-# does not know the key), `bare-read-4k` bare pingora with the gateway's
-# 4 KiB: what the read-ahead's size costs.
+# does not know the key), `bare-read-0` bare pingora with the gateway's
+# default, none: what the read-ahead costs.
 # `A2AGW_BIN=/path/to/a2a-gateway benches/callgrind.sh` counts another build
 # of the gateway (an earlier commit's) against the same bare pingora and
 # worker.
@@ -63,8 +63,8 @@ gateway_toml "$dir/gw.toml" 1
 # which bare pingora does not set): what that bound costs per request.
 { cat "$dir/gw.toml"; printf '[timeouts]\nupstream_idle = "0s"\n'; } > "$dir/gateway-no-idle.toml"
 # The gateway with pingora's own 64 KiB read-ahead on callers' connections
-# (`server.read_buffer`; the gateway's default is 4 KiB), and bare pingora
-# with the gateway's: what the read-ahead's size costs per request.
+# (`server.read_buffer`; the gateway's default is none), and bare pingora
+# with the gateway's: what the read-ahead costs per request.
 sed 's/^threads = .*/&\nread_buffer = "64KiB"/' "$dir/gw.toml" > "$dir/gateway-read-64k.toml"
 
 results=()
@@ -76,7 +76,7 @@ if sed "s/@PORT@/1/" "$dir/gateway-read-64k.toml" > "$dir/check.toml" &&
 else
     echo "this gateway build refuses server.read_buffer: the gateway-read-64k row is left out" >&2
 fi
-proxies+=(bare-read-4k bare-core-pool)
+proxies+=(bare-read-0 bare-core-pool)
 command -v nginx >/dev/null && proxies+=(nginx) || echo "nginx not installed: its row is left out" >&2
 for proxy in "${proxies[@]}"; do
     for n in 0 "$N"; do
@@ -84,8 +84,8 @@ for proxy in "${proxies[@]}"; do
             ir=$(run bare "$n" "$bare" --bare-pingora --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         elif [[ $proxy == nginx ]]; then
             ir=$(run nginx "$n" nginx -c "$dir/nginx.@PORT@.conf")
-        elif [[ $proxy == bare-read-4k ]]; then
-            ir=$(run bare-read-4k "$n" "$bare" --bare-pingora --l4-read-buffer 4096 --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
+        elif [[ $proxy == bare-read-0 ]]; then
+            ir=$(run bare-read-0 "$n" "$bare" --bare-pingora --l4-read-buffer 0 --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         elif [[ $proxy == bare-core-pool ]]; then
             ir=$(run bare-core-pool "$n" "$bare" --bare-pingora --pingora-core-pool --listen 127.0.0.1:@PORT@ --upstream "127.0.0.1:$wport")
         else
@@ -111,12 +111,12 @@ c=$(( (${ir[bare-core-pool.$N]} - ${ir[bare-core-pool.0]}) / N ))
 echo "gateway / bare: $(python3 -c "print(f'{$g/$b:.2f}')")x instructions per request (+$((g - b)) per request)"
 ni=$(( (${ir[gateway-no-idle.$N]} - ${ir[gateway-no-idle.0]}) / N ))
 echo "gateway's worker read bound (upstream_idle 1h against 0s): $((g - ni)) per request"
-b4=$(( (${ir[bare-read-4k.$N]} - ${ir[bare-read-4k.0]}) / N ))
+b0=$(( (${ir[bare-read-0.$N]} - ${ir[bare-read-0.0]}) / N ))
 if [[ -n ${ir[gateway-read-64k.$N]:-} ]]; then
     g64=$(( (${ir[gateway-read-64k.$N]} - ${ir[gateway-read-64k.0]}) / N ))
-    echo "callers' read-ahead, 4 KiB against pingora's 64 KiB: gateway $((g - g64)), bare $((b4 - b)) per request"
+    echo "callers' read-ahead, none against pingora's 64 KiB: gateway $((g - g64)), bare $((b0 - b)) per request"
 fi
-echo "gateway / bare with the gateway's 4 KiB read-ahead: $(python3 -c "print(f'{$g/$b4:.2f}')")x"
+echo "gateway / bare with the gateway's read-ahead (none): $(python3 -c "print(f'{$g/$b0:.2f}')")x"
 echo "bare with pingora-core's own upstream pool / bare: $(python3 -c "print(f'{$c/$b:.2f}')")x ($((c - b)) per request)"
 if [[ -n ${ir[nginx.$N]:-} ]]; then
     x=$(( (${ir[nginx.$N]} - ${ir[nginx.0]}) / N ))

@@ -18,9 +18,9 @@
 //!   harness's `Gateway`, whose child pid is private), memory store, one
 //!   route, 2 threads, `warn` logs.
 //! - bare pingora: `benches/bare_pingora.rs` (`--bare-pingora`), and the
-//!   same with the gateway's read-ahead (`server.read_buffer`, 4 KiB) as the
-//!   L4 read buffer on its listener (its `--l4-read-buffer`) instead of
-//!   pingora's zero-filled 64 KiB one.
+//!   same with the gateway's read-ahead (`server.read_buffer`, none by
+//!   default) as the L4 read buffer on its listener (its `--l4-read-buffer`)
+//!   instead of pingora's zero-filled 64 KiB one.
 //!
 //! Scenarios:
 //! 1. Memory per open stream. A fresh worker and proxy; a warm-up (64
@@ -91,6 +91,14 @@ use machine::{cpus, loadavg, machine_ticks, sh, steal_pct, utc_now};
 /// connection). Bare pingora with it is what the gateway's own share per
 /// stream is measured against.
 const SMALL_L4_READ_BUFFER: usize = config::DEFAULT_READ_BUFFER;
+
+/// How the table names [`SMALL_L4_READ_BUFFER`].
+fn small_l4() -> String {
+    match SMALL_L4_READ_BUFFER {
+        0 => "no L4 read buffer".into(),
+        n => format!("{} KiB L4 read buffer", n / 1024),
+    }
+}
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -253,7 +261,8 @@ impl WorkerProc {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Bare,
-    /// The bare pass-through with a 4 KiB L4 read buffer on its listener.
+    /// The bare pass-through with the gateway's L4 read buffer on its
+    /// listener ([`SMALL_L4_READ_BUFFER`]).
     BareSmallL4,
     Gateway,
     /// The gateway with a 1 KiB `max_inspect_body`: our requests pass untracked.
@@ -1106,8 +1115,8 @@ fn print_table(r: &Results) {
     let [ab, ag, au, an] = &r.allocs;
     let d = || "-".to_string();
     println!(
-        "| measurement | bare pingora | bare pingora, {} KiB L4 read buffer | gateway (memory store, tracked) | gateway, stream untracked | gateway, tracked, `upstream_idle = \"0s\"` | target | |",
-        SMALL_L4_READ_BUFFER / 1024
+        "| measurement | bare pingora | bare pingora, {} | gateway (memory store, tracked) | gateway, stream untracked | gateway, tracked, `upstream_idle = \"0s\"` | target | |",
+        small_l4()
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mem = |f: &dyn Fn(&MemRun) -> String| [cell(bm, f), cell(sm, f), cell(gm, f), d(), d()];
@@ -1187,8 +1196,8 @@ fn print_table(r: &Results) {
         let x = over(f);
         row(
             &format!(
-                "gateway's own share, {label}: ΔRSS per stream − bare's with {} KiB (KiB)",
-                SMALL_L4_READ_BUFFER / 1024
+                "gateway's own share, {label}: ΔRSS per stream − bare's with {} (KiB)",
+                small_l4()
             ),
             [d(), d(), x.map_or_else(d, |x| format!("{x:+.2}")), d(), d()],
             "< 16 (if meant over bare)",

@@ -248,13 +248,14 @@ async fn exchange(authority: &str, parts: &[(Duration, Option<&[u8]>)]) -> Respo
 /// a body sent long after its head, one larger than the gateway's pre-read,
 /// a chunked one, and one behind `Expect: 100-continue` that the worker
 /// itself must answer (a held head there would leave both sides waiting).
-/// The same with no read-ahead on callers' connections (`server.read_buffer
-/// = 0`) and with one smaller than a head (1 KiB against a 3 KiB head).
+/// The same with no read-ahead on callers' connections (`server.read_buffer`'s
+/// default), with one smaller than a head (1 KiB against a 3 KiB head) and
+/// with one larger (4 KiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_of_every_shape_reach_the_worker() {
     for kind in [Kind::Rust, Kind::Python] {
         let worker = Worker::start(kind).await;
-        for read_buffer in ["", "read_buffer = 0\n", "read_buffer = \"1KiB\"\n"] {
+        for read_buffer in ["", "read_buffer = \"1KiB\"\n", "read_buffer = \"4KiB\"\n"] {
             bodies_of_every_shape(kind, &worker, read_buffer).await;
         }
     }

@@ -44,17 +44,20 @@ pub struct Config {
     pub routes: Vec<Route>,
 }
 
-/// `server.read_buffer`'s default: the read-ahead on a caller's connection.
-/// A typical A2A request (head and JSON body, a few hundred bytes to a few
-/// KiB) still arrives in one read; a read asking for this much or more goes
-/// straight to the socket. pingora's default, 64 KiB, is allocated zeroed for
-/// every accepted connection and kept until it closes: once the allocator
-/// hands out reused memory, the zeroing makes all of it resident, and an
-/// open stream cost twice what it does with 4 KiB (`benches/streams.rs`).
-/// On TLS listeners rustls reads 4 KiB or more at a time, so with this
-/// default TLS reads go straight to the socket: a large body over TLS takes
-/// more read calls than with 64 KiB.
-pub const DEFAULT_READ_BUFFER: usize = 4 * 1024;
+/// `server.read_buffer`'s default: the read-ahead on a caller's connection,
+/// none. pingora reads a request's head into its own 4 KiB buffer and a body
+/// into its 64 KiB body buffer, so a read-ahead smaller than those is passed
+/// by (a read asking for as much or more goes straight to the socket) and
+/// only held: the same system calls per request with none as with 4 KiB
+/// (`strace`, sequential SendMessage), as on pingora's connections to
+/// workers, which have none either. pingora's default, 64 KiB, is allocated
+/// zeroed for every accepted connection and kept until it closes: once the
+/// allocator hands out reused memory, the zeroing makes all of it resident,
+/// and an open stream cost twice what it does without (`benches/streams.rs`).
+/// A read-ahead larger than pingora's own buffers saves read calls only when
+/// a caller sends more than those at once: many pipelined requests, or over
+/// TLS (rustls reads 4 KiB or more at a time) large bodies.
+pub const DEFAULT_READ_BUFFER: usize = 0;
 
 /// `[server]`: where the gateway listens and how it names itself.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -122,7 +122,7 @@ fn defaults() {
     assert_eq!(c.server, Server::default());
     assert_eq!(c.server.listen, vec!["127.0.0.1:8080".parse().unwrap()]);
     assert_eq!(c.server.threads, 2);
-    assert_eq!(c.server.read_buffer, 4096);
+    assert_eq!(c.server.read_buffer, 0);
     assert_eq!(c.store.kind, StoreKind::Memory);
     assert_eq!(c.store.on_store_error, OnStoreError::FailOpen);
     assert_eq!(c.limits.max_inspect_body, 1 << 20);
@@ -415,7 +415,7 @@ fn valid_files() {
         ("[server]\nthreads = 1", |c| c.server.threads == 1),
         ("server = { threads = 3 }", |c| c.server.threads == 3),
         ("server.threads = 4", |c| c.server.threads == 4),
-        ("[server]\nread_buffer = 0", |c| c.server.read_buffer == 0),
+        ("[server]\nread_buffer = \"4KiB\"", |c| c.server.read_buffer == 4096),
         ("[server]\nread_buffer = \"64KiB\"", |c| c.server.read_buffer == 64 << 10),
         ("[server]\nread_buffer = \"1MiB\"", |c| c.server.read_buffer == 1 << 20),
         ("[store]\nurl = \"redis://cache:6379/0\"", |c| {
