@@ -31,6 +31,10 @@ use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
 use crate::utils::{BufRef, KVRef};
 
+/// a2a-gateway patch: a response head's read buffer is given back (its bytes
+/// copied into one of their own size) when that frees at least this much.
+const HEAD_COPY_MIN_SAVING: usize = 1024;
+
 /// The HTTP 1.x client session
 pub struct HttpSession {
     buf: Bytes,
@@ -305,7 +309,21 @@ impl HttpSession {
                             return self.fail_response_header_read(e);
                         }
 
-                        let buf = std::mem::take(&mut self.response_header_read_buf).freeze();
+                        // a2a-gateway patch: the response's head (with any body bytes
+                        // read along with it) is kept for the rest of the exchange:
+                        // header values borrow it and the body reader starts from it.
+                        // A stream's exchange lasts as long as the stream, so a head
+                        // of a few hundred bytes kept the whole 4 KiB read buffer
+                        // resident per open stream; copied out when that frees 1 KiB
+                        // or more (see PATCHED.md, "Response heads kept at their
+                        // size"). The offsets in `header_refs` and below are the same
+                        // in the copy.
+                        let read_buf = std::mem::take(&mut self.response_header_read_buf);
+                        let buf = if read_buf.capacity() - total_read >= HEAD_COPY_MIN_SAVING {
+                            Bytes::copy_from_slice(&read_buf)
+                        } else {
+                            read_buf.freeze()
+                        };
 
                         for header in header_refs {
                             let header_name = header.get_name_bytes(&buf);
