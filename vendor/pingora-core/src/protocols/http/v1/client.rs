@@ -31,10 +31,6 @@ use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
 use crate::utils::{BufRef, KVRef};
 
-/// a2a-gateway patch: a response head's read buffer is given back (its bytes
-/// copied into one of their own size) when that frees at least this much.
-const HEAD_COPY_MIN_SAVING: usize = 1024;
-
 /// The HTTP 1.x client session
 pub struct HttpSession {
     buf: Bytes,

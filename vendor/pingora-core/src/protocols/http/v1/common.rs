@@ -27,6 +27,10 @@ use crate::utils::KVRef;
 pub(super) const MAX_HEADERS: usize = 256;
 
 pub(super) const INIT_HEADER_BUF_SIZE: usize = 4096;
+/// a2a-gateway patch: a head's read buffer is given back (the head, and the
+/// body bytes read along with it, copied into allocations of their own size)
+/// when that frees at least this much. See PATCHED.md.
+pub(super) const HEAD_COPY_MIN_SAVING: usize = 1024;
 pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 
 pub(crate) const BODY_BUF_LIMIT: usize = 1024 * 64;

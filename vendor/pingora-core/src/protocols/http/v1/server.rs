@@ -365,6 +365,21 @@ impl HttpSession {
                         // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
                         // allows body parsing and subsequent pipelined sessions to continue
                         // splitting the same allocation instead of copying the shrinking suffix.
+                        // a2a-gateway patch: the head (header values are slices of
+                        // it) and the body bytes read along with it (the body reader
+                        // adopts them) are kept for the rest of the exchange, which
+                        // for a stream is the stream's life; both shared the 4 KiB
+                        // read buffer. When that frees 1 KiB or more, each is copied
+                        // into an allocation of its own size instead (see
+                        // PATCHED.md, "Request and response heads kept at their
+                        // size"). The offsets recorded above are the same in the copy.
+                        if detached_suffix.is_none()
+                            && buf.capacity() - buf.len() >= HEAD_COPY_MIN_SAVING
+                        {
+                            let preread_body = BytesMut::from(&buf[s..]);
+                            buf = BytesMut::from(&buf[..s]);
+                            detached_suffix = Some(preread_body);
+                        }
                         let preread_body = if s == buf.len() {
                             // Keep the common no-body/no-overread path on BytesMut's Vec-backed
                             // representation. split_off() would promote it to shared storage.
