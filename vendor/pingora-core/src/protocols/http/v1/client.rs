@@ -311,9 +311,9 @@ impl HttpSession {
                         // A stream's exchange lasts as long as the stream, so a head
                         // of a few hundred bytes kept the whole 4 KiB read buffer
                         // resident per open stream; copied out when that frees 1 KiB
-                        // or more (see PATCHED.md, "Response heads kept at their
-                        // size"). The offsets in `header_refs` and below are the same
-                        // in the copy.
+                        // or more (see PATCHED.md, "Request and response heads kept
+                        // at their size"). The offsets in `header_refs` and below are
+                        // the same in the copy.
                         let read_buf = std::mem::take(&mut self.response_header_read_buf);
                         let buf = if read_buf.capacity() - total_read >= HEAD_COPY_MIN_SAVING {
                             Bytes::copy_from_slice(&read_buf)

@@ -362,9 +362,6 @@ impl HttpSession {
                             _ => Version::HTTP_09,
                         });
 
-                        // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
-                        // allows body parsing and subsequent pipelined sessions to continue
-                        // splitting the same allocation instead of copying the shrinking suffix.
                         // a2a-gateway patch: the head (header values are slices of
                         // it) and the body bytes read along with it (the body reader
                         // adopts them) are kept for the rest of the exchange, which
@@ -380,6 +377,9 @@ impl HttpSession {
                             buf = BytesMut::from(&buf[..s]);
                             detached_suffix = Some(preread_body);
                         }
+                        // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
+                        // allows body parsing and subsequent pipelined sessions to continue
+                        // splitting the same allocation instead of copying the shrinking suffix.
                         let preread_body = if s == buf.len() {
                             // Keep the common no-body/no-overread path on BytesMut's Vec-backed
                             // representation. split_off() would promote it to shared storage.
