@@ -415,6 +415,7 @@ fn valid_files() {
         ("[server]\nthreads = 1", |c| c.server.threads == 1),
         ("server = { threads = 3 }", |c| c.server.threads == 3),
         ("server.threads = 4", |c| c.server.threads == 4),
+        ("[server]\nread_buffer = 0", |c| c.server.read_buffer == 0),
         ("[server]\nread_buffer = \"4KiB\"", |c| c.server.read_buffer == 4096),
         ("[server]\nread_buffer = \"64KiB\"", |c| c.server.read_buffer == 64 << 10),
         ("[server]\nread_buffer = \"1MiB\"", |c| c.server.read_buffer == 1 << 20),

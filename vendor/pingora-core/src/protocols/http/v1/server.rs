@@ -367,9 +367,10 @@ impl HttpSession {
                         // adopts them) are kept for the rest of the exchange, which
                         // for a stream is the stream's life; both shared the 4 KiB
                         // read buffer. When that frees 1 KiB or more, each is copied
-                        // into an allocation of its own size instead (see
-                        // PATCHED.md, "Request and response heads kept at their
-                        // size"). The offsets recorded above are the same in the copy.
+                        // into an allocation of its own size instead, the body bytes
+                        // handed on as the detached suffix below (see PATCHED.md,
+                        // "Request and response heads kept at their size"). The
+                        // offsets recorded above are the same in the copy.
                         if detached_suffix.is_none()
                             && buf.capacity() - buf.len() >= HEAD_COPY_MIN_SAVING
                         {
