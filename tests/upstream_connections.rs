@@ -2,7 +2,9 @@
 //! keeps and writes them (vendor/pingora-proxy/PATCHED.md): first its pool
 //! (`h1_pool`) against real sockets, then the gateway in front of real
 //! workers, through a relay that counts the connections the gateway opens
-//! and closes, and with request bodies of every shape (`held_head`).
+//! and closes, and with request bodies of every shape (`held_head`); last,
+//! the task pipes between an exchange's two halves (`task_pipe`) on their
+//! own (every test through the gateway runs its exchanges through them).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -349,4 +351,124 @@ async fn bodies_of_every_shape(kind: Kind, worker: &Worker, read_buffer: &str) {
             resp.text()
         );
     }
+}
+
+// ── The task pipes between an exchange's halves (`task_pipe`) ───────────────
+
+/// A pipe of 4: values come out in the order they went in, around the ring
+/// more than once; a fifth slot is refused until one is taken or a held one
+/// is given back; `recv` ends (`None`) only after the values sent before
+/// the sender went.
+#[tokio::test]
+async fn a_pipe_keeps_order_and_its_bound() {
+    use pingora::proxy::task_pipe::{channel, TrySendError};
+
+    let (tx, mut rx) = channel::<u32, 4>();
+    let mut next = 0;
+    for round in 0..3 {
+        for _ in 0..4 {
+            tx.send(next).await.unwrap();
+            next += 1;
+        }
+        assert!(
+            matches!(tx.try_reserve(), Err(TrySendError::Full(()))),
+            "round {round}: a fifth slot"
+        );
+        for want in next - 4..next {
+            assert_eq!(rx.recv().await, Some(want));
+        }
+    }
+    // A held slot counts against the bound until it is given back.
+    let held: Vec<_> = (0..4).map(|_| tx.try_reserve().unwrap()).collect();
+    assert!(matches!(tx.try_reserve(), Err(TrySendError::Full(()))));
+    drop(held);
+    let permit = tx.try_reserve().expect("slots given back");
+    permit.send(100);
+    tx.send(101).await.unwrap();
+    drop(tx);
+    assert_eq!(rx.recv().await, Some(100));
+    assert_eq!(rx.recv().await, Some(101));
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(rx.recv().await, None);
+}
+
+/// Each end wakes the other across tasks: a sender waiting on a full pipe
+/// goes on when a value is taken, a receiver waiting on an empty one when a
+/// value arrives or the sender goes, and a sender waiting for a slot fails
+/// when the receiver goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipe_wakes_the_other_end() {
+    use pingora::proxy::task_pipe::{channel, SendError};
+    let within = Duration::from_secs(5);
+
+    // 1,000 values through a pipe of 4, the receiver slower at first.
+    let (tx, mut rx) = channel::<u32, 4>();
+    let sender = tokio::spawn(async move {
+        for i in 0..1000 {
+            tx.send(i).await.unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for want in 0..1000 {
+        let got = tokio::time::timeout(within, rx.recv())
+            .await
+            .expect("woken");
+        assert_eq!(got, Some(want));
+    }
+    sender.await.unwrap();
+    assert_eq!(rx.recv().await, None, "the sender is gone");
+
+    // A receiver waiting on an empty pipe: woken by the sender's going.
+    let (tx, mut rx) = channel::<u32, 4>();
+    let receiver = tokio::spawn(async move { rx.recv().await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(tx);
+    assert_eq!(
+        tokio::time::timeout(within, receiver)
+            .await
+            .unwrap()
+            .unwrap(),
+        None
+    );
+
+    // A sender waiting for a slot: woken by the receiver's going, with its
+    // value given back; later sends fail at once.
+    let (tx, rx) = channel::<u32, 4>();
+    for i in 0..4 {
+        tx.send(i).await.unwrap();
+    }
+    let tx = Arc::new(tx);
+    let waiting = tokio::spawn({
+        let tx = tx.clone();
+        async move { tx.send(4).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "the pipe is full");
+    assert!(!tx.is_closed());
+    drop(rx);
+    let res = tokio::time::timeout(within, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(res, Err(SendError(4))), "{res:?}");
+    assert!(tx.is_closed());
+    assert!(tx.reserve().await.is_err());
+}
+
+/// Values left in a pipe are dropped when its receiver goes (a body's bytes
+/// are not held for the sender's life), and a value sent through a permit
+/// after that is dropped at once.
+#[tokio::test]
+async fn a_closed_pipe_lets_go_of_its_values() {
+    use pingora::proxy::task_pipe::channel;
+    let value = Arc::new(());
+    let (tx, rx) = channel::<Arc<()>, 4>();
+    tx.send(value.clone()).await.unwrap();
+    tx.send(value.clone()).await.unwrap();
+    let permit = tx.try_reserve().unwrap();
+    assert_eq!(Arc::strong_count(&value), 3);
+    drop(rx);
+    assert_eq!(Arc::strong_count(&value), 1, "dropped with the receiver");
+    permit.send(value.clone());
+    assert_eq!(Arc::strong_count(&value), 1, "dropped at once");
 }

@@ -25,6 +25,12 @@ use pingora_core::protocols::http::{
     v1::common::is_upgrade_req as is_h1_upgrade_req,
 };
 
+// a2a-gateway patch: the pipes between an exchange's halves (see task_pipe).
+use crate::task_pipe;
+type TaskSender = task_pipe::Sender<HttpTask, TASK_BUFFER_SIZE>;
+type TaskReceiver = task_pipe::Receiver<HttpTask, TASK_BUFFER_SIZE>;
+type TaskPermit<'a> = task_pipe::Permit<'a, HttpTask, TASK_BUFFER_SIZE>;
+
 impl<SV, C> HttpProxy<SV, C>
 where
     C: custom::Connector,
@@ -151,8 +157,10 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
-        let (tx_upstream, rx_upstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
-        let (tx_downstream, rx_downstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
+        // a2a-gateway patch: pipes of one small allocation each (see
+        // task_pipe).
+        let (tx_upstream, rx_upstream) = task_pipe::channel::<HttpTask, TASK_BUFFER_SIZE>();
+        let (tx_downstream, rx_downstream) = task_pipe::channel::<HttpTask, TASK_BUFFER_SIZE>();
 
         session.as_mut().enable_retry_buffering();
 
@@ -266,8 +274,8 @@ where
     async fn proxy_handle_upstream(
         &self,
         client_session: &mut HttpSessionV1,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: TaskSender,
+        mut rx: TaskReceiver,
         pipe_state: Arc<AtomicU8>,
         read_idle: Option<Duration>,
     ) -> Result<bool>
@@ -421,7 +429,7 @@ where
         session: &mut Session,
         ctx: &mut SV::CTX,
         initial_task: HttpTask,
-        rx: &mut mpsc::Receiver<HttpTask>,
+        rx: &mut TaskReceiver,
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
@@ -500,8 +508,8 @@ where
     async fn proxy_handle_downstream(
         &self,
         session: &mut Session,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: TaskSender,
+        mut rx: TaskReceiver,
         ctx: &mut SV::CTX,
         downstream_custom_message_writer: &mut Option<Box<dyn CustomMessageWrite>>,
         downstream_custom_message_reader: &mut Option<
@@ -1078,7 +1086,7 @@ where
         session: &mut Session,
         mut data: Option<Bytes>,
         end_of_body: bool,
-        tx: mpsc::Permit<'_, HttpTask>,
+        tx: TaskPermit<'_>,
         ctx: &mut SV::CTX,
     ) -> Result<bool>
     where
