@@ -25,6 +25,7 @@ use std::pin::{pin, Pin};
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::common::HEAD_COPY_MIN_SAVING;
 use crate::utils::BufRef;
 
 // TODO: make this dynamically adjusted
@@ -150,6 +151,10 @@ pub struct BodyReader {
     pub body_buf_size: usize,
     rewind_buf_len: usize,
     upstream: bool,
+    // a2a-gateway patch: whether the body buffer, at the body's end, had
+    // less than `HEAD_COPY_MIN_SAVING` of room past it (see `take_body`);
+    // in `upstream`'s padding, so the reader is no larger.
+    body_buf_fits: bool,
     body_buf_overread: Option<BytesMut>,
 }
 
@@ -161,6 +166,7 @@ impl BodyReader {
             body_buf_size: BODY_BUFFER_SIZE,
             rewind_buf_len: 0,
             upstream,
+            body_buf_fits: false,
             body_buf_overread: None,
         }
     }
@@ -174,6 +180,7 @@ impl BodyReader {
     }
 
     fn prepare_buf(&mut self, buf_to_rewind: &[u8]) {
+        self.body_buf_fits = false;
         let mut body_buf = BytesMut::with_capacity(self.body_buf_size.max(buf_to_rewind.len()));
         if !buf_to_rewind.is_empty() {
             self.rewind_buf_len = buf_to_rewind.len();
@@ -189,6 +196,7 @@ impl BodyReader {
     /// past the end of a request header stay in place all the way through body parsing and, for
     /// pipelined connections, into the next request's buffer.
     fn prepare_owned_buf(&mut self, buf_to_rewind: BytesMut) {
+        self.body_buf_fits = false;
         self.rewind_buf_len = buf_to_rewind.len();
         self.body_buf = Some(buf_to_rewind);
     }
@@ -201,6 +209,7 @@ impl BodyReader {
     /// need the buffered bytes (a pending rewind, a partial chunk head, or the trailer tail left
     /// behind by [`Self::do_read_chunked_body`]) must reuse the existing buffer instead.
     fn prepare_buf_for_io(&mut self, read_size: usize) -> &mut BytesMut {
+        self.body_buf_fits = false;
         let body_buf = self.body_buf.get_or_insert_default();
         body_buf.clear();
         body_buf.reserve(read_size);
@@ -307,6 +316,23 @@ impl BodyReader {
         buf_ref.get(self.body_buf.as_ref().unwrap())
     }
 
+    /// a2a-gateway patch (see PATCHED.md, "Request bodies kept without a
+    /// copy"): the bytes `buf_ref` names, as `Bytes`. When the body is
+    /// complete (its buffer is read into no more) and they are all the
+    /// buffer holds, the buffer itself is handed over without a copy, unless
+    /// it had room to spare past the body ([`HEAD_COPY_MIN_SAVING`] or more,
+    /// as a 64 KiB read buffer has) that the bytes would keep alive;
+    /// otherwise they are copied, as `get_body` callers do.
+    pub fn take_body(&mut self, buf_ref: &BufRef) -> Bytes {
+        let whole = |buf: &BytesMut| buf_ref.0 == 0 && buf_ref.1 == buf.len();
+        if self.body_complete() && self.body_buf_fits && self.body_buf.as_ref().is_some_and(whole) {
+            if let Some(buf) = self.body_buf.take() {
+                return buf.freeze();
+            }
+        }
+        Bytes::copy_from_slice(self.get_body(buf_ref))
+    }
+
     #[allow(dead_code)]
     pub fn get_body_overread(&self) -> Option<&[u8]> {
         self.body_buf_overread.as_deref()
@@ -372,6 +398,8 @@ impl BodyReader {
 
     fn finish_body_buf(&mut self, end_of_body: usize, total_read: usize) {
         let body_buf_mut = self.body_buf.as_mut().expect("must have read body buf");
+        // a2a-gateway patch: measured before the split below hides it.
+        self.body_buf_fits = body_buf_mut.capacity() - end_of_body < HEAD_COPY_MIN_SAVING;
         // remove unused buffer
         body_buf_mut.truncate(total_read);
         let overread_bytes = body_buf_mut.split_off(end_of_body);
@@ -2046,6 +2074,55 @@ mod tests {
         let overread = body_reader.take_body_overread().unwrap();
         assert_eq!(overread.as_ptr(), rewind_ptr);
         assert_eq!(overread.as_ref(), b"next request");
+    }
+
+    // a2a-gateway patch: a complete body handed over without a copy (see
+    // PATCHED.md).
+    #[tokio::test]
+    async fn complete_owned_body_is_taken_without_a_copy() {
+        // The body read along with the head, whole: handed over as it is.
+        let mut mock_io = Builder::new().build();
+        let mut body_reader = BodyReader::new(false);
+        let preread = BytesMut::from(&b"abc"[..]);
+        let ptr = preread.as_ptr();
+        body_reader.init_content_length_owned(3, preread);
+        let res = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        let body = body_reader.take_body(&res);
+        assert_eq!(&body[..], b"abc");
+        assert_eq!(body.as_ptr(), ptr, "no copy");
+        assert!(body_reader.body_buf.is_none(), "not held twice");
+        assert!(body_reader.read_body(&mut mock_io).await.unwrap().is_none());
+
+        // With a pipelined request behind it: the body handed over, the
+        // next request's bytes kept as the overread.
+        let mut body_reader = BodyReader::new(false);
+        body_reader.init_content_length_owned(3, BytesMut::from(&b"abcGET /"[..]));
+        let res = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(&body_reader.take_body(&res)[..], b"abc");
+        assert_eq!(body_reader.get_body_overread(), Some(&b"GET /"[..]));
+
+        // A body still coming is copied out of its buffer, which stays.
+        let mut mock_io = Builder::new().read(b"bc").build();
+        let mut body_reader = BodyReader::new(false);
+        body_reader.init_content_length_owned(3, BytesMut::from(&b"a"[..]));
+        let first = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(&body_reader.take_body(&first)[..], b"a");
+        assert!(body_reader.body_buf.is_some());
+        let second = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(&body_reader.take_body(&second)[..], b"bc");
+    }
+
+    // a2a-gateway patch: a buffer with room to spare is not handed over.
+    #[tokio::test]
+    async fn complete_body_in_a_large_buffer_is_copied() {
+        let mut mock_io = Builder::new().read(b"abc").build();
+        let mut body_reader = BodyReader::new(false);
+        body_reader.init_content_length(3, b"");
+        let res = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        let body = body_reader.take_body(&res);
+        assert_eq!(&body[..], b"abc");
+        let buf = body_reader.body_buf.as_ref().expect("kept");
+        assert_ne!(body.as_ptr(), buf.as_ptr(), "copied");
     }
 
     #[tokio::test]
