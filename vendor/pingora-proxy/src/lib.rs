@@ -97,8 +97,6 @@ pub mod held_head;
 // PATCHED.md).
 #[doc(hidden)]
 pub mod idle_timer;
-// a2a-gateway patch: the task pipes between an HTTP/1 exchange's halves
-// (see PATCHED.md).
 mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;
@@ -107,6 +105,8 @@ mod proxy_h2;
 mod proxy_purge;
 mod proxy_trait;
 pub mod subrequest;
+// a2a-gateway patch: the task pipes between an HTTP/1 exchange's halves
+// (see PATCHED.md).
 #[doc(hidden)]
 pub mod task_pipe;
 
