@@ -29,7 +29,9 @@ pub(super) const MAX_HEADERS: usize = 256;
 pub(super) const INIT_HEADER_BUF_SIZE: usize = 4096;
 /// a2a-gateway patch: a head's read buffer is given back (the head, and the
 /// body bytes read along with it, copied into allocations of their own size)
-/// when that frees at least this much. See PATCHED.md.
+/// when that frees at least this much; and a complete body is handed out of
+/// its buffer without a copy only when the buffer had less than this much room
+/// past it (`BodyReader::take_body`). See PATCHED.md.
 pub(super) const HEAD_COPY_MIN_SAVING: usize = 1024;
 pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 
