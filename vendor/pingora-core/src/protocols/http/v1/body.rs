@@ -32,6 +32,16 @@ use crate::utils::BufRef;
 const BODY_BUFFER_SIZE: usize = 1024 * 64;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
+// a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
+// the first read of a body without a length (chunked, or until the
+// connection closes) asks for this much; each read that fills its buffer
+// doubles the next, up to `body_buf_size`.
+const MIN_BODY_READ: usize = 1024;
+// ... and the buffer is let go of, for one of the size asked, once it is
+// more than this many times the size the reads have fallen back to.
+const BODY_BUF_SHRINK_FACTOR: usize = 4;
+// `MIN_BODY_READ << MAX_READ_SHIFT` is 64 MiB, past any sane `body_buf_size`.
+const MAX_READ_SHIFT: u8 = 16;
 // Trailers: https://datatracker.ietf.org/doc/html/rfc9112#section-7.1.2
 // TODO: proper trailer handling and parsing
 // generally trailers are an uncommonly used HTTP/1.1 feature, this is a somewhat
@@ -155,6 +165,10 @@ pub struct BodyReader {
     // less than `HEAD_COPY_MIN_SAVING` of room past it (see `take_body`);
     // in `upstream`'s padding, so the reader is no larger.
     body_buf_fits: bool,
+    // a2a-gateway patch: the next unsized read asks for
+    // `MIN_BODY_READ << read_shift` (see `unsized_read_size`); also in the
+    // padding.
+    read_shift: u8,
     body_buf_overread: Option<BytesMut>,
 }
 
@@ -167,6 +181,7 @@ impl BodyReader {
             rewind_buf_len: 0,
             upstream,
             body_buf_fits: false,
+            read_shift: 0,
             body_buf_overread: None,
         }
     }
@@ -179,9 +194,15 @@ impl BodyReader {
         self.body_state = PS::ToStart;
     }
 
-    fn prepare_buf(&mut self, buf_to_rewind: &[u8]) {
+    // a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
+    // `capacity` (at least `buf_to_rewind`'s length) instead of
+    // `body_buf_size` (64 KiB) for every body: a body that was read whole
+    // with its head gets a buffer of its size, and one without a length
+    // gets what was read with the head, its reads making room for
+    // themselves (`prepare_buf_for_unsized_io`).
+    fn prepare_buf(&mut self, buf_to_rewind: &[u8], capacity: usize) {
         self.body_buf_fits = false;
-        let mut body_buf = BytesMut::with_capacity(self.body_buf_size.max(buf_to_rewind.len()));
+        let mut body_buf = BytesMut::with_capacity(capacity.max(buf_to_rewind.len()));
         if !buf_to_rewind.is_empty() {
             self.rewind_buf_len = buf_to_rewind.len();
             // TODO: this is still 1 copy. Make it zero
@@ -216,21 +237,63 @@ impl BodyReader {
         body_buf
     }
 
-    /// Grow the body buffer so it has room for `body_buf_size` bytes in total without discarding
+    /// Grow the body buffer so it has room for `total` bytes in total without discarding
     /// what it already holds.
     ///
     /// Used by the partial chunk head path, which must keep the bytes it has already buffered
     /// while making room to read the rest of the head.
-    fn reserve_buf_for_io(&mut self) {
+    fn reserve_buf_for_io(&mut self, total: usize) {
         let body_buf = self.body_buf.get_or_insert_default();
-        if body_buf.len() < self.body_buf_size {
-            body_buf.reserve(self.body_buf_size - body_buf.len());
+        if body_buf.len() < total {
+            body_buf.reserve(total - body_buf.len());
+        }
+    }
+
+    /// a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"): how much the
+    /// next read of a body without a length (chunked, or until the connection closes) asks
+    /// for: `MIN_BODY_READ`, doubled for each read in a row that filled its buffer, up to
+    /// `body_buf_size`.
+    ///
+    /// Such a body is often a stream (SSE) that is idle most of its life with a read pending,
+    /// and the pending read holds its buffer: at a fixed `body_buf_size` every open stream
+    /// kept 64 KiB allocated, and the page or more of it the events were written into
+    /// resident. A stream of small events now holds a buffer of about their size; a large
+    /// body's reads reach `body_buf_size` after a few (1, 2, 4, ... KiB).
+    fn unsized_read_size(&self) -> usize {
+        (MIN_BODY_READ << self.read_shift)
+            .min(self.body_buf_size)
+            .max(1)
+    }
+
+    /// Make the body buffer ready for an unsized read (see [`Self::unsized_read_size`]) and
+    /// return how much to read. Like [`Self::prepare_buf_for_io`] it discards what the buffer
+    /// holds; a buffer grown for earlier, larger reads is let go of once the reads have fallen
+    /// back to a `BODY_BUF_SHRINK_FACTOR`th of its size, so an idle stream does not keep one
+    /// burst's buffer.
+    fn prepare_buf_for_unsized_io(&mut self) -> usize {
+        let read_size = self.unsized_read_size();
+        if self
+            .body_buf
+            .as_ref()
+            .is_some_and(|b| b.capacity() > read_size * BODY_BUF_SHRINK_FACTOR)
+        {
+            self.body_buf = None;
+        }
+        read_size
+    }
+
+    /// Adjust the next unsized read's size to this one's: `n` of `asked` bytes read.
+    fn note_unsized_read(&mut self, asked: usize, n: usize) {
+        if n >= asked && asked < self.body_buf_size && self.read_shift < MAX_READ_SHIFT {
+            self.read_shift += 1;
+        } else if n < asked / BODY_BUF_SHRINK_FACTOR && self.read_shift > 0 {
+            self.read_shift -= 1;
         }
     }
 
     pub fn init_chunked(&mut self, buf_to_rewind: &[u8]) {
         self.body_state = PS::Chunked(0, 0, 0, 0);
-        self.prepare_buf(buf_to_rewind);
+        self.prepare_buf(buf_to_rewind, 0);
     }
 
     /// Zero-copy variant of [`Self::init_chunked`].
@@ -255,7 +318,13 @@ impl BodyReader {
                 }
             }
             _ => {
-                self.prepare_buf(buf_to_rewind);
+                // a2a-gateway patch: room for more only when more is to come.
+                let capacity = if buf_to_rewind.len() >= cl {
+                    0
+                } else {
+                    self.body_buf_size
+                };
+                self.prepare_buf(buf_to_rewind, capacity);
                 self.body_state = PS::Partial(0, cl);
             }
         }
@@ -279,7 +348,7 @@ impl BodyReader {
     }
 
     pub fn init_close_delimited(&mut self, buf_to_rewind: &[u8]) {
-        self.prepare_buf(buf_to_rewind);
+        self.prepare_buf(buf_to_rewind, 0);
         self.body_state = PS::UntilClose(0);
     }
 
@@ -490,13 +559,14 @@ impl BodyReader {
         self.rewind_buf_len = 0; // we only need to read rewind data once
         if n == 0 {
             /* Need to actually read */
-            let read_size = self.body_buf_size;
+            let read_size = self.prepare_buf_for_unsized_io();
             let body_buf = self.prepare_buf_for_io(read_size);
             n = stream
                 .take(read_size as u64)
                 .read_buf(body_buf)
                 .await
                 .or_err(ReadError, "when reading body")?;
+            self.note_unsized_read(read_size, n);
         }
         match self.body_state {
             PS::UntilClose(read) => {
@@ -528,13 +598,14 @@ impl BodyReader {
                         existing_buf_end = self.rewind_buf_len;
                         self.rewind_buf_len = 0; // we only need to read rewind data once
                         if existing_buf_end == 0 {
-                            let read_size = self.body_buf_size;
+                            let read_size = self.prepare_buf_for_unsized_io();
                             let body_buf = self.prepare_buf_for_io(read_size);
                             existing_buf_end = stream
                                 .take(read_size as u64)
                                 .read_buf(body_buf)
                                 .await
                                 .or_err(ReadError, "when reading body")?;
+                            self.note_unsized_read(read_size, existing_buf_end);
                         }
                     } else {
                         /* existing_buf_end != 0 this is partial chunk head */
@@ -548,7 +619,11 @@ impl BodyReader {
                          * bounded and cheap, while split_off() would leave only
                          * capacity - partial_head_start of room behind it and force the reserve
                          * below to move the same bytes anyway (or reallocate) to fit the read. */
-                        self.reserve_buf_for_io();
+                        // a2a-gateway patch: room for an unsized read past the head instead
+                        // of `body_buf_size` in all.
+                        let unsized_read = self.unsized_read_size();
+                        let read_size = expecting_from_io + unsized_read;
+                        self.reserve_buf_for_io(read_size);
                         let body_buf = self
                             .body_buf
                             .as_mut()
@@ -564,10 +639,11 @@ impl BodyReader {
                             .body_state
                             .partial_chunk_head(expecting_from_io, expecting_from_io);
                         let new_bytes = stream
-                            .take((self.body_buf_size - expecting_from_io) as u64)
+                            .take(unsized_read as u64)
                             .read_buf(body_buf)
                             .await
                             .or_err(ReadError, "when reading body")?;
+                        self.note_unsized_read(unsized_read, new_bytes);
                         if new_bytes == 0 {
                             self.body_state = self.body_state.done(0);
                             return Error::e_explain(
@@ -2125,6 +2201,80 @@ mod tests {
         assert_ne!(body.as_ptr(), buf.as_ptr(), "copied");
     }
 
+    // a2a-gateway patch: a body read whole with its head gets a buffer of its
+    // size, so it is handed over without a copy (see PATCHED.md, "Body reads
+    // sized to what arrives").
+    #[tokio::test]
+    async fn body_read_with_its_head_gets_a_buffer_of_its_size() {
+        let mut mock_io = Builder::new().build();
+        let mut body_reader = BodyReader::new(true);
+        body_reader.init_content_length(3, b"abc");
+        assert_eq!(body_reader.body_buf.as_ref().unwrap().capacity(), 3);
+        let res = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(&body_reader.take_body(&res)[..], b"abc");
+        assert!(body_reader.body_buf.is_none(), "handed over, not copied");
+        assert!(body_reader.read_body(&mut mock_io).await.unwrap().is_none());
+
+        // Part of it read with the head: room for the rest, as before.
+        let mut mock_io = Builder::new().read(b"bc").build();
+        let mut body_reader = BodyReader::new(true);
+        body_reader.init_content_length(3, b"a");
+        assert!(body_reader.body_buf.as_ref().unwrap().capacity() >= BODY_BUFFER_SIZE);
+        let first = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(body_reader.get_body(&first), b"a");
+        let second = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(body_reader.get_body(&second), b"bc");
+    }
+
+    // a2a-gateway patch: reads of a chunked body start small, double while
+    // they fill their buffer, and fall back (letting a large buffer go) when
+    // what arrives is small again (see PATCHED.md, "Body reads sized to what
+    // arrives").
+    #[tokio::test]
+    async fn unsized_reads_follow_what_arrives() {
+        init_log();
+        let payload = vec![b'a'; 20_000];
+        let mut big = format!("{:x}\r\n", payload.len()).into_bytes();
+        big.extend_from_slice(&payload);
+        big.extend_from_slice(b"\r\n");
+        let mut builder = Builder::new();
+        builder.read(&big);
+        for _ in 0..8 {
+            builder.read(b"1\r\nb\r\n");
+        }
+        builder.read(b"0\r\n\r\n");
+        let mut mock_io = builder.build();
+        let mut body_reader = BodyReader::new(true);
+        body_reader.init_chunked(b"");
+        assert_eq!(body_reader.body_buf.as_ref().unwrap().capacity(), 0);
+
+        let mut body = Vec::new();
+        let mut asked = Vec::new();
+        let mut capacities = Vec::new();
+        while let Some(res) = body_reader.read_body(&mut mock_io).await.unwrap() {
+            body.extend_from_slice(body_reader.get_body(&res));
+            asked.push(body_reader.unsized_read_size());
+            capacities.push(body_reader.body_buf.as_ref().unwrap().capacity());
+        }
+        let mut expected = payload.clone();
+        expected.extend_from_slice(b"bbbbbbbb");
+        assert_eq!(body, expected);
+        assert!(body_reader.body_complete());
+        // What the next read would ask for, after each read: the first
+        // chunk's 20,008 bytes in reads of 1, 2, 4, 8 and 16 KiB (the last
+        // not filled, 4,648 bytes, so not doubled), then one small chunk per
+        // read, each halving it back to 1 KiB.
+        assert_eq!(
+            asked,
+            [2048, 4096, 8192, 16384, 16384, 8192, 4096, 2048, 1024, 1024, 1024, 1024, 1024]
+        );
+        // The 16 KiB buffer is let go of once reads fell to 2 KiB (a quarter
+        // of it would not do), for one of 2 KiB.
+        assert_eq!(capacities[4], 16384);
+        assert_eq!(capacities[8], 2048);
+        assert_eq!(*capacities.last().unwrap(), 2048);
+    }
+
     #[tokio::test]
     async fn partial_owned_body_allocates_only_remaining_content_length() {
         let mut mock_io = Builder::new().read(b"bc").build();
@@ -2472,6 +2622,8 @@ mod tests {
             .build();
         let mut body_reader = BodyReader::new(false);
         body_reader.init_chunked(b"");
+        // a2a-gateway patch: reads of 64 KiB from the first, as these steps expect.
+        body_reader.read_shift = 6;
         // read chunk-size, chunk incomplete
         let res = body_reader.read_body(&mut mock_io).await.unwrap();
         assert_eq!(res, Some(BufRef::new(0, 0)));

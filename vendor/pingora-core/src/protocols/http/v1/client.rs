@@ -491,13 +491,7 @@ impl HttpSession {
     /// Return `Ok(Some(ref)) after a successful read.
     /// Return `Ok(None)` if there is no more body to read.
     pub async fn read_body_ref(&mut self) -> Result<Option<&[u8]>> {
-        let result = match self.read_timeout {
-            Some(t) => match timeout(t, self.do_read_body()).await {
-                Ok(res) => res,
-                Err(_) => Error::e_explain(ReadTimedout, format!("reading body, timeout: {t:?}")),
-            },
-            None => self.do_read_body().await,
-        };
+        let result = self.read_body_timed().await;
 
         result.map(|maybe_body| {
             maybe_body.map(|body_ref| {
@@ -508,10 +502,28 @@ impl HttpSession {
         })
     }
 
+    async fn read_body_timed(&mut self) -> Result<Option<BufRef>> {
+        match self.read_timeout {
+            Some(t) => match timeout(t, self.do_read_body()).await {
+                Ok(res) => res,
+                Err(_) => Error::e_explain(ReadTimedout, format!("reading body, timeout: {t:?}")),
+            },
+            None => self.do_read_body().await,
+        }
+    }
+
     /// Similar to [`Self::read_body_ref`] but return `Bytes` instead of a slice reference.
     pub async fn read_body_bytes(&mut self) -> Result<Option<Bytes>> {
-        let read = self.read_body_ref().await?;
-        Ok(read.map(Bytes::copy_from_slice))
+        // a2a-gateway patch (see PATCHED.md, "Body reads sized to what
+        // arrives"): a body read whole is handed over without a copy when
+        // its buffer holds nothing else (`BodyReader::take_body`), as the
+        // server side's `read_body_bytes` does.
+        let read = self.read_body_timed().await?;
+        Ok(read.map(|body_ref| {
+            let bytes = self.body_reader.take_body(&body_ref);
+            self.body_recv = self.body_recv.saturating_add(bytes.len());
+            bytes
+        }))
     }
 
     /// Upstream response body bytes received (payload only; excludes headers/framing).
@@ -1198,6 +1210,24 @@ mod tests_stream {
         assert_eq!(http_stream.body_reader.body_state, ParseState::Complete(2));
         http_stream.respect_keepalive();
         assert!(!http_stream.will_keepalive());
+    }
+
+    // a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
+    // a body read along with its head is handed over, not copied, and counted.
+    #[tokio::test]
+    async fn read_body_bytes_hands_over_a_body_read_with_its_head() {
+        init_log();
+        let input = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc";
+        let mock_io = Builder::new().read(&input[..]).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        http_stream.read_response().await.unwrap();
+        let body = http_stream.read_body_bytes().await.unwrap().unwrap();
+        assert_eq!(&body[..], b"abc");
+        assert!(http_stream.body_reader.body_buf.is_none(), "handed over");
+        assert_eq!(http_stream.body_bytes_received(), 3);
+        assert!(http_stream.read_body_bytes().await.unwrap().is_none());
+        http_stream.respect_keepalive();
+        assert!(http_stream.will_keepalive());
     }
 
     #[tokio::test]
