@@ -45,6 +45,7 @@ use once_cell::sync::Lazy;
 use pingora_http::{RequestHeader, ResponseHeader};
 use std::fmt::Debug;
 use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::str;
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering},
@@ -456,11 +457,16 @@ where
             .filter(|_| h1_only(&*peer))
             .map(|pool| (pool, peer.reuse_hash()));
         let pooled = h1_pool.and_then(|(pool, key)| pool.take(key));
-        let client_session = match pooled {
-            Some(stream) => Ok((
+        // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): the
+        // connection's session is bound once and the exchange borrows it, so
+        // this future keeps room for one session (472 bytes) while the
+        // exchange runs, where binding the `Result`, its `Ok` and the `H1`
+        // inside by value kept room for three.
+        let (mut client_session, client_reused) = match pooled {
+            Some(stream) => (
                 ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
                 true,
-            )),
+            ),
             // a2a-gateway patch: the connector's future is boxed (see
             // PATCHED.md, "Smaller request futures"): held inline, its 8.8 KiB
             // sized this function's future, which every open request keeps
@@ -471,99 +477,90 @@ where
                 // head can go out with its body (`held_head`).
                 Ok((ClientSession::H1(h1), reused)) if h1_pool.is_some() => {
                     let stream = held_head::HeldHead::wrap(h1.into_inner());
-                    Ok((
+                    (
                         ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
                         reused,
-                    ))
+                    )
                 }
-                other => other,
+                Ok(connected) => connected,
+                Err(mut e) => {
+                    e.as_up();
+                    let new_err = self.inner.fail_to_connect(session, &peer, ctx, e);
+                    return (false, Some(new_err.into_up()));
+                }
             },
         };
-        match client_session {
-            Ok((client_session, client_reused)) => {
-                let (server_reused, error) = match client_session {
-                    ClientSession::H1(mut h1) => {
-                        let (server_reused, client_reuse, error) = self
-                            .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
-                            .await;
-                        if client_reuse {
-                            if let Some((pool, key)) = h1_pool {
-                                h1.respect_keepalive();
-                                if let Some(stream) = h1.reuse().await {
-                                    if !held_head::HeldHead::has_pending(&stream) {
-                                        pool.put(key, stream, peer.idle_timeout());
-                                    }
-                                }
-                            } else {
-                                let session = ClientSession::H1(h1);
-                                self.client_upstream
-                                    .release_http_session(session, &*peer, peer.idle_timeout())
-                                    .await;
+        let (server_reused, error) = match &mut client_session {
+            ClientSession::H1(h1) => {
+                let (server_reused, client_reuse, error) = self
+                    .proxy_to_h1_upstream(session, h1, client_reused, &peer, ctx)
+                    .await;
+                if client_reuse {
+                    if let Some((pool, key)) = h1_pool {
+                        let ClientSession::H1(mut h1) = client_session else {
+                            unreachable!("matched as H1 above")
+                        };
+                        h1.respect_keepalive();
+                        if let Some(stream) = h1.reuse().await {
+                            if !held_head::HeldHead::has_pending(&stream) {
+                                pool.put(key, stream, peer.idle_timeout());
                             }
                         }
-                        (server_reused, error)
-                    }
-                    ClientSession::H2(mut h2) => {
-                        let (server_reused, mut error) = self
-                            .proxy_to_h2_upstream(session, &mut h2, client_reused, &peer, ctx)
-                            .await;
-                        let session = ClientSession::H2(h2);
+                    } else {
                         self.client_upstream
-                            .release_http_session(session, &*peer, peer.idle_timeout())
+                            .release_http_session(client_session, &*peer, peer.idle_timeout())
                             .await;
-
-                        if let Some(e) = error.as_mut() {
-                            // try to downgrade if A. origin says so or B. origin sends an invalid
-                            // response, which usually means origin h2 is not production ready
-                            if matches!(e.etype, H2Downgrade | InvalidH2) {
-                                if peer
-                                    .get_alpn()
-                                    .is_none_or(|alpn| alpn.get_min_http_version() == 1)
-                                {
-                                    // Add the peer to prefer h1 so that all following requests
-                                    // will use h1
-                                    self.client_upstream.prefer_h1(&*peer);
-                                } else {
-                                    // the peer doesn't allow downgrading to h1 (e.g. gRPC)
-                                    e.retry = false.into();
-                                }
-                            }
-                        }
-
-                        (server_reused, error)
                     }
-                    ClientSession::Custom(mut c) => {
-                        // a2a-gateway patch: boxed, as the connector's
-                        // future above (a path the gateway never takes).
-                        let (server_reused, error) = Box::pin(self.proxy_to_custom_upstream(
-                            session,
-                            &mut c,
-                            client_reused,
-                            &peer,
-                            ctx,
-                        ))
+                }
+                (server_reused, error)
+            }
+            ClientSession::H2(h2) => {
+                let (server_reused, mut error) = self
+                    .proxy_to_h2_upstream(session, h2, client_reused, &peer, ctx)
+                    .await;
+                self.client_upstream
+                    .release_http_session(client_session, &*peer, peer.idle_timeout())
+                    .await;
+
+                if let Some(e) = error.as_mut() {
+                    // try to downgrade if A. origin says so or B. origin sends an invalid
+                    // response, which usually means origin h2 is not production ready
+                    if matches!(e.etype, H2Downgrade | InvalidH2) {
+                        if peer
+                            .get_alpn()
+                            .is_none_or(|alpn| alpn.get_min_http_version() == 1)
+                        {
+                            // Add the peer to prefer h1 so that all following requests
+                            // will use h1
+                            self.client_upstream.prefer_h1(&*peer);
+                        } else {
+                            // the peer doesn't allow downgrading to h1 (e.g. gRPC)
+                            e.retry = false.into();
+                        }
+                    }
+                }
+
+                (server_reused, error)
+            }
+            ClientSession::Custom(c) => {
+                // a2a-gateway patch: boxed, as the connector's
+                // future above (a path the gateway never takes).
+                let (server_reused, error) =
+                    Box::pin(self.proxy_to_custom_upstream(session, c, client_reused, &peer, ctx))
                         .await;
-                        let session = ClientSession::Custom(c);
-                        self.client_upstream
-                            .release_http_session(session, &*peer, peer.idle_timeout())
-                            .await;
-                        (server_reused, error)
-                    }
-                };
-                (
-                    server_reused,
-                    error.map(|e| {
-                        self.inner
-                            .error_while_proxy(&peer, session, e, ctx, client_reused)
-                    }),
-                )
+                self.client_upstream
+                    .release_http_session(client_session, &*peer, peer.idle_timeout())
+                    .await;
+                (server_reused, error)
             }
-            Err(mut e) => {
-                e.as_up();
-                let new_err = self.inner.fail_to_connect(session, &peer, ctx, e);
-                (false, Some(new_err.into_up()))
-            }
-        }
+        };
+        (
+            server_reused,
+            error.map(|e| {
+                self.inner
+                    .error_while_proxy(&peer, session, e, ctx, client_reused)
+            }),
+        )
     }
 
     async fn upstream_filter(
@@ -600,40 +597,44 @@ where
         Ok(duration)
     }
 
-    async fn finish(
-        &self,
+    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): an
+    // `async` block, as `process_request`, which awaits this.
+    fn finish<'a>(
+        &'a self,
         mut session: Session,
-        ctx: &mut SV::CTX,
+        ctx: &'a mut SV::CTX,
         reuse: bool,
         error: Option<Box<Error>>,
-    ) -> Option<ReusedHttpStream>
+    ) -> impl Future<Output = Option<ReusedHttpStream>> + Send + 'a
     where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        self.inner
-            .logging(&mut session, error.as_deref(), ctx)
-            .await;
+        async move {
+            self.inner
+                .logging(&mut session, error.as_deref(), ctx)
+                .await;
 
-        if let Some(e) = error {
-            session.downstream_session.on_proxy_failure(e);
-        }
-
-        if reuse {
-            // TODO: log error
-            let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-            if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
-                persistent_settings.set_user_context(uc);
+            if let Some(e) = error {
+                session.downstream_session.on_proxy_failure(e);
             }
-            session
-                .downstream_session
-                .finish()
-                .await
-                .ok()
-                .flatten()
-                .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
-        } else {
-            None
+
+            if reuse {
+                // TODO: log error
+                let mut persistent_settings = HttpPersistentSettings::for_session(&session);
+                if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
+                    persistent_settings.set_user_context(uc);
+                }
+                session
+                    .downstream_session
+                    .finish()
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
+            } else {
+                None
+            }
         }
     }
 
@@ -1236,264 +1237,278 @@ impl<SV, C> HttpProxy<SV, C>
 where
     C: custom::Connector,
 {
-    async fn process_request(
+    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): an
+    // `async` block the arguments move into, not an `async fn`, which moves
+    // them once more into locals of its own and keeps both copies' room in
+    // its future (`session`, 368 bytes) for the request's life.
+    fn process_request(
         self: &Arc<Self>,
         mut session: Session,
         mut ctx: <SV as ProxyHttp>::CTX,
-    ) -> Option<ReusedHttpStream>
+    ) -> impl Future<Output = Option<ReusedHttpStream>> + Send + '_
     where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        if let Err(e) = self
-            .inner
-            .early_request_filter(&mut session, &mut ctx)
-            .await
-        {
-            return self
-                .handle_error(session, &mut ctx, e, "Fail to early filter request:")
-                .await;
-        }
-
-        if self.inner.allow_spawning_subrequest(&session, &ctx) {
-            session.subrequest_spawner = Some(SubrequestSpawner::new(self.clone()));
-        }
-
-        let req = session.downstream_session.req_header_mut();
-
-        // Built-in downstream request filters go first
-        if let Err(e) = session
-            .downstream_modules_ctx
-            .request_header_filter(req)
-            .await
-        {
-            return self
-                .handle_error(
-                    session,
-                    &mut ctx,
-                    e,
-                    "Failed in downstream modules request filter:",
-                )
-                .await;
-        }
-
-        match self.inner.request_filter(&mut session, &mut ctx).await {
-            Ok(response_sent) => {
-                if response_sent {
-                    // TODO: log error
-                    self.inner.logging(&mut session, None, &mut ctx).await;
-                    self.cleanup_sub_req(&mut session);
-                    let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-                    if let Some(uc) = self.inner.persist_connection_context(&session, &ctx) {
-                        persistent_settings.set_user_context(uc);
-                    }
-                    return session
-                        .downstream_session
-                        .finish()
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings));
-                }
-                /* else continue */
-            }
-            Err(e) => {
+        async move {
+            if let Err(e) = self
+                .inner
+                .early_request_filter(&mut session, &mut ctx)
+                .await
+            {
                 return self
-                    .handle_error(session, &mut ctx, e, "Fail to filter request:")
+                    .handle_error(session, &mut ctx, e, "Fail to early filter request:")
                     .await;
             }
-        }
 
-        if let Some((reuse, err)) = self.proxy_cache(&mut session, &mut ctx).await {
-            // cache hit
-            return self.finish(session, &mut ctx, reuse, err).await;
-        }
-        // either uncacheable, or cache miss
-
-        // there should not be a write lock in the sub req ctx after this point
-        self.cleanup_sub_req(&mut session);
-
-        // decide if the request is allowed to go to upstream
-        match self
-            .inner
-            .proxy_upstream_filter(&mut session, &mut ctx)
-            .await
-        {
-            Ok(proxy_to_upstream) => {
-                if !proxy_to_upstream {
-                    // The hook can choose to write its own response, but if it doesn't, we respond
-                    // with a generic 502
-                    if session.cache.enabled() {
-                        // drop the cache lock that this request may be holding onto
-                        session.cache.disable(NoCacheReason::DeclinedToUpstream);
-                    }
-                    if session.response_written().is_none() {
-                        match session.write_response_header_ref(&BAD_GATEWAY, true).await {
-                            Ok(()) => {}
-                            Err(e) => {
-                                return self
-                                    .handle_error(
-                                        session,
-                                        &mut ctx,
-                                        e,
-                                        "Error responding with Bad Gateway:",
-                                    )
-                                    .await;
-                            }
-                        }
-                    }
-
-                    return self.finish(session, &mut ctx, true, None).await;
-                }
-                /* else continue */
+            if self.inner.allow_spawning_subrequest(&session, &ctx) {
+                session.subrequest_spawner = Some(SubrequestSpawner::new(self.clone()));
             }
-            Err(e) => {
-                if session.cache.enabled() {
-                    session.cache.disable(NoCacheReason::InternalError);
-                }
 
+            let req = session.downstream_session.req_header_mut();
+
+            // Built-in downstream request filters go first
+            if let Err(e) = session
+                .downstream_modules_ctx
+                .request_header_filter(req)
+                .await
+            {
                 return self
                     .handle_error(
                         session,
                         &mut ctx,
                         e,
-                        "Error deciding if we should proxy to upstream:",
+                        "Failed in downstream modules request filter:",
                     )
                     .await;
             }
-        }
 
-        let mut retries: usize = 0;
-
-        let mut server_reuse = false;
-        let mut proxy_error: Option<Box<Error>> = None;
-
-        while retries < self.max_retries {
-            retries += 1;
-
-            let (reuse, e) = self.proxy_to_upstream(&mut session, &mut ctx).await;
-            server_reuse = reuse;
-
-            match e {
-                Some(error) => {
-                    let retry = error.retry();
-                    // only log error that will be retried here, the final error will be logged below
-                    if retry
-                        && !self.inner.suppress_proxy_warn_log(
-                            &session,
-                            &ctx,
-                            &error,
-                            ProxyWarnLogContext::UpstreamRetry,
-                        )
-                    {
-                        warn!(
-                            "Fail to proxy: {}, tries: {}, retry: {}, {}",
-                            error,
-                            retries,
-                            retry,
-                            self.inner.request_summary(&session, &ctx)
-                        );
+            match self.inner.request_filter(&mut session, &mut ctx).await {
+                Ok(response_sent) => {
+                    if response_sent {
+                        // TODO: log error
+                        self.inner.logging(&mut session, None, &mut ctx).await;
+                        self.cleanup_sub_req(&mut session);
+                        let mut persistent_settings = HttpPersistentSettings::for_session(&session);
+                        if let Some(uc) = self.inner.persist_connection_context(&session, &ctx) {
+                            persistent_settings.set_user_context(uc);
+                        }
+                        return session
+                            .downstream_session
+                            .finish()
+                            .await
+                            .ok()
+                            .flatten()
+                            .map(|s| {
+                                ReusedHttpStream::from_reusable_stream(s, persistent_settings)
+                            });
                     }
-                    proxy_error = Some(error);
-                    if !retry {
+                    /* else continue */
+                }
+                Err(e) => {
+                    return self
+                        .handle_error(session, &mut ctx, e, "Fail to filter request:")
+                        .await;
+                }
+            }
+
+            if let Some((reuse, err)) = self.proxy_cache(&mut session, &mut ctx).await {
+                // cache hit
+                return self.finish(session, &mut ctx, reuse, err).await;
+            }
+            // either uncacheable, or cache miss
+
+            // there should not be a write lock in the sub req ctx after this point
+            self.cleanup_sub_req(&mut session);
+
+            // decide if the request is allowed to go to upstream
+            match self
+                .inner
+                .proxy_upstream_filter(&mut session, &mut ctx)
+                .await
+            {
+                Ok(proxy_to_upstream) => {
+                    if !proxy_to_upstream {
+                        // The hook can choose to write its own response, but if it doesn't, we respond
+                        // with a generic 502
+                        if session.cache.enabled() {
+                            // drop the cache lock that this request may be holding onto
+                            session.cache.disable(NoCacheReason::DeclinedToUpstream);
+                        }
+                        if session.response_written().is_none() {
+                            match session.write_response_header_ref(&BAD_GATEWAY, true).await {
+                                Ok(()) => {}
+                                Err(e) => {
+                                    return self
+                                        .handle_error(
+                                            session,
+                                            &mut ctx,
+                                            e,
+                                            "Error responding with Bad Gateway:",
+                                        )
+                                        .await;
+                                }
+                            }
+                        }
+
+                        return self.finish(session, &mut ctx, true, None).await;
+                    }
+                    /* else continue */
+                }
+                Err(e) => {
+                    if session.cache.enabled() {
+                        session.cache.disable(NoCacheReason::InternalError);
+                    }
+
+                    return self
+                        .handle_error(
+                            session,
+                            &mut ctx,
+                            e,
+                            "Error deciding if we should proxy to upstream:",
+                        )
+                        .await;
+                }
+            }
+
+            let mut retries: usize = 0;
+
+            let mut server_reuse = false;
+            let mut proxy_error: Option<Box<Error>> = None;
+
+            while retries < self.max_retries {
+                retries += 1;
+
+                let (reuse, e) = self.proxy_to_upstream(&mut session, &mut ctx).await;
+                server_reuse = reuse;
+
+                match e {
+                    Some(error) => {
+                        let retry = error.retry();
+                        // only log error that will be retried here, the final error will be logged below
+                        if retry
+                            && !self.inner.suppress_proxy_warn_log(
+                                &session,
+                                &ctx,
+                                &error,
+                                ProxyWarnLogContext::UpstreamRetry,
+                            )
+                        {
+                            warn!(
+                                "Fail to proxy: {}, tries: {}, retry: {}, {}",
+                                error,
+                                retries,
+                                retry,
+                                self.inner.request_summary(&session, &ctx)
+                            );
+                        }
+                        proxy_error = Some(error);
+                        if !retry {
+                            break;
+                        }
+                    }
+                    None => {
+                        proxy_error = None;
                         break;
                     }
-                }
-                None => {
-                    proxy_error = None;
-                    break;
-                }
-            };
-        }
-
-        // serve stale if error
-        // Check both error and cache before calling the function because await is not cheap
-        // allow unwrap until if let chains
-        #[allow(clippy::unnecessary_unwrap)]
-        let serve_stale_result = if proxy_error.is_some() && session.cache.can_serve_stale_error() {
-            self.handle_stale_if_error(&mut session, &mut ctx, proxy_error.as_ref().unwrap())
-                .await
-        } else {
-            None
-        };
-
-        let final_error = if let Some((reuse, stale_cache_error)) = serve_stale_result {
-            // don't reuse server conn if serve stale polluted it
-            server_reuse = server_reuse && reuse;
-            stale_cache_error
-        } else {
-            proxy_error
-        };
-
-        if let Some(e) = final_error.as_ref() {
-            // If we have errored and are still holding a cache lock, release it.
-            if session.cache.enabled() {
-                let reason = if *e.esource() == ErrorSource::Upstream {
-                    NoCacheReason::UpstreamError
-                } else {
-                    NoCacheReason::InternalError
                 };
-                session.cache.disable(reason);
             }
-            let res = self.inner.fail_to_proxy(&mut session, e, &mut ctx).await;
 
-            // final error will have > 0 status unless downstream connection is dead
-            if !self.inner.suppress_error_log(&session, &ctx, e) {
-                error!(
-                    "Fail to proxy: {}, status: {}, tries: {}, retry: {}, {}",
-                    e,
-                    res.error_code,
-                    retries,
-                    false, // we never retry here
-                    self.inner.request_summary(&session, &ctx),
-                );
+            // serve stale if error
+            // Check both error and cache before calling the function because await is not cheap
+            // allow unwrap until if let chains
+            #[allow(clippy::unnecessary_unwrap)]
+            let serve_stale_result = if proxy_error.is_some()
+                && session.cache.can_serve_stale_error()
+            {
+                self.handle_stale_if_error(&mut session, &mut ctx, proxy_error.as_ref().unwrap())
+                    .await
+            } else {
+                None
+            };
+
+            let final_error = if let Some((reuse, stale_cache_error)) = serve_stale_result {
+                // don't reuse server conn if serve stale polluted it
+                server_reuse = server_reuse && reuse;
+                stale_cache_error
+            } else {
+                proxy_error
+            };
+
+            if let Some(e) = final_error.as_ref() {
+                // If we have errored and are still holding a cache lock, release it.
+                if session.cache.enabled() {
+                    let reason = if *e.esource() == ErrorSource::Upstream {
+                        NoCacheReason::UpstreamError
+                    } else {
+                        NoCacheReason::InternalError
+                    };
+                    session.cache.disable(reason);
+                }
+                let res = self.inner.fail_to_proxy(&mut session, e, &mut ctx).await;
+
+                // final error will have > 0 status unless downstream connection is dead
+                if !self.inner.suppress_error_log(&session, &ctx, e) {
+                    error!(
+                        "Fail to proxy: {}, status: {}, tries: {}, retry: {}, {}",
+                        e,
+                        res.error_code,
+                        retries,
+                        false, // we never retry here
+                        self.inner.request_summary(&session, &ctx),
+                    );
+                }
             }
+
+            // logging() will be called in finish()
+            self.finish(session, &mut ctx, server_reuse, final_error)
+                .await
         }
-
-        // logging() will be called in finish()
-        self.finish(session, &mut ctx, server_reuse, final_error)
-            .await
     }
 
-    async fn handle_error(
-        &self,
+    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): an
+    // `async` block, as `process_request`, which awaits this.
+    fn handle_error<'a>(
+        &'a self,
         mut session: Session,
-        ctx: &mut <SV as ProxyHttp>::CTX,
+        ctx: &'a mut <SV as ProxyHttp>::CTX,
         e: Box<Error>,
-        context: &str,
-    ) -> Option<ReusedHttpStream>
+        context: &'a str,
+    ) -> impl Future<Output = Option<ReusedHttpStream>> + Send + 'a
     where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        let res = self.inner.fail_to_proxy(&mut session, &e, ctx).await;
-        if !self.inner.suppress_error_log(&session, ctx, &e) {
-            error!(
-                "{context} {}, status: {}, {}",
-                e,
-                res.error_code,
-                self.inner.request_summary(&session, ctx)
-            );
-        }
-        self.inner.logging(&mut session, Some(&e), ctx).await;
-        self.cleanup_sub_req(&mut session);
-
-        session.downstream_session.on_proxy_failure(e);
-
-        if res.can_reuse_downstream {
-            let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-            if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
-                persistent_settings.set_user_context(uc);
+        async move {
+            let res = self.inner.fail_to_proxy(&mut session, &e, ctx).await;
+            if !self.inner.suppress_error_log(&session, ctx, &e) {
+                error!(
+                    "{context} {}, status: {}, {}",
+                    e,
+                    res.error_code,
+                    self.inner.request_summary(&session, ctx)
+                );
             }
-            session
-                .downstream_session
-                .finish()
-                .await
-                .ok()
-                .flatten()
-                .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
-        } else {
-            None
+            self.inner.logging(&mut session, Some(&e), ctx).await;
+            self.cleanup_sub_req(&mut session);
+
+            session.downstream_session.on_proxy_failure(e);
+
+            if res.can_reuse_downstream {
+                let mut persistent_settings = HttpPersistentSettings::for_session(&session);
+                if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
+                    persistent_settings.set_user_context(uc);
+                }
+                session
+                    .downstream_session
+                    .finish()
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
+            } else {
+                None
+            }
         }
     }
 }
@@ -1648,42 +1663,58 @@ where
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    async fn process_new_http(
-        self: &Arc<Self>,
-        mut session: HttpSession,
-        shutdown: &ShutdownWatch,
-    ) -> Option<ReusedHttpStream> {
-        // Extract user context from the previous request before the session is moved into the Box
-        let prev_user_ctx = session.take_connection_user_context();
+    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): what
+    // `#[async_trait]` makes of an `async fn`, written out so that the
+    // session (680 bytes) is boxed before the future is made: the `async fn`
+    // kept it as an argument and again as a local, 1,360 bytes of room in
+    // every request's future for its life, though it moves into a box first.
+    fn process_new_http<'life0, 'life1, 'async_trait>(
+        self: &'life0 Arc<Self>,
+        session: HttpSession,
+        shutdown: &'life1 ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = Option<ReusedHttpStream>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        let mut session = Box::new(session);
+        Box::pin(async move {
+            // Extract user context from the previous request before the session is moved into the Box
+            let prev_user_ctx = session.take_connection_user_context();
 
-        let session = Box::new(session);
+            // TODO: keepalive pool, use stack
+            let downstream_session = self.handle_new_request(session).await?; // None: bad request
 
-        // TODO: keepalive pool, use stack
-        let mut session = match self.handle_new_request(session).await {
-            Some(downstream_session) => Session::new(
-                downstream_session,
-                &self.downstream_modules,
-                #[cfg(feature = "upstream_modules")]
-                &self.upstream_modules,
-                self.shutdown_flag.clone(),
-            ),
-            None => return None, // bad request
-        };
+            // a2a-gateway patch: the request's state made in a block, so that
+            // only `process_request`'s future, which it moves into, is kept
+            // while that runs.
+            let request = {
+                let mut session = Session::new(
+                    downstream_session,
+                    &self.downstream_modules,
+                    #[cfg(feature = "upstream_modules")]
+                    &self.upstream_modules,
+                    self.shutdown_flag.clone(),
+                );
 
-        if *shutdown.borrow() {
-            // stop downstream from reusing if this service is shutting down soon
-            session.set_keepalive(None);
-        }
+                if *shutdown.borrow() {
+                    // stop downstream from reusing if this service is shutting down soon
+                    session.set_keepalive(None);
+                }
 
-        let mut ctx = self.inner.new_ctx();
+                let mut ctx = self.inner.new_ctx();
 
-        // Deliver user context from the previous request on this reused connection
-        if let Some(prev_ctx) = prev_user_ctx {
-            self.inner
-                .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
-        }
+                // Deliver user context from the previous request on this reused connection
+                if let Some(prev_ctx) = prev_user_ctx {
+                    self.inner
+                        .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
+                }
 
-        self.process_request(session, ctx).await
+                self.process_request(session, ctx)
+            };
+            request.await
+        })
     }
 
     async fn http_cleanup(&self) {

@@ -56,7 +56,10 @@ where
 
         // phase 2 send to upstream
 
-        let mut req = session.req_header().clone();
+        // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): boxed
+        // here rather than where it is sent, so that this future does not
+        // keep room for it (352 bytes) while the exchange runs.
+        let mut req = Box::new(session.req_header().clone());
         let authority_policy = AuthorityPolicy::from(session.downstream_session.is_custom());
         let downstream_had_host = req.headers.contains_key(http::header::HOST);
         req.set_version(Version::HTTP_11);
@@ -137,7 +140,7 @@ where
             crate::held_head::HeldHead::hold_head(client_session.stream());
         }
 
-        match client_session.write_request_header(Box::new(req)).await {
+        match client_session.write_request_header(req).await {
             Ok(_) => { /* Continue */ }
             Err(e) => {
                 return (false, false, Some(e.into_up()));

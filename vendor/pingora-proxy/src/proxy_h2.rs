@@ -130,7 +130,11 @@ where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        let mut req = session.req_header().clone();
+        // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): boxed
+        // here, and turned into its h2 form in a block below, so that this
+        // future keeps no room for either (352 and 224 bytes) while the
+        // exchange runs.
+        let mut req = Box::new(session.req_header().clone());
         let authority_policy = AuthorityPolicy::from(session.downstream_session.is_custom());
 
         // A patched HTTP/1 parser can preserve non-UTF-8 request-target bytes, but `http::Uri`,
@@ -245,15 +249,17 @@ where
             }
         }
 
-        let req: http::request::Parts = req.into();
+        let req = {
+            let req: http::request::Parts = (*req).into();
 
-        debug!("Request to h2: {req:?}");
+            debug!("Request to h2: {req:?}");
+            Box::new(RequestHeader::from(req))
+        };
 
         // send END_STREAM on HEADERS
         let send_header_eos = send_end_stream && body_empty;
         debug!("send END_STREAM on HEADERS: {send_end_stream}");
 
-        let req = Box::new(RequestHeader::from(req));
         if let Err(e) = client_session.write_request_header(req, send_header_eos) {
             return (false, Some(e.into_up()));
         }

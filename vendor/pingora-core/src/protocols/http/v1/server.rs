@@ -29,6 +29,7 @@ use pingora_timeout::timeout;
 use regex::bytes::Regex;
 use std::any::Any;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -1467,26 +1468,43 @@ impl HttpSession {
     /// If the connection cannot be reused, the underlying stream will be closed and `None` will be
     /// returned. If there was an error while draining any remaining request body that error will
     /// be returned.
-    pub async fn reuse(mut self) -> Result<Option<ReusableHttpStream>> {
-        if !self.will_keepalive() {
-            debug!("HTTP shutdown connection");
-            self.shutdown().await;
-            Ok(None)
-        } else {
-            self.drain_request_body().await?;
-            if self.body_reader.has_bytes_overread() && !self.pipelining_enabled {
-                debug!("bytes overread on request, disallowing reuse");
+    pub fn reuse(self) -> impl Future<Output = Result<Option<ReusableHttpStream>>> + Send {
+        self.reuse_after(false)
+    }
+
+    /// a2a-gateway patch (see PATCHED.md, "Smaller request futures"): [`Self::reuse`], after
+    /// [`Self::finish_body`] when `finish_body_first`, for `ServerSession::finish`; an `async`
+    /// block the session moves into once, where an `async fn` taking `self` keeps room for two
+    /// copies of it (672 bytes each) in a future that every request's future holds room for.
+    pub(crate) fn reuse_after(
+        mut self,
+        finish_body_first: bool,
+    ) -> impl Future<Output = Result<Option<ReusableHttpStream>>> + Send {
+        async move {
+            if finish_body_first {
+                // need to flush body due to buffering
+                self.finish_body().await?;
+            }
+            if !self.will_keepalive() {
+                debug!("HTTP shutdown connection");
+                self.shutdown().await;
                 Ok(None)
             } else {
-                let pipelined_prefix = self
-                    .pipelining_enabled
-                    .then(|| self.take_body_overread())
-                    .flatten()
-                    .filter(|prefix| !prefix.is_empty());
-                Ok(Some(ReusableHttpStream::new(
-                    self.underlying_stream,
-                    pipelined_prefix,
-                )))
+                self.drain_request_body().await?;
+                if self.body_reader.has_bytes_overread() && !self.pipelining_enabled {
+                    debug!("bytes overread on request, disallowing reuse");
+                    Ok(None)
+                } else {
+                    let pipelined_prefix = self
+                        .pipelining_enabled
+                        .then(|| self.take_body_overread())
+                        .flatten()
+                        .filter(|prefix| !prefix.is_empty());
+                    Ok(Some(ReusableHttpStream::new(
+                        self.underlying_stream,
+                        pipelined_prefix,
+                    )))
+                }
             }
         }
     }
