@@ -13,6 +13,7 @@
 // limitations under the License.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures::FutureExt;
 use log::{debug, trace, warn};
 use pingora_error::{
     Error,
@@ -34,8 +35,7 @@ const BODY_BUFFER_SIZE: usize = 1024 * 64;
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
 // the first read of a body without a length (chunked, or until the
-// connection closes) asks for this much; each read that fills its buffer
-// doubles the next, up to `body_buf_size`.
+// connection closes) makes room for this much; see `unsized_read_size`.
 const MIN_BODY_READ: usize = 1024;
 // ... and the buffer is let go of, for one of the size asked, once it is
 // more than this many times the size the reads have fallen back to.
@@ -237,28 +237,30 @@ impl BodyReader {
         body_buf
     }
 
-    /// Grow the body buffer so it has room for `total` bytes in total without discarding
+    /// Grow the body buffer so it has room for `body_buf_size` bytes in total without discarding
     /// what it already holds.
     ///
     /// Used by the partial chunk head path, which must keep the bytes it has already buffered
     /// while making room to read the rest of the head.
-    fn reserve_buf_for_io(&mut self, total: usize) {
+    fn reserve_buf_for_io(&mut self) {
         let body_buf = self.body_buf.get_or_insert_default();
-        if body_buf.len() < total {
-            body_buf.reserve(total - body_buf.len());
+        if body_buf.len() < self.body_buf_size {
+            body_buf.reserve(self.body_buf_size - body_buf.len());
         }
     }
 
-    /// a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"): how much the
-    /// next read of a body without a length (chunked, or until the connection closes) asks
-    /// for: `MIN_BODY_READ`, doubled for each read in a row that filled its buffer, up to
-    /// `body_buf_size`.
+    /// a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"): how much room
+    /// the next read of a body without a length (chunked, or until the connection closes)
+    /// waits with: `MIN_BODY_READ` at first, then twice what the last read took when it
+    /// filled its room, half when it took less than a `BODY_BUF_SHRINK_FACTOR`th, up to
+    /// `body_buf_size`. A read that fills its room takes what else has arrived already, up to
+    /// `body_buf_size`, before it returns (`read_unsized`), so a read returns what one read of
+    /// `body_buf_size` would have.
     ///
     /// Such a body is often a stream (SSE) that is idle most of its life with a read pending,
     /// and the pending read holds its buffer: at a fixed `body_buf_size` every open stream
     /// kept 64 KiB allocated, and the page or more of it the events were written into
-    /// resident. A stream of small events now holds a buffer of about their size; a large
-    /// body's reads reach `body_buf_size` after a few (1, 2, 4, ... KiB).
+    /// resident. A stream of small events now waits with a buffer of about their size.
     fn unsized_read_size(&self) -> usize {
         (MIN_BODY_READ << self.read_shift)
             .min(self.body_buf_size)
@@ -284,11 +286,54 @@ impl BodyReader {
 
     /// Adjust the next unsized read's size to this one's: `n` of `asked` bytes read.
     fn note_unsized_read(&mut self, asked: usize, n: usize) {
-        if n >= asked && asked < self.body_buf_size && self.read_shift < MAX_READ_SHIFT {
-            self.read_shift += 1;
-        } else if n < asked / BODY_BUF_SHRINK_FACTOR && self.read_shift > 0 {
-            self.read_shift -= 1;
+        let next = if n >= asked {
+            asked.saturating_mul(2)
+        } else if n < asked / BODY_BUF_SHRINK_FACTOR {
+            asked / 2
+        } else {
+            asked
+        };
+        let units = next.div_ceil(MIN_BODY_READ).max(1).next_power_of_two();
+        self.read_shift = (units.trailing_zeros() as u8).min(MAX_READ_SHIFT);
+    }
+
+    /// One read of a body without a length into the body buffer, which it empties first
+    /// (see [`Self::unsized_read_size`]): waits for data with room for the unsized read size;
+    /// while what came filled the room, makes twice the room and takes what has already
+    /// arrived without waiting, up to `body_buf_size` in all. Returns the bytes read, 0 at the
+    /// end of the stream.
+    async fn read_unsized<S>(&mut self, stream: &mut S) -> Result<usize>
+    where
+        S: AsyncRead + Unpin + Send,
+    {
+        let mut asked = self.prepare_buf_for_unsized_io();
+        let body_buf = self.prepare_buf_for_io(asked);
+        let mut n = stream
+            .take(asked as u64)
+            .read_buf(body_buf)
+            .await
+            .or_err(ReadError, "when reading body")?;
+        while n == asked && asked < self.body_buf_size {
+            let more = asked.min(self.body_buf_size - asked);
+            let body_buf = self.body_buf.as_mut().expect("prepared above");
+            body_buf.reserve(more);
+            let ready = stream.take(more as u64).read_buf(body_buf).now_or_never();
+            match ready {
+                // nothing more has arrived: what was read is returned
+                None => break,
+                Some(read) => {
+                    let m = read.or_err(ReadError, "when reading body")?;
+                    if m == 0 {
+                        // the end: the next read finds it again
+                        break;
+                    }
+                    n += m;
+                    asked += more;
+                }
+            }
         }
+        self.note_unsized_read(asked, n);
+        Ok(n)
     }
 
     pub fn init_chunked(&mut self, buf_to_rewind: &[u8]) {
@@ -559,14 +604,7 @@ impl BodyReader {
         self.rewind_buf_len = 0; // we only need to read rewind data once
         if n == 0 {
             /* Need to actually read */
-            let read_size = self.prepare_buf_for_unsized_io();
-            let body_buf = self.prepare_buf_for_io(read_size);
-            n = stream
-                .take(read_size as u64)
-                .read_buf(body_buf)
-                .await
-                .or_err(ReadError, "when reading body")?;
-            self.note_unsized_read(read_size, n);
+            n = self.read_unsized(stream).await?;
         }
         match self.body_state {
             PS::UntilClose(read) => {
@@ -598,14 +636,7 @@ impl BodyReader {
                         existing_buf_end = self.rewind_buf_len;
                         self.rewind_buf_len = 0; // we only need to read rewind data once
                         if existing_buf_end == 0 {
-                            let read_size = self.prepare_buf_for_unsized_io();
-                            let body_buf = self.prepare_buf_for_io(read_size);
-                            existing_buf_end = stream
-                                .take(read_size as u64)
-                                .read_buf(body_buf)
-                                .await
-                                .or_err(ReadError, "when reading body")?;
-                            self.note_unsized_read(read_size, existing_buf_end);
+                            existing_buf_end = self.read_unsized(stream).await?;
                         }
                     } else {
                         /* existing_buf_end != 0 this is partial chunk head */
@@ -619,11 +650,7 @@ impl BodyReader {
                          * bounded and cheap, while split_off() would leave only
                          * capacity - partial_head_start of room behind it and force the reserve
                          * below to move the same bytes anyway (or reallocate) to fit the read. */
-                        // a2a-gateway patch: room for an unsized read past the head instead
-                        // of `body_buf_size` in all.
-                        let unsized_read = self.unsized_read_size();
-                        let read_size = expecting_from_io + unsized_read;
-                        self.reserve_buf_for_io(read_size);
+                        self.reserve_buf_for_io();
                         let body_buf = self
                             .body_buf
                             .as_mut()
@@ -639,11 +666,10 @@ impl BodyReader {
                             .body_state
                             .partial_chunk_head(expecting_from_io, expecting_from_io);
                         let new_bytes = stream
-                            .take(unsized_read as u64)
+                            .take((self.body_buf_size - expecting_from_io) as u64)
                             .read_buf(body_buf)
                             .await
                             .or_err(ReadError, "when reading body")?;
-                        self.note_unsized_read(unsized_read, new_bytes);
                         if new_bytes == 0 {
                             self.body_state = self.body_state.done(0);
                             return Error::e_explain(
@@ -2226,21 +2252,23 @@ mod tests {
         assert_eq!(body_reader.get_body(&second), b"bc");
     }
 
-    // a2a-gateway patch: reads of a chunked body start small, double while
-    // they fill their buffer, and fall back (letting a large buffer go) when
-    // what arrives is small again (see PATCHED.md, "Body reads sized to what
-    // arrives").
+    // a2a-gateway patch: reads of a chunked body wait with room for about what
+    // the last brought, take whatever has arrived when that room fills, and let
+    // a large buffer go once reads fell back (see PATCHED.md, "Body reads sized
+    // to what arrives").
     #[tokio::test]
     async fn unsized_reads_follow_what_arrives() {
         init_log();
-        let payload = vec![b'a'; 20_000];
-        let mut big = format!("{:x}\r\n", payload.len()).into_bytes();
-        big.extend_from_slice(&payload);
-        big.extend_from_slice(b"\r\n");
+        let chunk = |n: usize| {
+            let mut c = format!("{n:x}\r\n").into_bytes();
+            c.extend(std::iter::repeat_n(b'a', n));
+            c.extend_from_slice(b"\r\n");
+            c
+        };
         let mut builder = Builder::new();
-        builder.read(&big);
+        builder.read(&chunk(20_000));
         for _ in 0..8 {
-            builder.read(b"1\r\nb\r\n");
+            builder.read(&chunk(1));
         }
         builder.read(b"0\r\n\r\n");
         let mut mock_io = builder.build();
@@ -2248,31 +2276,33 @@ mod tests {
         body_reader.init_chunked(b"");
         assert_eq!(body_reader.body_buf.as_ref().unwrap().capacity(), 0);
 
-        let mut body = Vec::new();
+        let mut sizes = Vec::new();
         let mut asked = Vec::new();
         let mut capacities = Vec::new();
         while let Some(res) = body_reader.read_body(&mut mock_io).await.unwrap() {
-            body.extend_from_slice(body_reader.get_body(&res));
+            sizes.push(body_reader.get_body(&res).len());
             asked.push(body_reader.unsized_read_size());
             capacities.push(body_reader.body_buf.as_ref().unwrap().capacity());
         }
-        let mut expected = payload.clone();
-        expected.extend_from_slice(b"bbbbbbbb");
-        assert_eq!(body, expected);
         assert!(body_reader.body_complete());
-        // What the next read would ask for, after each read: the first
-        // chunk's 20,008 bytes in reads of 1, 2, 4, 8 and 16 KiB (the last
-        // not filled, 4,648 bytes, so not doubled), then one small chunk per
-        // read, each halving it back to 1 KiB.
+        // The first chunk, all there at once, is taken in one read, as one
+        // read of 64 KiB would have (room: 1, 2, 4, 8, 16 and 32 KiB), and
+        // then one small chunk per read.
+        assert_eq!(sizes, [20_000, 1, 1, 1, 1, 1, 1, 1, 1]);
+        // What the next read waits with, after each read: 32 KiB after the
+        // first (it took more than a quarter of that), then halved after each
+        // small one down to 1 KiB.
         assert_eq!(
             asked,
-            [2048, 4096, 8192, 16384, 16384, 8192, 4096, 2048, 1024, 1024, 1024, 1024, 1024]
+            [32768, 16384, 8192, 4096, 2048, 1024, 1024, 1024, 1024]
         );
-        // The 16 KiB buffer is let go of once reads fell to 2 KiB (a quarter
-        // of it would not do), for one of 2 KiB.
-        assert_eq!(capacities[4], 16384);
-        assert_eq!(capacities[8], 2048);
-        assert_eq!(*capacities.last().unwrap(), 2048);
+        // The 32 KiB buffer is let go of when a read waits with 4 KiB (it is
+        // more than four times that), for one of 4 KiB, which reads of 1 KiB
+        // keep (it is not more than four times theirs).
+        assert_eq!(
+            capacities,
+            [32768, 32768, 32768, 32768, 4096, 4096, 4096, 4096, 4096]
+        );
     }
 
     #[tokio::test]
@@ -2622,8 +2652,6 @@ mod tests {
             .build();
         let mut body_reader = BodyReader::new(false);
         body_reader.init_chunked(b"");
-        // a2a-gateway patch: reads of 64 KiB from the first, as these steps expect.
-        body_reader.read_shift = 6;
         // read chunk-size, chunk incomplete
         let res = body_reader.read_body(&mut mock_io).await.unwrap();
         assert_eq!(res, Some(BufRef::new(0, 0)));
