@@ -507,9 +507,16 @@ where
                             }
                         }
                     } else {
-                        self.client_upstream
-                            .release_http_session(client_session, &*peer, peer.idle_timeout())
-                            .await;
+                        // a2a-gateway patch: boxed, as the connector's future
+                        // above (2,976 bytes; only for a connection that is
+                        // not the pool's, for which it costs an allocation
+                        // per request).
+                        Box::pin(self.client_upstream.release_http_session(
+                            client_session,
+                            &*peer,
+                            peer.idle_timeout(),
+                        ))
+                        .await;
                     }
                 }
                 (server_reused, error)
@@ -518,9 +525,13 @@ where
                 let (server_reused, mut error) = self
                     .proxy_to_h2_upstream(session, h2, client_reused, &peer, ctx)
                     .await;
-                self.client_upstream
-                    .release_http_session(client_session, &*peer, peer.idle_timeout())
-                    .await;
+                // a2a-gateway patch: boxed, as above.
+                Box::pin(self.client_upstream.release_http_session(
+                    client_session,
+                    &*peer,
+                    peer.idle_timeout(),
+                ))
+                .await;
 
                 if let Some(e) = error.as_mut() {
                     // try to downgrade if A. origin says so or B. origin sends an invalid
@@ -548,9 +559,13 @@ where
                 let (server_reused, error) =
                     Box::pin(self.proxy_to_custom_upstream(session, c, client_reused, &peer, ctx))
                         .await;
-                self.client_upstream
-                    .release_http_session(client_session, &*peer, peer.idle_timeout())
-                    .await;
+                // a2a-gateway patch: boxed, as above.
+                Box::pin(self.client_upstream.release_http_session(
+                    client_session,
+                    &*peer,
+                    peer.idle_timeout(),
+                ))
+                .await;
                 (server_reused, error)
             }
         };
