@@ -37,8 +37,8 @@ const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // the first read of a body without a length (chunked, or until the
 // connection closes) makes room for this much; see `unsized_read_size`.
 const MIN_BODY_READ: usize = 1024;
-// ... and the buffer is let go of, for one of the size asked, once it is
-// more than this many times the size the reads have fallen back to.
+// A read that takes less than this fraction of its room halves the next
+// one's; a buffer more than this many times a read's room is let go of.
 const BODY_BUF_SHRINK_FACTOR: usize = 4;
 // `MIN_BODY_READ << MAX_READ_SHIFT` is 64 MiB, past any sane `body_buf_size`.
 const MAX_READ_SHIFT: u8 = 16;
@@ -169,6 +169,9 @@ pub struct BodyReader {
     // `MIN_BODY_READ << read_shift` (see `unsized_read_size`); also in the
     // padding.
     read_shift: u8,
+    // a2a-gateway patch: a read failed after `read_unsized` had bytes to
+    // return; the next read reports it. Also in the padding.
+    unsized_read_failed: bool,
     body_buf_overread: Option<BytesMut>,
 }
 
@@ -182,6 +185,7 @@ impl BodyReader {
             upstream,
             body_buf_fits: false,
             read_shift: 0,
+            unsized_read_failed: false,
             body_buf_overread: None,
         }
     }
@@ -202,6 +206,7 @@ impl BodyReader {
     // themselves (`prepare_buf_for_unsized_io`).
     fn prepare_buf(&mut self, buf_to_rewind: &[u8], capacity: usize) {
         self.body_buf_fits = false;
+        self.unsized_read_failed = false;
         let mut body_buf = BytesMut::with_capacity(capacity.max(buf_to_rewind.len()));
         if !buf_to_rewind.is_empty() {
             self.rewind_buf_len = buf_to_rewind.len();
@@ -218,6 +223,7 @@ impl BodyReader {
     /// pipelined connections, into the next request's buffer.
     fn prepare_owned_buf(&mut self, buf_to_rewind: BytesMut) {
         self.body_buf_fits = false;
+        self.unsized_read_failed = false;
         self.rewind_buf_len = buf_to_rewind.len();
         self.body_buf = Some(buf_to_rewind);
     }
@@ -301,11 +307,19 @@ impl BodyReader {
     /// (see [`Self::unsized_read_size`]): waits for data with room for the unsized read size;
     /// while what came filled the room, makes twice the room and takes what has already
     /// arrived without waiting, up to `body_buf_size` in all. Returns the bytes read, 0 at the
-    /// end of the stream.
+    /// end of the stream. When a read that does not wait fails, the bytes read before it are
+    /// returned and the next call reports the failure (a reset connection reads as ended
+    /// after its error was taken once, which would make a body without a length look whole).
     async fn read_unsized<S>(&mut self, stream: &mut S) -> Result<usize>
     where
         S: AsyncRead + Unpin + Send,
     {
+        if std::mem::take(&mut self.unsized_read_failed) {
+            return Error::e_explain(
+                ReadError,
+                "when reading body: the connection failed right after the last read",
+            );
+        }
         let mut asked = self.prepare_buf_for_unsized_io();
         let body_buf = self.prepare_buf_for_io(asked);
         let mut n = stream
@@ -321,12 +335,14 @@ impl BodyReader {
             match ready {
                 // nothing more has arrived: what was read is returned
                 None => break,
-                Some(read) => {
-                    let m = read.or_err(ReadError, "when reading body")?;
-                    if m == 0 {
-                        // the end: the next read finds it again
-                        break;
-                    }
+                Some(Err(e)) => {
+                    debug!("read error after {n} body bytes, reported on the next read: {e}");
+                    self.unsized_read_failed = true;
+                    break;
+                }
+                // the end: the next read finds it again
+                Some(Ok(0)) => break,
+                Some(Ok(m)) => {
                     n += m;
                     asked += more;
                 }
@@ -2303,6 +2319,24 @@ mod tests {
             capacities,
             [32768, 32768, 32768, 32768, 4096, 4096, 4096, 4096, 4096]
         );
+    }
+
+    // a2a-gateway patch: bytes read before a read that does not wait fails are
+    // handed on, and the failure is reported by the next read.
+    #[tokio::test]
+    async fn unsized_read_keeps_bytes_read_before_a_failure() {
+        init_log();
+        let mut mock_io = Builder::new()
+            .read(&[b'a'; MIN_BODY_READ])
+            .read_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+            .build();
+        let mut body_reader = BodyReader::new(true);
+        body_reader.init_close_delimited(b"");
+        let res = body_reader.read_body(&mut mock_io).await.unwrap().unwrap();
+        assert_eq!(body_reader.get_body(&res).len(), MIN_BODY_READ);
+        let e = body_reader.read_body(&mut mock_io).await.unwrap_err();
+        assert_eq!(*e.etype(), ReadError);
+        assert!(!body_reader.body_complete());
     }
 
     #[tokio::test]
