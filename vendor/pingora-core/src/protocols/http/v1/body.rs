@@ -203,7 +203,7 @@ impl BodyReader {
     // `body_buf_size` (64 KiB) for every body: a body that was read whole
     // with its head gets a buffer of its size, and one without a length
     // gets what was read with the head, its reads making room for
-    // themselves (`prepare_buf_for_unsized_io`).
+    // themselves (`read_unsized`).
     fn prepare_buf(&mut self, buf_to_rewind: &[u8], capacity: usize) {
         self.body_buf_fits = false;
         self.unsized_read_failed = false;
@@ -273,23 +273,6 @@ impl BodyReader {
             .max(1)
     }
 
-    /// Make the body buffer ready for an unsized read (see [`Self::unsized_read_size`]) and
-    /// return how much to read. Like [`Self::prepare_buf_for_io`] it discards what the buffer
-    /// holds; a buffer grown for earlier, larger reads is let go of once the reads have fallen
-    /// back to a `BODY_BUF_SHRINK_FACTOR`th of its size, so an idle stream does not keep one
-    /// burst's buffer.
-    fn prepare_buf_for_unsized_io(&mut self) -> usize {
-        let read_size = self.unsized_read_size();
-        if self
-            .body_buf
-            .as_ref()
-            .is_some_and(|b| b.capacity() > read_size * BODY_BUF_SHRINK_FACTOR)
-        {
-            self.body_buf = None;
-        }
-        read_size
-    }
-
     /// Adjust the next unsized read's size to this one's: `n` of `asked` bytes read.
     fn note_unsized_read(&mut self, asked: usize, n: usize) {
         let next = if n >= asked {
@@ -307,9 +290,12 @@ impl BodyReader {
     /// (see [`Self::unsized_read_size`]): waits for data with room for the unsized read size;
     /// while what came filled the room, makes twice the room and takes what has already
     /// arrived without waiting, up to `body_buf_size` in all. Returns the bytes read, 0 at the
-    /// end of the stream. When a read that does not wait fails, the bytes read before it are
-    /// returned and the next call reports the failure (a reset connection reads as ended
-    /// after its error was taken once, which would make a body without a length look whole).
+    /// end of the stream. A buffer grown for earlier, larger reads is let go of once the
+    /// reads have fallen back to a `BODY_BUF_SHRINK_FACTOR`th of its size, so an idle stream
+    /// does not keep one burst's buffer. When a read that does not wait fails, the bytes read
+    /// before it are returned and the next call reports the failure (a reset connection reads
+    /// as ended after its error was taken once, which would make a body without a length look
+    /// whole).
     async fn read_unsized<S>(&mut self, stream: &mut S) -> Result<usize>
     where
         S: AsyncRead + Unpin + Send,
@@ -320,7 +306,14 @@ impl BodyReader {
                 "when reading body: the connection failed right after the last read",
             );
         }
-        let mut asked = self.prepare_buf_for_unsized_io();
+        let mut asked = self.unsized_read_size();
+        if self
+            .body_buf
+            .as_ref()
+            .is_some_and(|b| b.capacity() > asked * BODY_BUF_SHRINK_FACTOR)
+        {
+            self.body_buf = None;
+        }
         let body_buf = self.prepare_buf_for_io(asked);
         let mut n = stream
             .take(asked as u64)
