@@ -103,6 +103,19 @@ impl SseParser {
                 // was buffered across chunks (found by the fuzzer).
                 if piece.len() > self.limit {
                     self.overlong(&mut on_item);
+                } else if let Some(blank) = self.lone_data_line(piece, chunk) {
+                    // The usual event, one `data` line and its blank line in
+                    // this chunk, is handed on from the chunk: no copy, and
+                    // no buffer kept for the stream's life.
+                    let end = at + blank;
+                    let event = (!self.event.is_empty()).then_some(self.event.as_slice());
+                    let (_, data) = field_value(piece).unwrap_or_default();
+                    on_item(SseItem::Event { event, data, end });
+                    self.event.clear();
+                    // A CR that ends the chunk may be half a CRLF, as below.
+                    self.after_cr = chunk == b"\r";
+                    chunk = &chunk[blank..];
+                    boundary = Some(end);
                 } else {
                     self.line_done(piece, at, &mut on_item);
                 }
@@ -118,6 +131,25 @@ impl SseParser {
             }
         }
         boundary
+    }
+
+    /// The length of the line end that follows `line` in `rest` when `line`
+    /// is the one `data` line of an event and a blank line comes right after
+    /// it.
+    fn lone_data_line(&self, line: &[u8], rest: &[u8]) -> Option<usize> {
+        if self.has_data || self.skipping_event {
+            return None;
+        }
+        let blank = match rest {
+            [b'\n', ..] => 1,
+            [b'\r', b'\n', ..] => 2,
+            [b'\r', ..] => 1,
+            _ => return None,
+        };
+        match field_value(line) {
+            Some((b"data", value)) if value.len() < self.limit => Some(blank),
+            _ => None,
+        }
     }
 
     fn push_partial(&mut self, piece: &[u8], on_item: &mut impl FnMut(SseItem<'_>)) {
@@ -163,13 +195,8 @@ impl SseParser {
         if self.skipping_event {
             return;
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
-            Some(0) => return, // comment, e.g. keep-alive
-            Some(i) => {
-                let v = &line[i + 1..];
-                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
-            }
-            None => (line, &b""[..]),
+        let Some((field, value)) = field_value(line) else {
+            return; // comment, e.g. keep-alive
         };
         match field {
             b"data" => {
@@ -189,6 +216,19 @@ impl SseParser {
             }
             _ => {}
         }
+    }
+}
+
+/// A line's field and value (one leading space dropped); `None` for a
+/// comment (a line starting with `:`, e.g. a keep-alive).
+fn field_value(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    match line.iter().position(|&b| b == b':') {
+        Some(0) => None,
+        Some(i) => {
+            let v = &line[i + 1..];
+            Some((&line[..i], v.strip_prefix(b" ").unwrap_or(v)))
+        }
+        None => Some((line, &b""[..])),
     }
 }
 
@@ -325,6 +365,40 @@ mod tests {
         }
         s.push_str("\ndata: ok\n\n");
         assert_eq!(run(64, &[s.as_bytes()]), vec![Got::Overlong, ev("ok")]);
+    }
+
+    #[test]
+    fn a_lone_data_line_event_is_handed_on_without_a_copy() {
+        // What A2A workers send: one `data` line per event.
+        let inputs: [&[u8]; 4] = [
+            b"event: message\ndata: {\"a\":1}\n\n",
+            b"data: {\"a\":1}\r\n\r\n",
+            b"data: {\"a\":1}\r\r",
+            b"data: {\"a\":1}\n\ndata: {\"a\":1}\n\n",
+        ];
+        for input in inputs {
+            let mut p = SseParser::new(1024);
+            let mut got = Vec::new();
+            let last = p.feed(input, |item| {
+                if let SseItem::Event { data, end, .. } = item {
+                    got.push((data.to_vec(), end));
+                }
+            });
+            let ends: Vec<usize> = got.iter().map(|(_, end)| *end).collect();
+            assert!(got.iter().all(|(data, _)| data == b"{\"a\":1}"));
+            assert_eq!(ends.last().copied(), Some(input.len()));
+            assert_eq!(last, Some(input.len()));
+            assert_eq!(p.data.capacity(), 0, "no event buffer kept");
+        }
+        // A CR that ends the chunk ends the event there, and an LF that
+        // starts the next chunk is the rest of its CRLF.
+        let mut p = SseParser::new(1024);
+        let mut n = 0;
+        assert_eq!(p.feed(b"data: a\n\r", |_| n += 1), Some(9));
+        assert_eq!(n, 1);
+        assert_eq!(p.feed(b"\ndata: b\n\n", |_| n += 1), Some(10));
+        assert_eq!(n, 2);
+        assert_eq!(p.data.capacity(), 0);
     }
 
     #[test]
