@@ -81,6 +81,12 @@ impl FixedBuffer {
     pub fn clear(&mut self) {
         self.held = Held::Empty;
     }
+    /// Lets go of what is held, which then counts as truncated until the next
+    /// [`Self::clear`]: for when no retry can use it any more (a2a-gateway
+    /// patch, see PATCHED.md, "Heads handed on, not copied").
+    pub fn release(&mut self) {
+        self.held = Held::Truncated;
+    }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

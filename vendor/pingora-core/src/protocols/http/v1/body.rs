@@ -1527,8 +1527,12 @@ impl BodyWriter {
             BM::ChunkedEncoding(written) => {
                 let chunk_size = buf.len();
 
-                let chuck_size_buf = format!("{:X}\r\n", chunk_size);
-                let mut output_buf = Bytes::from(chuck_size_buf).chain(buf).chain(&b"\r\n"[..]);
+                // a2a-gateway patch: the size line on the stack, not in a
+                // `String` allocated per chunk (see PATCHED.md, "Heads handed
+                // on, not copied").
+                let (size_line, size_len) = chunk_size_line(chunk_size);
+                let mut output_buf =
+                    Buf::chain(Buf::chain(&size_line[..size_len], buf), &b"\r\n"[..]);
                 stream
                     .write_all_buf(&mut output_buf)
                     .await
@@ -2165,8 +2169,29 @@ impl BodyWriter {
     }
 }
 
+/// `size` in upper-case hex followed by CRLF, as `format!("{:X}\r\n")` writes
+/// it, and its length (a2a-gateway patch).
+fn chunk_size_line(size: usize) -> ([u8; 18], usize) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let digits = (usize::BITS - size.leading_zeros()).div_ceil(4).max(1) as usize;
+    let mut line = [0u8; 18];
+    for (i, b) in line[..digits].iter_mut().enumerate() {
+        *b = HEX[(size >> (4 * (digits - 1 - i))) & 0xF];
+    }
+    line[digits..digits + 2].copy_from_slice(b"\r\n");
+    (line, digits + 2)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn chunk_size_line_is_the_formatted_size() {
+        for size in [0, 1, 9, 10, 15, 16, 255, 256, 4095, 65536, usize::MAX] {
+            let (line, len) = super::chunk_size_line(size);
+            assert_eq!(&line[..len], format!("{:X}\r\n", size).as_bytes(), "{size}");
+        }
+    }
+
     use super::*;
     use tokio_test::io::Builder;
 

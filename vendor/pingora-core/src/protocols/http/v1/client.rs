@@ -151,7 +151,9 @@ impl HttpSession {
             .or_err(WriteError, "flushing request header")?;
 
         // write was successful
-        self.request_written = Some(req);
+        // a2a-gateway patch: kept without its header-case map, which only the
+        // wire form needed (see PATCHED.md, "Heads handed on, not copied").
+        self.request_written = Some(request_without_case(req));
         Ok(to_wire.len())
     }
 
@@ -452,7 +454,15 @@ impl HttpSession {
     pub async fn read_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
         // safe to unwrap because it is just read
-        Ok(Box::new(self.resp_header().unwrap().clone()))
+        let header = self.response_header.take().unwrap();
+        // a2a-gateway patch (see PATCHED.md, "Heads handed on, not copied"):
+        // the header as read goes to the caller, built with room for the
+        // headers a server adds when writing it (`Date`, `Connection`); a
+        // clone has no spare room and grew on the first of them. This
+        // session keeps a copy without the header-case map, which only the
+        // wire form of a header needs.
+        self.response_header = Some(Box::new(copy_without_case(&header)));
+        Ok(header)
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
@@ -977,6 +987,16 @@ impl UniqueID for HttpSession {
     fn id(&self) -> UniqueIDType {
         self.underlying_stream.id()
     }
+}
+
+/// A copy of `header` for reading only: its headers, status, version and
+/// reason phrase, without the map of header-name cases that only writing it
+/// needs (a2a-gateway patch, see PATCHED.md, "Heads handed on, not copied").
+fn copy_without_case(header: &ResponseHeader) -> ResponseHeader {
+    let mut copy = ResponseHeader::from(header.as_owned_parts());
+    // The phrase was valid on `header`, so it is on the copy.
+    let _ = copy.set_reason_phrase(header.get_reason_phrase());
+    copy
 }
 
 #[cfg(test)]

@@ -438,6 +438,46 @@ pub(crate) fn content_length_is_single_token(headers: &HMap) -> bool {
     }
 }
 
+/// `req`, already written, without the map of header-name cases that only its
+/// wire form needed; moved, not copied. A request whose target the URI does
+/// not reproduce (absolute form, not UTF-8) is kept as it is (a2a-gateway
+/// patch, see PATCHED.md, "Heads handed on, not copied").
+pub(crate) fn request_without_case(mut req: Box<RequestHeader>) -> Box<RequestHeader> {
+    let target_from_uri = req.raw_path_is_utf8()
+        && req.uri.path_and_query().map(|p| p.as_str().as_bytes()) == Some(req.raw_path());
+    if req.has_case() && target_from_uri {
+        let send_end_stream = req.send_end_stream();
+        let placeholder = RequestHeader::from(http::Request::new(()).into_parts().0);
+        let written = std::mem::replace(&mut *req, placeholder);
+        *req = RequestHeader::from(http::request::Parts::from(written));
+        if let Some(end) = send_end_stream {
+            req.set_send_end_stream(end);
+        }
+    }
+    req
+}
+
+/// `resp`, already written, without the map of header-name cases that only
+/// its wire form needed; moved, not copied, its reason phrase kept
+/// (a2a-gateway patch, see PATCHED.md, "Heads handed on, not copied").
+pub(crate) fn response_without_case(mut resp: Box<ResponseHeader>) -> Box<ResponseHeader> {
+    if !resp.has_case() {
+        return resp;
+    }
+    let reason = resp.get_reason_phrase();
+    let custom_reason = (reason != resp.status.canonical_reason())
+        .then(|| reason.map(str::to_owned))
+        .flatten();
+    let placeholder = ResponseHeader::from(http::Response::new(()).into_parts().0);
+    let written = std::mem::replace(&mut *resp, placeholder);
+    *resp = ResponseHeader::from(http::response::Parts::from(written));
+    if let Some(reason) = custom_reason {
+        // It was valid on the header it came from.
+        let _ = resp.set_reason_phrase(Some(&reason));
+    }
+    resp
+}
+
 #[cfg(test)]
 mod test {
     use super::*;

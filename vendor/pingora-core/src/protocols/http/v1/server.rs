@@ -688,11 +688,31 @@ impl HttpSession {
                         .await
                         .or_err(WriteError, "flushing response header")?;
                 }
-                self.response_written = Some(header);
+                self.response_header_written(header);
                 Ok(())
             }
             Err(e) => Error::e_because(WriteError, "writing response header", e),
         }
+    }
+
+    /// Records `header` as sent. Once a final answer (or a 101) is on its
+    /// way no retry can send the request again, so what only a retry or the
+    /// wire could use is let go: the copy of the request body kept for a
+    /// retry, and the maps of header-name cases of the request's head (for
+    /// the head a retry would send again) and of this one (written). For a
+    /// stream they were held for the stream's life (a2a-gateway patch, see
+    /// PATCHED.md, "Heads handed on, not copied").
+    fn response_header_written(&mut self, mut header: Box<ResponseHeader>) {
+        if header.status == 101 || !header.status.is_informational() {
+            if let Some(buffer) = self.retry_buffer.as_mut() {
+                buffer.release();
+            }
+            if let Some(req) = self.request_header.take() {
+                self.request_header = Some(request_without_case(req));
+            }
+            header = response_without_case(header);
+        }
+        self.response_written = Some(header);
     }
 
     /// Return the response header if it is already sent.
@@ -1595,6 +1615,22 @@ impl HttpSession {
             return self.response_duplex(tasks.pop().unwrap()).await;
         }
 
+        // a2a-gateway patch: only bodies that can be joined are copied into
+        // `body_write_buf`, which is made the size of what it joins and let go
+        // once written; a lone one (an answer's head and its body) is written
+        // as it is. tokio-style reuse kept its room for the session's life: a
+        // stream that gets a few events and then waits held it for the wait
+        // (see PATCHED.md, "Heads handed on, not copied").
+        let (bodies, body_len) = tasks.iter().fold((0, 0), |(n, len), t| match t {
+            HttpTask::Body(Some(d), _) | HttpTask::UpgradedBody(Some(d), _) if !d.is_empty() => {
+                (n + 1, len + d.len())
+            }
+            _ => (n, len),
+        });
+        let join = bodies > 1;
+        if join {
+            self.body_write_buf.reserve(body_len);
+        }
         let mut end_stream = false;
         for task in tasks.into_iter() {
             end_stream = match task {
@@ -1602,6 +1638,14 @@ impl HttpSession {
                     self.write_response_header(header)
                         .await
                         .map_err(|e| e.into_down())?;
+                    end_stream
+                }
+                HttpTask::Body(data, end_stream) if !join => {
+                    self.write_non_empty_body(data, false).await?;
+                    end_stream
+                }
+                HttpTask::UpgradedBody(data, end_stream) if !join => {
+                    self.write_non_empty_body(data, true).await?;
                     end_stream
                 }
                 HttpTask::Body(data, end_stream) => {
@@ -1626,6 +1670,9 @@ impl HttpSession {
             }
         }
         self.write_body_buf().await.map_err(|e| e.into_down())?;
+        if join {
+            self.body_write_buf = BytesMut::new();
+        }
         if end_stream {
             // no-op if body wasn't initialized or is finished already
             self.finish_body().await.map_err(|e| e.into_down())?;
@@ -1695,7 +1742,7 @@ impl HttpSession {
                     .expect("writer state present")
                 {
                     ProxyTaskWriter::WritingHeader(header, end) => {
-                        self.response_written = Some(header);
+                        self.response_header_written(header);
                         end_stream = end;
                     }
                     ProxyTaskWriter::WritingBody(end) => {
