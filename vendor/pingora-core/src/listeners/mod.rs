@@ -313,6 +313,21 @@ pub(crate) struct UninitializedStream {
 }
 
 impl UninitializedStream {
+    /// The stream ready to use when it needs no handshake (no TLS), with its
+    /// L4 buffers set; otherwise `self` back, for [`Self::handshake`].
+    ///
+    /// a2a-gateway patch (see PATCHED.md, "Smaller connection tasks"): a
+    /// connection's task is as large as its largest state, and the handshake's
+    /// (this stream held by value, twice, beside a timer) was over 1 KiB more
+    /// than the state a plain connection spends its life in.
+    pub fn into_plain(mut self) -> std::result::Result<Stream, Self> {
+        if self.tls.is_some() {
+            return Err(self);
+        }
+        self.l4.set_buffer(self.l4_buffer);
+        Ok(Box::new(self.l4))
+    }
+
     pub async fn handshake(mut self) -> Result<Stream> {
         self.l4.set_buffer(self.l4_buffer);
         if let Some(tls) = self.tls {

@@ -229,9 +229,21 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                 Ok(io) => {
                     let app = app_logic.clone();
                     let shutdown = shutdown.clone();
+                    // a2a-gateway patch (see PATCHED.md, "Smaller connection
+                    // tasks"): a connection without a handshake gets a task
+                    // of just `handle_event`, instead of one sized by the
+                    // handshake's state for its whole life (1,544 -> about
+                    // 100 bytes); a TLS one's handshake is boxed.
+                    let io = match io.into_plain() {
+                        Ok(stream) => {
+                            current_handle().spawn(Self::handle_event(stream, app, shutdown));
+                            continue;
+                        }
+                        Err(io) => io,
+                    };
                     current_handle().spawn(async move {
                         let peer_addr = io.peer_addr();
-                        match timeout(Duration::from_secs(60), io.handshake()).await {
+                        match timeout(Duration::from_secs(60), Box::pin(io.handshake())).await {
                             Ok(handshake) => {
                                 match handshake {
                                     Ok(io) => Self::handle_event(io, app, shutdown).await,

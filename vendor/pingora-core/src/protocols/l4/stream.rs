@@ -27,11 +27,11 @@ use std::os::unix::io::AsRawFd;
 use std::os::windows::io::AsRawSocket;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 #[cfg(target_os = "linux")]
 use tokio::io::Interest;
-use tokio::io::{self, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadBuf};
+use tokio::io::{self, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::net::TcpStream;
 #[cfg(unix)]
 use tokio::net::UnixStream;
@@ -418,22 +418,168 @@ impl L4BufferSettings {
     }
 }
 
+/// A write buffer that holds memory only while it holds bytes: the first
+/// write it keeps allocates it (at its capacity), and a flush that empties it
+/// frees it. Otherwise as tokio's `BufWriter`, which it replaces here: writes
+/// that fit are kept until a flush, larger ones (or ones that no longer fit
+/// after what is kept is written) go straight through, vectored writes are
+/// kept whole or passed whole.
+///
+/// tokio's `BufWriter` allocates its capacity when made and keeps it for the
+/// connection's life: for a caller's open stream, which mostly waits, 1,460
+/// bytes for the stream's life. Here they are held from a write to its flush,
+/// for one allocation per flush that had bytes kept (a2a-gateway patch, see
+/// PATCHED.md, "Write buffers held only while they hold bytes").
+#[derive(Debug)]
+struct LazyBufWriter<W> {
+    inner: W,
+    buf: Vec<u8>,
+    /// How much of `buf` a flush that stopped part way has written.
+    written: usize,
+    capacity: usize,
+}
+
+impl<W: AsyncWrite + Unpin> LazyBufWriter<W> {
+    fn with_capacity(capacity: usize, inner: W) -> Self {
+        LazyBufWriter {
+            inner,
+            buf: Vec::new(),
+            written: 0,
+            capacity,
+        }
+    }
+
+    fn get_ref(&self) -> &W {
+        &self.inner
+    }
+
+    fn get_mut(&mut self) -> &mut W {
+        &mut self.inner
+    }
+
+    /// The writer under the buffer; what the buffer still holds is lost.
+    fn into_inner(self) -> W {
+        self.inner
+    }
+
+    /// Writes out what the buffer holds, then empties it (keeping its memory).
+    fn flush_buf(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.buf.len() {
+            match ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.written..])) {
+                Ok(0) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "failed to write the buffered data",
+                    )))
+                }
+                Ok(n) => self.written += n,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        self.buf.clear();
+        self.written = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Keeps `data`, allocating the buffer if it has no memory.
+    fn keep(&mut self, data: &[u8]) {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(self.capacity);
+        }
+        self.buf.extend_from_slice(data);
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for LazyBufWriter<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if this.buf.len() + data.len() > this.capacity {
+            ready!(this.flush_buf(cx))?;
+        }
+        if data.len() >= this.capacity {
+            Pin::new(&mut this.inner).poll_write(cx, data)
+        } else {
+            this.keep(data);
+            Poll::Ready(Ok(data.len()))
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if !this.inner.is_write_vectored() {
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return Pin::new(this).poll_write(cx, first);
+        }
+        let total = bufs.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
+        if this.buf.len().saturating_add(total) > this.capacity {
+            ready!(this.flush_buf(cx))?;
+        }
+        if total >= this.capacity {
+            Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        } else {
+            for b in bufs {
+                this.keep(b);
+            }
+            Poll::Ready(Ok(total))
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        ready!(this.flush_buf(cx))?;
+        this.buf = Vec::new();
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        ready!(this.flush_buf(cx))?;
+        this.buf = Vec::new();
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+impl<W: AsyncRead + Unpin> AsyncRead for LazyBufWriter<W> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
 /// The L4 buffers in front of a [`RawStreamWrapper`]: a read buffer over a write
 /// buffer, the same layering as tokio's [`BufStream`](tokio::io::BufStream).
 ///
 /// A zero read capacity leaves the read buffer out, because [`BufReader`] panics on
 /// a zero capacity. Reads then go straight to the raw stream, as they did through
-/// an empty `BufReader`. [`BufWriter`] accepts a zero capacity and writes straight
-/// through.
+/// an empty `BufReader`. [`LazyBufWriter`] accepts a zero capacity and writes
+/// straight through.
 #[derive(Debug)]
 enum BufferedStream {
-    UnbufferedRead(BufWriter<RawStreamWrapper>),
-    BufferedRead(BufReader<BufWriter<RawStreamWrapper>>),
+    UnbufferedRead(LazyBufWriter<RawStreamWrapper>),
+    BufferedRead(BufReader<LazyBufWriter<RawStreamWrapper>>),
 }
 
 impl BufferedStream {
     fn with_capacity(read: usize, write: usize, stream: RawStreamWrapper) -> Self {
-        let writer = BufWriter::with_capacity(write, stream);
+        let writer = LazyBufWriter::with_capacity(write, stream);
         if read == 0 {
             BufferedStream::UnbufferedRead(writer)
         } else {
@@ -441,14 +587,14 @@ impl BufferedStream {
         }
     }
 
-    fn writer(&self) -> &BufWriter<RawStreamWrapper> {
+    fn writer(&self) -> &LazyBufWriter<RawStreamWrapper> {
         match self {
             BufferedStream::UnbufferedRead(writer) => writer,
             BufferedStream::BufferedRead(reader) => reader.get_ref(),
         }
     }
 
-    fn writer_mut(&mut self) -> &mut BufWriter<RawStreamWrapper> {
+    fn writer_mut(&mut self) -> &mut LazyBufWriter<RawStreamWrapper> {
         match self {
             BufferedStream::UnbufferedRead(writer) => writer,
             BufferedStream::BufferedRead(reader) => reader.get_mut(),
@@ -485,7 +631,7 @@ impl AsyncRead for BufferedStream {
     }
 }
 
-// `BufReader` only forwards writes to the `BufWriter` under it, so write to the `BufWriter`
+// `BufReader` only forwards writes to the writer under it, so write to the writer
 // directly.
 impl AsyncWrite for BufferedStream {
     fn poll_write(
@@ -978,6 +1124,116 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
     use tokio::sync::Notify;
+
+    // a2a-gateway patch: the write buffer that holds memory only while it
+    // holds bytes (see PATCHED.md).
+    #[tokio::test]
+    async fn lazy_write_buffer_keeps_small_writes_until_a_flush_then_frees() {
+        let mock = tokio_test::io::Builder::new()
+            .write(b"head\r\nbody")
+            .build();
+        let mut w = LazyBufWriter::with_capacity(64, mock);
+        assert_eq!(w.buf.capacity(), 0, "nothing held before a write");
+        w.write_all(b"head\r\n").await.unwrap();
+        w.write_all(b"body").await.unwrap();
+        assert_eq!(w.buf.capacity(), 64);
+        w.flush().await.unwrap();
+        assert_eq!(w.buf.capacity(), 0, "freed by the flush that emptied it");
+    }
+
+    #[tokio::test]
+    async fn lazy_write_buffer_passes_large_writes_after_what_it_holds() {
+        let big = [b'x'; 100];
+        let mock = tokio_test::io::Builder::new()
+            .write(b"ab")
+            .write(&big)
+            .write(b"cd")
+            .build();
+        let mut w = LazyBufWriter::with_capacity(64, mock);
+        w.write_all(b"ab").await.unwrap();
+        w.write_all(&big).await.unwrap();
+        w.write_all(b"cd").await.unwrap();
+        w.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn lazy_write_buffer_finishes_a_flush_the_socket_took_in_parts() {
+        let mock = tokio_test::io::Builder::new()
+            .write(b"hel")
+            .write(b"lo world")
+            .build();
+        let mut w = LazyBufWriter::with_capacity(64, mock);
+        w.write_all(b"hello ").await.unwrap();
+        w.write_all(b"world").await.unwrap();
+        w.flush().await.unwrap();
+        assert_eq!((w.buf.capacity(), w.written), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn lazy_write_buffer_keeps_a_vectored_write_whole_or_passes_it_whole() {
+        /// A socket that takes vectored writes and records each write.
+        #[derive(Default)]
+        struct Recorder(Vec<Vec<u8>>);
+        impl AsyncWrite for Recorder {
+            fn poll_write(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                data: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                self.0.push(data.to_vec());
+                Poll::Ready(Ok(data.len()))
+            }
+            fn poll_write_vectored(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                self.0
+                    .push(bufs.iter().flat_map(|b| b.iter().copied()).collect());
+                Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()))
+            }
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+        let mut w = LazyBufWriter::with_capacity(64, Recorder::default());
+        let small = [
+            std::io::IoSlice::new(b"5\r\n"),
+            std::io::IoSlice::new(b"hello"),
+            std::io::IoSlice::new(b"\r\n"),
+        ];
+        assert_eq!(w.write_vectored(&small).await.unwrap(), 10);
+        assert!(w.get_ref().0.is_empty(), "kept whole");
+        // Over the capacity: what is held goes first, then this one, whole.
+        let y = [b'y'; 70];
+        let large = [
+            std::io::IoSlice::new(&y[..30]),
+            std::io::IoSlice::new(&y[30..]),
+        ];
+        assert_eq!(w.write_vectored(&large).await.unwrap(), 70);
+        w.flush().await.unwrap();
+        assert_eq!(w.get_ref().0, vec![b"5\r\nhello\r\n".to_vec(), y.to_vec()]);
+        assert_eq!(w.buf.capacity(), 0);
+    }
+
+    #[tokio::test]
+    async fn lazy_write_buffer_of_no_capacity_writes_straight_through() {
+        let mock = tokio_test::io::Builder::new()
+            .write(b"a")
+            .write(b"b")
+            .build();
+        let mut w = LazyBufWriter::with_capacity(0, mock);
+        w.write_all(b"a").await.unwrap();
+        w.write_all(b"b").await.unwrap();
+        assert_eq!(w.buf.capacity(), 0);
+        w.flush().await.unwrap();
+    }
 
     #[cfg(target_os = "linux")]
     #[tokio::test]
