@@ -168,16 +168,16 @@ pub struct Ctx {
     /// A valid lease grant the sent message carries (TTL in ms).
     lease_grant: Option<u64>,
     /// A gateway-held lease this connection keeps renewing.
-    held_lease: Option<TaskKey>,
+    held_lease: Option<Box<TaskKey>>,
     /// The JSON-RPC request id, for errors the gateway answers itself.
     rpc_id: Option<serde_json::Value>,
     /// A refused JSON-RPC batch: the ids its answer must name, one error
     /// per call (`Null` for an element that is no request).
     batch_ids: Option<Vec<serde_json::Value>>,
     /// Why the request is refused, when it is.
-    refusal: Option<Refusal>,
+    refusal: Option<Box<Refusal>>,
     /// A WebSocket upgraded by the worker: its frames are read both ways.
-    ws: Option<WsSession>,
+    ws: Option<Box<WsSession>>,
     /// The gateway answered the caller's `Expect: 100-continue` itself
     /// (it reads the body before the worker is asked).
     continued: bool,
@@ -185,11 +185,11 @@ pub struct Ctx {
     received_ms: u64,
     /// The caller, as the route's `budget.caller_header` names it (a bearer
     /// JWT's `sub`, else the header's value).
-    caller: Option<crate::budget::Caller>,
+    caller: Option<Box<crate::budget::Caller>>,
     /// The grant the sent message carries, checked, until admission.
-    sent_budget: Option<std::result::Result<SentGrant, policies::budget::BudgetRefusal>>,
+    sent_budget: Option<Box<std::result::Result<SentGrant, policies::budget::BudgetRefusal>>>,
     /// The child's budget, from admission until the request ends.
-    budget: Option<ChildBudget>,
+    budget: Option<Box<ChildBudget>>,
     /// The request body re-written with the admitted grant, sent instead.
     new_body: Option<Bytes>,
     /// A large body on a budgeted route, held whole until admitted (sent
@@ -213,6 +213,11 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The gateway answers this request itself with `refusal`.
+    fn refuse(&mut self, refusal: Refusal) {
+        self.refusal = Some(Box::new(refusal));
+    }
+
     /// The request's method when its answer must be read: a stream or
     /// subscription (cascade, leases), or a `SendMessage` whose child holds
     /// a lease or a budget. A plain `SendMessage` answer is passed unread:
@@ -264,7 +269,7 @@ impl Gateway {
                     }
                     if budgeted {
                         ctx.binding = Some(Binding::JsonRpc);
-                        ctx.refusal = Some(Refusal::unreadable());
+                        ctx.refuse(Refusal::unreadable());
                         return;
                     }
                     metrics::UNTRACKED.with_label_values(&["not_jsonrpc"]).inc();
@@ -274,7 +279,7 @@ impl Gateway {
             Some(Call::Rest { .. }) => match rest_facts(buf) {
                 Some(f) => Some(f),
                 None if budgeted => {
-                    ctx.refusal = Some(Refusal::unreadable());
+                    ctx.refuse(Refusal::unreadable());
                     return;
                 }
                 None => Some(RequestFacts::default()),
@@ -290,7 +295,7 @@ impl Gateway {
         if budgeted && f.v03_send {
             // Not read as a send, so never admitted: refused rather than
             // passed to a worker that may still serve v0.3.
-            ctx.refusal = Some(Refusal::unsupported(
+            ctx.refuse(Refusal::unsupported(
                 "this route enforces budgets on A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names",
                 "budget_v03_send",
             ));
@@ -307,7 +312,7 @@ impl Gateway {
             Some(A2aMethod::SendMessage | A2aMethod::SendStreamingMessage)
         );
         if is_send {
-            ctx.sent_budget = f.budget;
+            ctx.sent_budget = f.budget.map(Box::new);
         }
         // Grants are checked only where the gateway enforces them; a worker
         // that enforces its own leases judges its own grants.
@@ -329,7 +334,7 @@ impl Gateway {
                         policies::lease::LeaseRefusal::OutOfBounds { .. } => "lease_out_of_bounds",
                         policies::lease::LeaseRefusal::Malformed(_) => "lease_malformed",
                     };
-                    ctx.refusal = Some(Refusal::invalid_params(refusal.to_string(), reason));
+                    ctx.refuse(Refusal::invalid_params(refusal.to_string(), reason));
                 }
             }
         }
@@ -342,7 +347,7 @@ impl Gateway {
         if ctx.refusal.is_none() && needs_store && !self.health.is_healthy() {
             match self.on_store_error {
                 config::OnStoreError::FailClosed => {
-                    ctx.refusal = Some(Refusal {
+                    ctx.refuse(Refusal {
                         code: -32603,
                         http: (503, "UNAVAILABLE"),
                         message:
@@ -397,7 +402,7 @@ impl Gateway {
                 })
                 .collect(),
         );
-        ctx.refusal = Some(Refusal::unsupported(
+        ctx.refuse(Refusal::unsupported(
             "this route checks each send's budget or lease grant, one send per request: send SendMessage and SendStreamingMessage outside JSON-RPC batches",
             "batch_send",
         ));
@@ -459,14 +464,14 @@ impl Gateway {
         if !is_send || ctx.refusal.is_some() {
             return;
         }
-        let sent = ctx.sent_budget.take();
+        let sent = ctx.sent_budget.take().map(|b| *b);
         let admitted = self
             .budgets
             .admit(
                 &route.name,
                 &route.cfg.budget,
                 ctx.tenant.as_deref(),
-                ctx.caller.as_ref(),
+                ctx.caller.as_deref(),
                 sent,
                 ctx.received_ms,
             )
@@ -480,7 +485,7 @@ impl Gateway {
                         Some(b) => ctx.new_body = Some(Bytes::from(b)),
                         None => {
                             child.settle(&self.budgets, true, None);
-                            ctx.refusal = Some(Refusal::invalid_params(
+                            ctx.refuse(Refusal::invalid_params(
                                 "the message could not be read to attach its budget".into(),
                                 "budget_unreadable",
                             ));
@@ -488,9 +493,9 @@ impl Gateway {
                         }
                     }
                 }
-                ctx.budget = Some(child);
+                ctx.budget = Some(Box::new(child));
             }
-            Err(e) => ctx.refusal = Some(budget_refusal(&e)),
+            Err(e) => ctx.refuse(budget_refusal(&e)),
         }
     }
 
@@ -643,7 +648,7 @@ impl Gateway {
                 );
             }
         }
-        if let (Some(spent), Some(b)) = (spent, ctx.budget.as_mut()) {
+        if let (Some(spent), Some(b)) = (spent, ctx.budget.as_deref_mut()) {
             if let Verdict::Exhausted(by) = b.on_spent(&self.budgets, spent, settles) {
                 tracing::debug!(route = %route.name, task = ?ctx.task_id, by = by.as_str(), "reported spend passed the grant");
             }
@@ -684,7 +689,7 @@ impl Gateway {
         }
         // Any stream of the task (a resubscribe too) renews it while it lives.
         self.leases.hold(key.clone(), ttl);
-        ctx.held_lease = Some(key);
+        ctx.held_lease = Some(Box::new(key));
     }
 
     /// Where a cancel for this request's task goes: the JSON-RPC endpoint
@@ -983,7 +988,7 @@ impl ProxyHttp for Gateway {
                 .headers
                 .get(h.as_str())
                 .and_then(|v| v.to_str().ok())
-                .map(crate::budget::caller_identity);
+                .map(|v| Box::new(crate::budget::caller_identity(v)));
         }
         ctx.worker_root = route.worker_root(m.prefix);
         let rel = if m.rel == "/" && !ctx.worker_root.is_empty() && !full_path.ends_with('/') {
@@ -1153,7 +1158,7 @@ impl ProxyHttp for Gateway {
                 if ctx.binding != Some(Binding::JsonRpc) {
                     ctx.binding = Some(Binding::Rest);
                 }
-                ctx.refusal = Some(Refusal {
+                ctx.refuse(Refusal {
                     code: -32603,
                     http: (502, "UNAVAILABLE"),
                     message: why.clone(),
@@ -1300,7 +1305,7 @@ impl ProxyHttp for Gateway {
         ctx.times.answer(resp);
         if matches!(ctx.call, Some(Call::Upgrade)) {
             if resp.status.as_u16() == 101 {
-                ctx.ws = Some(WsSession::new(self.limits.max_inspect_body));
+                ctx.ws = Some(Box::new(WsSession::new(self.limits.max_inspect_body)));
             }
             return Ok(());
         }
@@ -1475,7 +1480,7 @@ impl ProxyHttp for Gateway {
             // Not an error to log (see `suppress_error_log`), but how a
             // socket ended is what one asks first when a caller saw it cut.
             tracing::debug!(error = ?e, "WebSocket session ended");
-            self.ws_ended(ctx, ws, e);
+            self.ws_ended(ctx, *ws, e);
             return;
         }
         let imposed_lease = ctx.held_lease.is_some();
@@ -1616,7 +1621,7 @@ impl Gateway {
         if let Some(chunk) = body.take() {
             if buf.len() + chunk.len() > self.limits.max_inspect_body {
                 ctx.req_body = None;
-                ctx.refusal = Some(Refusal {
+                ctx.refuse(Refusal {
                     code: -32600,
                     http: (413, "INVALID_ARGUMENT"),
                     message: format!(
@@ -1693,7 +1698,7 @@ impl Gateway {
                 Ok(o) if !o.is_empty() => {
                     let settles = o.state.is_some_and(policies::TaskState::is_settled);
                     self.on_observation(ctx, o);
-                    let exhausted = ctx.budget.as_ref().and_then(ChildBudget::stopped);
+                    let exhausted = ctx.budget.as_deref().and_then(ChildBudget::stopped);
                     if let (true, Some(by), Some(id), Some(b)) =
                         (settles, exhausted, &ctx.task_id, &ctx.budget)
                     {
@@ -1747,7 +1752,7 @@ impl Gateway {
         if end_of_stream && !ctx.failure_sent {
             // The worker ended the stream without a settling event after the
             // cancel: the caller still gets the failure.
-            let exhausted = ctx.budget.as_ref().and_then(ChildBudget::exhausted);
+            let exhausted = ctx.budget.as_deref().and_then(ChildBudget::exhausted);
             if let (Some(by), Some(id), Some(b)) = (exhausted, &ctx.task_id, &ctx.budget) {
                 if !ctx.seen.is_settled() {
                     out.extend_from_slice(&b.failure_event(
@@ -1779,7 +1784,7 @@ impl Gateway {
         };
         let settles = obs.state.is_some_and(policies::TaskState::is_settled);
         self.on_observation(ctx, obs);
-        let stopped = ctx.budget.as_ref().and_then(ChildBudget::stopped);
+        let stopped = ctx.budget.as_deref().and_then(ChildBudget::stopped);
         let (true, Some(by), Some(id), Some(b)) = (settles, stopped, &ctx.task_id, &ctx.budget)
         else {
             return held;
