@@ -348,27 +348,38 @@ where
             return self.clone().process_custom_session(stream, shutdown).await;
         } else {
             // No ALPN or ALPN::H1 and h2c was not configured, fallback to HTTP/1.1
-            let mut session = ServerSession::new_http1(stream);
-            if *shutdown.borrow() {
-                // stop downstream from reusing if this service is shutting down soon
-                session.set_keepalive(None);
-            } else {
-                // default 60s
-                session.set_keepalive(Some(60));
-            }
-            session.set_keepalive_reuses_remaining(
-                self.server_options()
-                    .and_then(|opts| opts.keepalive_request_limit),
-            );
-
-            let mut result = self.process_new_http(session, shutdown).await;
-            while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
+            // a2a-gateway patch (see PATCHED.md, "Smaller connection tasks"):
+            // each session is made and handed to `process_new_http` inside a
+            // block, so that this future, kept for the connection's life,
+            // holds only the boxed future it awaits, not room for the
+            // 680-byte session (twice, with the reused connection's parts
+            // beside it: 1,616 bytes before).
+            let first = {
                 let mut session = ServerSession::new_http1(stream);
-                if let Some(persistent_settings) = persistent_settings {
-                    persistent_settings.apply_to_session(&mut session);
+                if *shutdown.borrow() {
+                    // stop downstream from reusing if this service is shutting down soon
+                    session.set_keepalive(None);
+                } else {
+                    // default 60s
+                    session.set_keepalive(Some(60));
                 }
-
-                result = self.process_new_http(session, shutdown).await;
+                session.set_keepalive_reuses_remaining(
+                    self.server_options()
+                        .and_then(|opts| opts.keepalive_request_limit),
+                );
+                self.process_new_http(session, shutdown)
+            };
+            let mut result = first.await;
+            while let Some(reused) = result {
+                let next = {
+                    let (stream, persistent_settings) = reused.consume();
+                    let mut session = ServerSession::new_http1(stream);
+                    if let Some(persistent_settings) = persistent_settings {
+                        persistent_settings.apply_to_session(&mut session);
+                    }
+                    self.process_new_http(session, shutdown)
+                };
+                result = next.await;
             }
         }
         None
