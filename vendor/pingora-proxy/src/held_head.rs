@@ -232,4 +232,11 @@ impl Peek for HeldHead {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.inner.try_peek(buf).await
     }
+
+    fn poll_read_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        self.inner.poll_read_ready(cx)
+    }
 }

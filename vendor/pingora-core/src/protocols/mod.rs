@@ -79,6 +79,20 @@ pub trait Peek {
     async fn try_peek(&mut self, _buf: &mut [u8]) -> std::io::Result<bool> {
         Ok(false)
     }
+
+    /// `Ready` when a read would not wait (bytes, the end or an error are
+    /// there), else `Pending` with `cx` woken when it would not. A stream
+    /// that cannot tell is always `Ready` (the default), and its reads go on
+    /// as they did.
+    ///
+    /// a2a-gateway patch (see PATCHED.md, "Body reads wait without a
+    /// buffer"): a body read can wait for this before it takes a buffer.
+    fn poll_read_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 use std::any::Any;

@@ -896,6 +896,25 @@ impl Peek for Stream {
         self.rewind(buf);
         Ok(true)
     }
+
+    // a2a-gateway patch (see PATCHED.md, "Body reads wait without a buffer").
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.rewind_read_buf.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let stream = self.stream_mut();
+        if let BufferedStream::BufferedRead(reader) = stream {
+            if !reader.buffer().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        match &stream.get_mut().stream {
+            RawStream::Tcp(s) => s.poll_read_ready(cx),
+            #[cfg(unix)]
+            RawStream::Unix(s) => s.poll_read_ready(cx),
+            RawStream::Virtual(_) => Poll::Ready(Ok(())),
+        }
+    }
 }
 
 #[async_trait]

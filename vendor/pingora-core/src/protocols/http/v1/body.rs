@@ -296,6 +296,23 @@ impl BodyReader {
     /// before it are returned and the next call reports the failure (a reset connection reads
     /// as ended after its error was taken once, which would make a body without a length look
     /// whole).
+    /// Whether the next [`Self::read_body`] reads afresh into an emptied buffer,
+    /// every byte read before handed on: a body without a length between two
+    /// reads (a2a-gateway patch, see PATCHED.md, "Body reads wait without a
+    /// buffer").
+    pub fn reads_afresh_next(&self) -> bool {
+        self.rewind_buf_len == 0
+            && !self.unsized_read_failed
+            && matches!(self.body_state, PS::Chunked(_, 0, 0, _) | PS::UntilClose(_))
+    }
+
+    /// Frees the body buffer, for a read that will wait before it takes one:
+    /// only when [`Self::reads_afresh_next`] (nothing in it is needed).
+    pub fn release_buf(&mut self) {
+        debug_assert!(self.reads_afresh_next());
+        self.body_buf = None;
+    }
+
     async fn read_unsized<S>(&mut self, stream: &mut S) -> Result<usize>
     where
         S: AsyncRead + Unpin + Send,

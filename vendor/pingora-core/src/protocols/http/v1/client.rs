@@ -15,11 +15,13 @@
 //! HTTP/1.x client session
 
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::FutureExt;
 use http::{header, header::AsHeaderName, HeaderValue, StatusCode, Version};
 use log::{debug, trace};
 use pingora_error::{Error, ErrorType::*, OrErr, Result, RetryType};
 use pingora_http::{HMap, IntoCaseHeaderName, RequestHeader, ResponseHeader};
 use pingora_timeout::timeout;
+use std::future::poll_fn;
 use std::io::ErrorKind;
 use std::str;
 use std::time::Duration;
@@ -492,6 +494,21 @@ impl HttpSession {
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
         self.init_body_reader();
+        // a2a-gateway patch (see PATCHED.md, "Body reads wait without a
+        // buffer"): a body without a length whose next bytes have not come
+        // yet (a stream between events) waits for them without holding its
+        // read buffer, which is taken again when they come. A read that
+        // would not wait keeps the buffer, so back-to-back reads allocate
+        // nothing more.
+        if self.body_reader.reads_afresh_next()
+            && poll_fn(|cx| self.underlying_stream.poll_read_ready(cx))
+                .now_or_never()
+                .is_none()
+        {
+            self.body_reader.release_buf();
+            // An error is the read's to report.
+            let _ = poll_fn(|cx| self.underlying_stream.poll_read_ready(cx)).await;
+        }
         self.body_reader
             .read_body(&mut self.underlying_stream)
             .await
@@ -1248,6 +1265,62 @@ mod tests_stream {
         assert!(http_stream.read_body_bytes().await.unwrap().is_none());
         http_stream.respect_keepalive();
         assert!(http_stream.will_keepalive());
+    }
+
+    // a2a-gateway patch (see PATCHED.md, "Body reads wait without a buffer"):
+    // between events a body without a length waits holding no read buffer;
+    // reads that would not wait keep it.
+    #[tokio::test]
+    async fn a_body_without_a_length_waits_without_its_read_buffer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        init_log();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (more_tx, more_rx) = tokio::sync::oneshot::channel::<()>();
+        let worker = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 1024];
+            let _ = s.read(&mut head).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+                .await
+                .unwrap();
+            more_rx.await.unwrap();
+            // two chunks at once, then the end
+            s.write_all(b"5\r\nworld\r\n1\r\n!\r\n").await.unwrap();
+            s.write_all(b"0\r\n\r\n").await.unwrap();
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let stream: crate::protocols::l4::stream::Stream = tcp.into();
+        let mut http = HttpSession::new(Box::new(stream));
+        let req = RequestHeader::build("GET", b"/", None).unwrap();
+        http.write_request_header(Box::new(req)).await.unwrap();
+        http.read_response().await.unwrap();
+        assert_eq!(
+            &http.read_body_bytes().await.unwrap().unwrap()[..],
+            b"hello"
+        );
+        // Nothing has come: the read waits, its buffer let go.
+        {
+            let mut read = Box::pin(http.read_body_bytes());
+            assert!(futures::poll!(&mut read).is_pending());
+        }
+        assert!(
+            http.body_reader.body_buf.is_none(),
+            "no buffer while waiting"
+        );
+        more_tx.send(()).unwrap();
+        assert_eq!(
+            &http.read_body_bytes().await.unwrap().unwrap()[..],
+            b"world"
+        );
+        // The next chunk came in the same read: parsed from the buffer, kept.
+        assert!(http.body_reader.body_buf.is_some());
+        let mut rest = Vec::new();
+        while let Some(b) = http.read_body_bytes().await.unwrap() {
+            rest.extend_from_slice(&b);
+        }
+        assert_eq!(rest, b"!");
+        worker.await.unwrap();
     }
 
     #[tokio::test]
