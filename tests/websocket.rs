@@ -491,6 +491,21 @@ async fn a_child_handed_back_in_an_unreadable_frame_is_not_cancelled() {
     }
     let id = id.expect("the stream named its task");
     assert!(handed_back, "the caller gets the question");
+    // The a2a-rust worker can send an event before its task store records
+    // it; under a loaded machine the gateway's GetTask then finds the task
+    // still SUBMITTED and, as it should for a running task, cancels it (seen
+    // once in a full run). What this test is about is the gateway reading a
+    // hand-back the worker made, so the caller leaves once the worker's own
+    // store has it.
+    let mut recorded = None;
+    for _ in 0..100 {
+        recorded = worker.state(None, &id).await;
+        if recorded.as_deref() == Some("TASK_STATE_INPUT_REQUIRED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(recorded.as_deref(), Some("TASK_STATE_INPUT_REQUIRED"));
     close_and_expect_handed_back(ws, &worker, &gw, &id).await;
     assert_eq!(
         gw.counter("a2agw_cancel_probes_total", &["found=\"settled\""])
