@@ -103,13 +103,12 @@ impl SseParser {
                 // was buffered across chunks (found by the fuzzer).
                 if piece.len() > self.limit {
                     self.overlong(&mut on_item);
-                } else if let Some(blank) = self.lone_data_line(piece, chunk) {
+                } else if let Some((data, blank)) = self.lone_data_line(piece, chunk) {
                     // The usual event, one `data` line and its blank line in
                     // this chunk, is handed on from the chunk: no copy, and
                     // no buffer kept for the stream's life.
                     let end = at + blank;
                     let event = (!self.event.is_empty()).then_some(self.event.as_slice());
-                    let (_, data) = field_value(piece).unwrap_or_default();
                     on_item(SseItem::Event { event, data, end });
                     self.event.clear();
                     // A CR that ends the chunk may be half a CRLF, as below.
@@ -133,10 +132,9 @@ impl SseParser {
         boundary
     }
 
-    /// The length of the line end that follows `line` in `rest` when `line`
-    /// is the one `data` line of an event and a blank line comes right after
-    /// it.
-    fn lone_data_line(&self, line: &[u8], rest: &[u8]) -> Option<usize> {
+    /// When `line` is the one `data` line of an event and a blank line comes
+    /// right after it in `rest`: its value, and the length of that blank line.
+    fn lone_data_line<'a>(&self, line: &'a [u8], rest: &[u8]) -> Option<(&'a [u8], usize)> {
         if self.has_data || self.skipping_event {
             return None;
         }
@@ -147,7 +145,7 @@ impl SseParser {
             _ => return None,
         };
         match field_value(line) {
-            Some((b"data", value)) if value.len() < self.limit => Some(blank),
+            Some((b"data", value)) if value.len() < self.limit => Some((value, blank)),
             _ => None,
         }
     }
