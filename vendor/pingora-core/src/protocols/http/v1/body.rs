@@ -286,16 +286,6 @@ impl BodyReader {
         self.read_shift = (units.trailing_zeros() as u8).min(MAX_READ_SHIFT);
     }
 
-    /// One read of a body without a length into the body buffer, which it empties first
-    /// (see [`Self::unsized_read_size`]): waits for data with room for the unsized read size;
-    /// while what came filled the room, makes twice the room and takes what has already
-    /// arrived without waiting, up to `body_buf_size` in all. Returns the bytes read, 0 at the
-    /// end of the stream. A buffer grown for earlier, larger reads is let go of once the
-    /// reads have fallen back to a `BODY_BUF_SHRINK_FACTOR`th of its size, so an idle stream
-    /// does not keep one burst's buffer. When a read that does not wait fails, the bytes read
-    /// before it are returned and the next call reports the failure (a reset connection reads
-    /// as ended after its error was taken once, which would make a body without a length look
-    /// whole).
     /// Whether the next [`Self::read_body`] reads afresh into an emptied buffer,
     /// every byte read before handed on: a body without a length between two
     /// reads (a2a-gateway patch, see PATCHED.md, "Body reads wait without a
@@ -313,6 +303,16 @@ impl BodyReader {
         self.body_buf = None;
     }
 
+    /// One read of a body without a length into the body buffer, which it empties first
+    /// (see [`Self::unsized_read_size`]): waits for data with room for the unsized read size;
+    /// while what came filled the room, makes twice the room and takes what has already
+    /// arrived without waiting, up to `body_buf_size` in all. Returns the bytes read, 0 at the
+    /// end of the stream. A buffer grown for earlier, larger reads is let go of once the
+    /// reads have fallen back to a `BODY_BUF_SHRINK_FACTOR`th of its size, so an idle stream
+    /// does not keep one burst's buffer. When a read that does not wait fails, the bytes read
+    /// before it are returned and the next call reports the failure (a reset connection reads
+    /// as ended after its error was taken once, which would make a body without a length look
+    /// whole).
     async fn read_unsized<S>(&mut self, stream: &mut S) -> Result<usize>
     where
         S: AsyncRead + Unpin + Send,
