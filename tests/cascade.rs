@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{list_task_ids, send_and_leave};
+use crate::harness::scenarios;
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{send_stream, state_of, subscribe, Bind, Kind, Worker};
 
@@ -207,17 +208,6 @@ async fn gap_without_gateway(kind: Kind, bind: Bind) {
         "the orphan runs on"
     );
     assert_eq!(worker.cancels().await, 0);
-}
-
-macro_rules! scenarios {
-    ($($name:ident => $body:expr;)*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                $body.await
-            }
-        )*
-    };
 }
 
 scenarios! {

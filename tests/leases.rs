@@ -10,6 +10,7 @@ use crate::harness::parent::ParentProcess;
 use crate::harness::redis::RedisServer;
 use crate::harness::relay::Relay;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::scenarios;
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of, Bind, Kind, Worker};
 
@@ -576,17 +577,6 @@ async fn redis_outage(mode: &str) {
                 gw.log_text()
             )
         });
-}
-
-macro_rules! scenarios {
-    ($($name:ident => $body:expr;)*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                $body.await
-            }
-        )*
-    };
 }
 
 scenarios! {
