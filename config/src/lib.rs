@@ -732,4 +732,6 @@ pub fn parse_at(
 }
 
 #[cfg(test)]
+mod docs_tests;
+#[cfg(test)]
 mod tests;

@@ -5,8 +5,13 @@
 //! recorded in the shared [`Sink`] at the value's position and reading goes
 //! on. [`Reader::finish`] then reports every key nobody asked for. Adding a
 //! config key is one line: `let x = r.or("key", default, converter);`.
+//!
+//! Every key a read asks about is also noted in the [`Sink`] by its shape
+//! (`routes.budget.tenants.*.meters`): the set of keys the format accepts,
+//! which `docs/config.md` must name exactly (`docs_tests.rs`).
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
@@ -20,6 +25,8 @@ use crate::ConfigError;
 pub(crate) struct Sink<'a> {
     src: &'a str,
     errors: RefCell<Vec<ConfigError>>,
+    /// The shape of every key a read asked about, present or not.
+    keys: RefCell<BTreeSet<String>>,
 }
 
 impl<'a> Sink<'a> {
@@ -27,6 +34,7 @@ impl<'a> Sink<'a> {
         Sink {
             src,
             errors: RefCell::new(Vec::new()),
+            keys: RefCell::new(BTreeSet::new()),
         }
     }
 
@@ -43,6 +51,16 @@ impl<'a> Sink<'a> {
 
     pub fn count(&self) -> usize {
         self.errors.borrow().len()
+    }
+
+    /// The keys the reads asked about, by shape: dotted, without route
+    /// indexes, a user-chosen name (a tenant, a caller) as `*`. A table
+    /// that holds keys is listed too (`server.tls` beside
+    /// `server.tls.cert`); a table the document lacks was not walked into,
+    /// so its keys are missing.
+    #[cfg(test)]
+    pub fn keys(&self) -> BTreeSet<String> {
+        self.keys.borrow().clone()
     }
 
     /// The errors in source order (stable for errors at the same place).
@@ -104,6 +122,8 @@ pub(crate) struct Reader<'a> {
     /// Where "missing key" errors point: the table's header.
     at: usize,
     path: String,
+    /// `path` without indexes, user-chosen names as `*` (see [`Sink::keys`]).
+    shape: String,
     known: Vec<&'static str>,
 }
 
@@ -115,6 +135,7 @@ impl<'a> Reader<'a> {
             table: Some(table),
             at: 0,
             path: String::new(),
+            shape: String::new(),
             known: Vec::new(),
         }
     }
@@ -127,9 +148,23 @@ impl<'a> Reader<'a> {
         }
     }
 
+    fn child_shape(&self, sub: &str) -> String {
+        if self.shape.is_empty() {
+            sub.to_owned()
+        } else {
+            format!("{}.{sub}", self.shape)
+        }
+    }
+
+    /// Marks `key` as one this table accepts.
+    fn know(&mut self, key: &'static str) {
+        self.known.push(key);
+        self.sink.keys.borrow_mut().insert(self.child_shape(key));
+    }
+
     /// The value of `key`, if present. Marks `key` as known either way.
     pub fn field(&mut self, key: &'static str) -> Option<Field<'a>> {
-        self.known.push(key);
+        self.know(key);
         let (k, item) = self.table?.get_key_value(key)?;
         let at = start(item)
             .or_else(|| k.span().map(|s| s.start))
@@ -189,7 +224,7 @@ impl<'a> Reader<'a> {
         convert: impl FnOnce(&'a Item) -> Result<T, E>,
     ) -> Option<T> {
         if !self.has(key) {
-            self.known.push(key);
+            self.know(key);
             self.sink
                 .push(self.at, &self.child_path(key), "missing required key");
             return None;
@@ -212,6 +247,7 @@ impl<'a> Reader<'a> {
             table: None,
             at: self.at,
             path: self.child_path(key),
+            shape: self.child_shape(key),
             known: Vec::new(),
         };
         if let Some(field) = self.field(key) {
@@ -228,6 +264,7 @@ impl<'a> Reader<'a> {
     /// `key = [{...}]`); `None` if absent or not an array.
     pub fn tables(&mut self, key: &'static str) -> Option<(Field<'a>, Vec<Reader<'a>>)> {
         let field = self.field(key)?;
+        let shape = self.child_shape(key);
         let mut readers = Vec::new();
         let mut push = |i: usize, t: Option<&'a dyn TableLike>, at: Option<usize>, item: &Item| {
             let path = format!("{}[{i}]", field.path);
@@ -238,6 +275,7 @@ impl<'a> Reader<'a> {
                     table: Some(table),
                     at,
                     path,
+                    shape: shape.clone(),
                     known: Vec::new(),
                 }),
                 None => self.sink.push(at, &path, expected("a table", item)),
@@ -293,6 +331,7 @@ impl<'a> Reader<'a> {
                         table: Some(t),
                         at,
                         path,
+                        shape: format!("{}.*", self.shape),
                         known: Vec::new(),
                     },
                 }),
