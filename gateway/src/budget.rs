@@ -378,9 +378,7 @@ impl Budgets {
                     Err(BudgetError::StoreUnavailable(e.to_string()))
                 } else {
                     tracing::warn!(route = %route, error = %e, "budget accounts unavailable; the child starts unreserved (on_store_error = fail-open)");
-                    metrics::UNTRACKED
-                        .with_label_values(&["budget_store_unavailable"])
-                        .inc();
+                    metrics::Untracked::BudgetStoreUnavailable.count();
                     Ok(Vec::new())
                 }
             }

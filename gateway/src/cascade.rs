@@ -78,9 +78,7 @@ impl Tracker {
     /// Queues an update without waiting.
     pub fn update(&self, key: TaskKey, update: TaskUpdate) {
         if self.tx.try_send(Op::Update(key, update)).is_err() {
-            metrics::UNTRACKED
-                .with_label_values(&["tracker_queue_full"])
-                .inc();
+            metrics::Untracked::TrackerQueueFull.count();
         }
     }
 
@@ -95,9 +93,7 @@ impl Tracker {
             })
             .is_err()
         {
-            metrics::UNTRACKED
-                .with_label_values(&["tracker_queue_full"])
-                .inc();
+            metrics::Untracked::TrackerQueueFull.count();
         }
     }
 
@@ -319,16 +315,7 @@ impl Cascade {
     ) -> u32 {
         match rec {
             Ok(Some(rec)) => {
-                if let Some(s) = rec.state {
-                    if s.is_settled() {
-                        seen.state = Some(s);
-                    } else if seen.state.is_none() {
-                        // Another stream's last sight of it, maybe long
-                        // ago: not enough to cancel on without asking.
-                        seen.state = Some(s);
-                        seen.unsure = true;
-                    }
-                }
+                policies::cascade::merge_record(seen, rec.state);
                 rec.watchers
             }
             Ok(None) => 0,

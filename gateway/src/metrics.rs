@@ -116,6 +116,123 @@ counter!(
     &["listener"]
 );
 
+/// Why traffic passed without tracking (`a2agw_untracked_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Untracked {
+    /// A POST that is no JSON-RPC request (passed verbatim).
+    NotJsonrpc,
+    /// A JSON-RPC batch with nothing the route must check.
+    JsonrpcBatch,
+    /// A request body over `limits.max_inspect_body`, passed unread.
+    RequestBodyTooLarge,
+    /// An answer over `limits.max_inspect_body`, passed unread.
+    ResponseBodyTooLarge,
+    /// An answer that is no A2A JSON document.
+    BadJsonResponse,
+    /// An SSE event that is no A2A JSON document.
+    BadSseEvent,
+    /// An SSE event over `limits.max_sse_event`.
+    SseEventTooLarge,
+    /// A compressed answer, passed unread.
+    EncodedResponse,
+    /// A compressed agent card, passed unrewritten.
+    EncodedCard,
+    /// An agent card over `limits.max_card_body`, passed unrewritten.
+    CardTooLarge,
+    /// A lease not enforced because the store was down (`fail-open`).
+    StoreUnavailable,
+    /// A budget not reserved because the store was down (`fail-open`).
+    BudgetStoreUnavailable,
+    /// A store update dropped: the tracker's queue was full.
+    TrackerQueueFull,
+    /// `Sec-WebSocket-Extensions` removed so frames stay readable.
+    WsExtensionsDeclined,
+    /// A binary WebSocket message.
+    WsBinary,
+    /// A WebSocket message over `limits.max_inspect_body`.
+    WsMessageTooLarge,
+    /// A compressed WebSocket message.
+    WsCompressed,
+    /// WebSocket framing the parser could not follow.
+    WsInvalidFraming,
+    /// A WebSocket text message that is no JSON-RPC request.
+    WsNotJsonrpc,
+    /// A JSON-RPC batch over WebSocket.
+    WsJsonrpcBatch,
+    /// A WebSocket request over the socket's pending bound.
+    WsTooManyPending,
+    /// A task over the socket's task table bound.
+    WsTooManyTasks,
+    /// A lease grant over WebSocket the gateway could not enforce.
+    WsInvalidLeaseGrant,
+    /// A worker's WebSocket answer that is no A2A document.
+    WsBadAnswer,
+}
+
+impl Untracked {
+    /// Every reason, for documentation and tests.
+    pub const ALL: [Untracked; 24] = [
+        Untracked::NotJsonrpc,
+        Untracked::JsonrpcBatch,
+        Untracked::RequestBodyTooLarge,
+        Untracked::ResponseBodyTooLarge,
+        Untracked::BadJsonResponse,
+        Untracked::BadSseEvent,
+        Untracked::SseEventTooLarge,
+        Untracked::EncodedResponse,
+        Untracked::EncodedCard,
+        Untracked::CardTooLarge,
+        Untracked::StoreUnavailable,
+        Untracked::BudgetStoreUnavailable,
+        Untracked::TrackerQueueFull,
+        Untracked::WsExtensionsDeclined,
+        Untracked::WsBinary,
+        Untracked::WsMessageTooLarge,
+        Untracked::WsCompressed,
+        Untracked::WsInvalidFraming,
+        Untracked::WsNotJsonrpc,
+        Untracked::WsJsonrpcBatch,
+        Untracked::WsTooManyPending,
+        Untracked::WsTooManyTasks,
+        Untracked::WsInvalidLeaseGrant,
+        Untracked::WsBadAnswer,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Untracked::NotJsonrpc => "not_jsonrpc",
+            Untracked::JsonrpcBatch => "jsonrpc_batch",
+            Untracked::RequestBodyTooLarge => "request_body_too_large",
+            Untracked::ResponseBodyTooLarge => "response_body_too_large",
+            Untracked::BadJsonResponse => "bad_json_response",
+            Untracked::BadSseEvent => "bad_sse_event",
+            Untracked::SseEventTooLarge => "sse_event_too_large",
+            Untracked::EncodedResponse => "encoded_response",
+            Untracked::EncodedCard => "encoded_card",
+            Untracked::CardTooLarge => "card_too_large",
+            Untracked::StoreUnavailable => "store_unavailable",
+            Untracked::BudgetStoreUnavailable => "budget_store_unavailable",
+            Untracked::TrackerQueueFull => "tracker_queue_full",
+            Untracked::WsExtensionsDeclined => "ws_extensions_declined",
+            Untracked::WsBinary => "ws_binary",
+            Untracked::WsMessageTooLarge => "ws_message_too_large",
+            Untracked::WsCompressed => "ws_compressed",
+            Untracked::WsInvalidFraming => "ws_invalid_framing",
+            Untracked::WsNotJsonrpc => "ws_not_jsonrpc",
+            Untracked::WsJsonrpcBatch => "ws_jsonrpc_batch",
+            Untracked::WsTooManyPending => "ws_too_many_pending",
+            Untracked::WsTooManyTasks => "ws_too_many_tasks",
+            Untracked::WsInvalidLeaseGrant => "ws_invalid_lease_grant",
+            Untracked::WsBadAnswer => "ws_bad_answer",
+        }
+    }
+
+    /// Counts one.
+    pub fn count(self) {
+        UNTRACKED.with_label_values(&[self.as_str()]).inc();
+    }
+}
+
 /// Time from the decision to cancel to the worker's answer.
 pub static CANCEL_LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(

@@ -71,6 +71,21 @@ impl Seen {
     }
 }
 
+/// Folds the state the store holds for a task (the last any stream of any
+/// replica recorded) into what this stream saw. A settled record wins; an
+/// unsettled one only fills a gap, and is then marked unsure: another
+/// stream's last sight of the task, maybe long ago, is not enough to cancel
+/// on without asking the worker.
+pub fn merge_record(seen: &mut Seen, recorded: Option<TaskState>) {
+    let Some(s) = recorded else { return };
+    if s.is_settled() {
+        seen.state = Some(s);
+    } else if seen.state.is_none() {
+        seen.state = Some(s);
+        seen.unsure = true;
+    }
+}
+
 /// Per-route knobs of the cascade.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CascadePolicy {
@@ -516,6 +531,32 @@ mod tests {
         ];
         for (name, policy, seen, event, watchers, want) in table {
             assert_eq!(decide(&policy, &seen, event, watchers), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn merging_a_record() {
+        use TaskState::*;
+        let saw = |state, unsure| Seen {
+            id_known: true,
+            state,
+            unsure,
+            ..Seen::default()
+        };
+        #[rustfmt::skip]
+        let table = [
+            // what the stream saw, what the store holds, the result
+            (saw(Some(Working), false), None, saw(Some(Working), false)),
+            (saw(Some(Working), false), Some(Completed), saw(Some(Completed), false)),
+            (saw(Some(Working), true), Some(InputRequired), saw(Some(InputRequired), true)),
+            (saw(Some(Working), false), Some(Submitted), saw(Some(Working), false)),
+            (saw(None, false), Some(Working), saw(Some(Working), true)),
+            (saw(None, false), Some(Canceled), saw(Some(Canceled), false)),
+            (saw(None, false), None, saw(None, false)),
+        ];
+        for (i, (mut seen, recorded, want)) in table.into_iter().enumerate() {
+            merge_record(&mut seen, recorded);
+            assert_eq!(seen, want, "row {i}");
         }
     }
 

@@ -8,8 +8,10 @@
 
 pub mod budget;
 pub mod cascade;
+pub mod failure;
 pub mod lease;
 pub mod task_state;
+pub mod track;
 
 pub use cascade::{CascadeMode, CascadePolicy, Decision, Event, Seen};
 pub use task_state::TaskState;

@@ -41,7 +41,7 @@ impl ProxyTimes {
     /// A stream (SSE) or an upgrade is not marked: its time after the head
     /// is the stream's, not the proxy's.
     pub fn answer(&mut self, resp: &ResponseHeader) {
-        if resp.status.as_u16() != 101 && !super::is_sse(resp) {
+        if resp.status.as_u16() != 101 && !super::observe::is_sse(resp) {
             self.answer = Some(Instant::now());
         }
     }

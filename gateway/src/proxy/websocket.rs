@@ -14,12 +14,14 @@ use std::sync::Arc;
 use policies::cascade::Seen;
 use serde::Deserialize;
 
-use super::{Ctx, Gateway};
+use super::ctx::{shape_of, Ctx};
+use super::observe::{endpoint, lease_rules};
+use super::Gateway;
 use crate::a2a::request::jsonrpc_facts;
 use crate::a2a::ws::{WsItem, WsParser};
 use crate::a2a::{observe, A2aMethod, Binding, Observation};
-use crate::metrics;
-use crate::store::{CancelTarget, TaskKey, TaskUpdate};
+use crate::metrics::Untracked;
+use crate::store::{CancelTarget, TaskKey};
 
 /// Requests awaiting answers on one socket, at most (the a2a-rust client
 /// keeps 64 in flight); beyond it new ones are not tracked (counted).
@@ -37,7 +39,7 @@ struct Pending {
 
 /// A task seen on this socket.
 #[derive(Debug)]
-pub(super) struct SocketTask {
+pub struct SocketTask {
     pub seen: Seen,
     pub tenant: Option<String>,
     /// Counted as a watcher in the store (a stream on this socket).
@@ -48,7 +50,7 @@ pub(super) struct SocketTask {
 
 /// Per-socket state, created at the `101`.
 #[derive(Debug)]
-pub(super) struct WsSession {
+pub struct WsSession {
     client: WsParser,
     worker: WsParser,
     pending: HashMap<String, Pending>,
@@ -97,30 +99,28 @@ enum WorkerFrame {
 
 fn count_item(item: &WsItem<'_>) {
     let reason = match item {
-        WsItem::Binary => "ws_binary",
-        WsItem::Overlong => "ws_message_too_large",
-        WsItem::Compressed => "ws_compressed",
-        WsItem::Invalid(_) => "ws_invalid_framing",
+        WsItem::Binary => Untracked::WsBinary,
+        WsItem::Overlong => Untracked::WsMessageTooLarge,
+        WsItem::Compressed => Untracked::WsCompressed,
+        WsItem::Invalid(_) => Untracked::WsInvalidFraming,
         _ => return,
     };
-    metrics::UNTRACKED.with_label_values(&[reason]).inc();
+    reason.count();
 }
 
 impl Gateway {
     /// Client → worker bytes. Returns the renewals to apply (tenant, task).
     pub(super) fn ws_client_bytes(
         &self,
-        ctx: &mut Ctx,
+        ctx: &Ctx,
+        ws: &mut WsSession,
         chunk: &[u8],
     ) -> Vec<(Option<String>, String)> {
-        let lease_ext = ctx.lease_ext;
+        let lease_ext = ctx.lease.extension;
         let max_ttl = ctx
             .route
             .as_ref()
             .map_or(0, |r| r.cfg.lease.max_ttl.as_millis() as u64);
-        let Some(ws) = ctx.ws.as_mut() else {
-            return Vec::new();
-        };
         let mut renewals = Vec::new();
         let pending = &mut ws.pending;
         let tasks = &ws.tasks;
@@ -133,22 +133,18 @@ impl Gateway {
                 // A batch's calls are not tracked over WebSocket (a frame
                 // cannot be refused without breaking the socket).
                 let batch = doc.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
-                metrics::UNTRACKED
-                    .with_label_values(&[if batch {
-                        "ws_jsonrpc_batch"
-                    } else {
-                        "ws_not_jsonrpc"
-                    }])
-                    .inc();
+                if batch {
+                    Untracked::WsJsonrpcBatch.count();
+                } else {
+                    Untracked::WsNotJsonrpc.count();
+                }
                 return;
             };
             match f.method {
                 Some(m) if m.is_tracked() => {
                     let Some(id) = f.rpc_id else { return };
                     if pending.len() >= MAX_PENDING {
-                        metrics::UNTRACKED
-                            .with_label_values(&["ws_too_many_pending"])
-                            .inc();
+                        Untracked::WsTooManyPending.count();
                         return;
                     }
                     let lease_grant = match f.lease {
@@ -158,9 +154,7 @@ impl Gateway {
                         Some(_) => {
                             // A frame cannot be refused without breaking the
                             // socket: the grant is not enforced, and counted.
-                            metrics::UNTRACKED
-                                .with_label_values(&["ws_invalid_lease_grant"])
-                                .inc();
+                            Untracked::WsInvalidLeaseGrant.count();
                             None
                         }
                         None => None,
@@ -202,8 +196,7 @@ impl Gateway {
     }
 
     /// Worker → client bytes: answers and stream frames naming tasks.
-    pub(super) fn ws_worker_bytes(&self, ctx: &mut Ctx, chunk: &[u8]) {
-        let Some(ws) = ctx.ws.as_mut() else { return };
+    pub(super) fn ws_worker_bytes(&self, ctx: &Ctx, ws: &mut WsSession, chunk: &[u8]) {
         // In frame order: a stream's whole life (its task, its updates, its
         // end) can arrive in one chunk, and its end must not be acted on
         // before its events are.
@@ -239,163 +232,103 @@ impl Gateway {
             match observe::observe(Binding::WebSocket, doc) {
                 Some(o) => seen.push(WorkerFrame::Answer(id, o.into_owned())),
                 None => {
-                    metrics::UNTRACKED
-                        .with_label_values(&["ws_bad_answer"])
-                        .inc();
+                    Untracked::WsBadAnswer.count();
                     seen.push(WorkerFrame::Unreadable);
                 }
             }
         });
         for frame in seen {
             match frame {
-                WorkerFrame::Answer(id, obs) => self.ws_observation(ctx, &id, obs),
+                WorkerFrame::Answer(id, obs) => self.ws_observation(ctx, ws, &id, obs),
                 WorkerFrame::End(id) => {
-                    if let Some(ws) = ctx.ws.as_mut() {
-                        ws.pending.remove(&id);
-                    }
+                    ws.pending.remove(&id);
                 }
                 WorkerFrame::Unreadable => {
                     // Unattributable: each unsettled task's state may be
                     // stale (see `Seen::unsure`).
-                    if let Some(ws) = ctx.ws.as_mut() {
-                        for t in ws.tasks.values_mut() {
-                            t.seen.unsure = true;
-                        }
+                    for t in ws.tasks.values_mut() {
+                        t.seen.unsure = true;
                     }
                 }
             }
         }
     }
 
-    fn ws_observation(&self, ctx: &mut Ctx, id: &str, obs: Observation<'_>) {
-        let (Some(route), Some(ws)) = (ctx.route.clone(), ctx.ws.as_mut()) else {
+    /// Applies one answer frame to the socket's tasks, through the same
+    /// decisions as an HTTP answer (`policies::track`).
+    fn ws_observation(&self, ctx: &Ctx, ws: &mut WsSession, id: &str, obs: Observation<'_>) {
+        let Some(route) = ctx.route.clone() else {
             return;
         };
         let Some(p) = ws.pending.get(id).cloned() else {
             return;
         };
-        let unary = p.method == A2aMethod::SendMessage;
-        let poll = p.method == A2aMethod::GetTask;
-        if obs.error || obs.message_only || unary || poll {
+        let shape = shape_of(p.method);
+        let one_answer = matches!(p.method, A2aMethod::SendMessage | A2aMethod::GetTask);
+        if obs.error || obs.message_only || one_answer {
             ws.pending.remove(id);
         }
         let Some(task_id) = obs.task_id else { return };
         let key = TaskKey::new(&route.name, p.tenant.as_deref(), &*task_id);
-        let tracker = self.cascade.tracker();
-        match ws.tasks.get_mut(&*task_id) {
-            Some(t) => {
-                let was_settled = t.seen.is_settled();
-                if let Some(s) = obs.state {
-                    t.seen.state = Some(s);
-                    t.seen.unsure = false;
-                }
-                if t.seen.is_settled() && !was_settled {
-                    tracker.update(
-                        key,
-                        TaskUpdate {
-                            state: t.seen.state,
-                            ..TaskUpdate::default()
-                        },
-                    );
-                }
+        if let Some(t) = ws.tasks.get_mut(&*task_id) {
+            let was_settled = t.seen.is_settled();
+            if let Some(s) = obs.state {
+                t.seen.state = Some(s);
+                t.seen.unsure = false;
             }
+            if policies::track::records_settling(was_settled, t.seen.state) {
+                self.settled(key, t.seen.state);
+            }
+            return;
+        }
+        let Some(shape) = shape.filter(|s| *s != policies::track::Shape::Poll) else {
             // A poll only updates a task this socket already has.
-            None if poll => {}
-            None => {
-                if ws.tasks.len() >= MAX_TASKS {
-                    // Settled tasks are done with: they make room, ended as
-                    // the socket's end would end them (a watcher less, a
-                    // held lease released).
-                    let done: Vec<(std::sync::Arc<str>, SocketTask)> =
-                        ws.tasks.extract_if(|_, t| t.seen.is_settled()).collect();
-                    for (id, t) in done {
-                        self.ws_task_ended(
-                            ctx,
-                            &route,
-                            id,
-                            t,
-                            policies::cascade::Event::CallerGone,
-                        );
-                    }
-                    let Some(ws) = ctx.ws.as_mut() else { return };
-                    if ws.tasks.len() >= MAX_TASKS {
-                        metrics::UNTRACKED
-                            .with_label_values(&["ws_too_many_tasks"])
-                            .inc();
-                        return;
-                    }
-                }
-                let Some(ws) = ctx.ws.as_mut() else { return };
-                metrics::TASKS_TRACKED
-                    .with_label_values(&[&route.name])
-                    .inc();
-                let watching = !unary;
-                let seen = Seen {
+            return;
+        };
+        if ws.tasks.len() >= MAX_TASKS {
+            // Settled tasks are done with: they make room, ended as the
+            // socket's end would end them (a watcher less, a held lease
+            // released).
+            let done: Vec<(Arc<str>, SocketTask)> =
+                ws.tasks.extract_if(|_, t| t.seen.is_settled()).collect();
+            for (id, t) in done {
+                self.ws_task_ended(ctx, &route, id, t, policies::cascade::Event::CallerGone);
+            }
+            if ws.tasks.len() >= MAX_TASKS {
+                Untracked::WsTooManyTasks.count();
+                return;
+            }
+        }
+        let sight =
+            policies::track::first_sight(shape, obs.state, p.lease_grant, &lease_rules(&route));
+        let target = CancelTarget {
+            binding: Binding::WebSocket,
+            path: endpoint(ctx).to_string(),
+        };
+        self.first_sight(
+            &route,
+            &key,
+            &sight,
+            obs.state,
+            obs.context_id.map(std::borrow::Cow::into_owned),
+            Some(target),
+        );
+        if !sight.keep {
+            return;
+        }
+        ws.tasks.insert(
+            task_id.into(),
+            SocketTask {
+                seen: Seen {
                     id_known: true,
                     state: obs.state,
                     ..Seen::default()
-                };
-                // A unary answer naming a settled task leaves nothing to
-                // cancel, watch or renew: neither the store nor the
-                // socket's bounded task table holds it.
-                if unary && seen.is_settled() {
-                    return;
-                }
-                let path = ctx
-                    .upstream_path
-                    .split('?')
-                    .next()
-                    .unwrap_or("/")
-                    .to_string();
-                tracker.update(
-                    key.clone(),
-                    TaskUpdate {
-                        context_id: obs.context_id.map(std::borrow::Cow::into_owned),
-                        state: obs.state,
-                        target: Some(CancelTarget {
-                            binding: Binding::WebSocket,
-                            path,
-                        }),
-                        watchers_delta: i32::from(watching),
-                    },
-                );
-                let mut held = false;
-                if !seen.is_settled() {
-                    if let Some(ttl) = p.lease_grant.filter(|_| route.gateway_enforces_leases()) {
-                        metrics::LEASES_STARTED
-                            .with_label_values(&[&route.name, "granted"])
-                            .inc();
-                        tracker.lease_start(key.clone(), ttl, None);
-                    } else if let (Some(ttl), true) = (
-                        route.cfg.lease.impose_ttl,
-                        p.method == A2aMethod::SendStreamingMessage,
-                    ) {
-                        if route.cfg.cascade.mode == policies::CascadeMode::Cancel {
-                            let ttl = ttl.as_millis() as u64;
-                            metrics::LEASES_STARTED
-                                .with_label_values(&[&route.name, "imposed"])
-                                .inc();
-                            tracker.lease_start(
-                                key.clone(),
-                                ttl,
-                                Some(self.leases.replica_id().to_string()),
-                            );
-                            self.leases.hold(key.clone(), ttl);
-                            held = true;
-                        }
-                    }
-                }
-                ws.tasks.insert(
-                    task_id.into(),
-                    SocketTask {
-                        seen,
-                        tenant: p.tenant,
-                        watching,
-                        held,
-                    },
-                );
-            }
-        }
+                },
+                tenant: p.tenant,
+                watching: sight.watch,
+                held: sight.hold_ms.is_some(),
+            },
+        );
     }
 }
 
@@ -406,7 +339,7 @@ fn memmem(hay: &[u8], needle: &[u8]) -> bool {
 impl Gateway {
     /// The socket ended: every task it started or watched goes to the
     /// cascade (settled ones only to uncount their watcher).
-    pub(super) fn ws_ended(&self, ctx: &mut Ctx, ws: WsSession, e: Option<&pingora::Error>) {
+    pub(super) fn ws_ended(&self, ctx: &Ctx, ws: WsSession, e: Option<&pingora::Error>) {
         let Some(route) = ctx.route.clone() else {
             return;
         };
@@ -439,14 +372,13 @@ impl Gateway {
         if t.seen.is_settled() && !t.watching {
             return;
         }
-        let path = ctx.upstream_path.split('?').next().unwrap_or("/");
         let end = crate::cascade::StreamEnd {
             route: route.name.clone(),
             policy: route.cfg.cascade,
             worker: route.cfg.worker.clone(),
             target: CancelTarget {
                 binding: Binding::WebSocket,
-                path: path.to_string(),
+                path: endpoint(ctx).to_string(),
             },
             tenant: t.tenant,
             task_id: Some(task_id),
@@ -454,7 +386,7 @@ impl Gateway {
             event,
             was_watching: t.watching,
             imposed_lease: t.held,
-            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.caller_headers),
+            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
         };
         let cascade = self.cascade.clone();
         crate::drain::spawn_work(async move { cascade.stream_ended(end).await });

@@ -1,0 +1,135 @@
+//! Stage 3, admit: `policies`' verdicts on what the body carried, in this
+//! order: a v0.3 send on a budgeted route; the lease grant's bounds (where
+//! the gateway enforces grants); the store's health for a send whose lease
+//! the gateway must hold (`on_store_error`); the budget (admitted,
+//! reserved, its grant written into the message). The first refusal wins.
+//! Lease renewals (`GetTask` with the lease extension active) are applied
+//! here too.
+
+use bytes::Bytes;
+use policies::track::StoreOutage;
+
+use super::ctx::{Budget, Ctx, RequestBody};
+use super::inspect::Grants;
+use super::refusal::Refusal;
+use super::Gateway;
+use crate::a2a::{A2aMethod, Binding};
+use crate::metrics::{self, Untracked};
+use crate::store::{Renewal, TaskKey};
+
+impl Gateway {
+    /// Admits the call, or leaves a refusal in the context. `body`: the
+    /// whole body when it can still be re-written with an admitted budget
+    /// grant (`None` when it is already on its way to the worker).
+    pub(super) async fn admit(&self, ctx: &mut Ctx, grants: Grants, body: Option<&[u8]>) {
+        let Some(route) = ctx.route.clone() else {
+            return;
+        };
+        let budgeted = route.cfg.budget.is_active();
+        if budgeted && grants.v03_send {
+            return ctx.refuse(Refusal::V03Send);
+        }
+        // Grants are checked only where the gateway enforces them; a worker
+        // that enforces its own leases judges its own grants.
+        let enforces = route.gateway_enforces_leases();
+        if let (true, Some(grant)) = (enforces, grants.lease.clone()) {
+            let max = route.cfg.lease.max_ttl.as_millis() as u64;
+            match grant
+                .map_err(policies::lease::LeaseRefusal::Malformed)
+                .and_then(|ttl| policies::lease::validate_ttl(ttl, max))
+            {
+                Ok(ttl) => ctx.lease.grant = Some(ttl),
+                Err(refusal) => return ctx.refuse(Refusal::Lease(refusal)),
+            }
+        }
+        let outage = policies::track::store_outage(
+            ctx.req.shape(),
+            ctx.lease.grant.is_some(),
+            route.cfg.lease.impose_ttl.is_some(),
+            self.health.is_healthy(),
+            self.on_store_error == config::OnStoreError::FailClosed,
+        );
+        match outage {
+            StoreOutage::Proceed => {}
+            StoreOutage::ProceedUntracked => Untracked::StoreUnavailable.count(),
+            StoreOutage::Refuse => return ctx.refuse(Refusal::LeaseStoreUnavailable),
+        }
+        if let (Some(body), true) = (body, ctx.req.is_send()) {
+            self.admit_budget(ctx, &route, grants, body).await;
+        }
+    }
+
+    /// Decides and reserves the budget of a send (see [`crate::budget`]);
+    /// writes the body to send instead when the grant changed.
+    async fn admit_budget(
+        &self,
+        ctx: &mut Ctx,
+        route: &super::route::Route,
+        grants: Grants,
+        body: &[u8],
+    ) {
+        let admitted = self
+            .budgets
+            .admit(
+                &route.name,
+                &route.cfg.budget,
+                ctx.req.tenant.as_deref(),
+                ctx.req.caller.as_deref(),
+                grants.budget,
+                ctx.req.received_ms,
+            )
+            .await;
+        let child = match admitted {
+            Ok(None) => return,
+            Ok(Some(child)) => child,
+            Err(e) => return ctx.refuse(Refusal::Budget(e)),
+        };
+        if child.rewrite {
+            let jsonrpc = ctx.req.binding == Some(Binding::JsonRpc);
+            match crate::budget::rewrite_message(body, jsonrpc, child.grant()) {
+                Some(b) => ctx.body = RequestBody::Replace(Bytes::from(b)),
+                None => {
+                    child.settle(&self.budgets, true, None);
+                    return ctx.refuse(Refusal::BudgetNotAttached);
+                }
+            }
+        }
+        ctx.budget = Some(Box::new(Budget {
+            child,
+            sse_pending: Vec::new(),
+            failure_sent: false,
+        }));
+    }
+
+    /// A `GetTask` whose request activates the lease extension renews the
+    /// task's lease (as the SDK's lease store does); a plain one renews nothing.
+    pub(super) async fn renew_if_asked(&self, ctx: &Ctx) {
+        if !ctx.lease.extension || ctx.req.method != Some(A2aMethod::GetTask) {
+            return;
+        }
+        if let Some(id) = &ctx.req.task_id {
+            self.renew(ctx, ctx.req.tenant.as_deref(), id).await;
+        }
+    }
+
+    /// Renews the lease on (route, tenant, task), counting the outcome.
+    pub(super) async fn renew(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str) {
+        let Some(route) = &ctx.route else { return };
+        let key = TaskKey::new(&route.name, tenant, task_id);
+        let outcome = match self.store.lease_renew(&key, self.store.clock_ms()).await {
+            Ok(Renewal::Renewed { .. }) => "renewed",
+            Ok(Renewal::Lapsed) => "lapsed",
+            Ok(Renewal::NoLease) => "no_lease",
+            Err(e) => {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["lease_renew"])
+                    .inc();
+                tracing::warn!(task = %key, error = %e, "could not renew a lease");
+                "store_error"
+            }
+        };
+        metrics::LEASE_RENEWALS
+            .with_label_values(&[&route.name, "get_task", outcome])
+            .inc();
+    }
+}

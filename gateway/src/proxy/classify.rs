@@ -1,0 +1,152 @@
+//! Stage 1, classify: from the request head alone, the route, the A2A call
+//! (binding, method, tenant, task), the worker's path, what a cancel would
+//! repeat of the caller's headers, and how the request is watched (the id
+//! wait, the read timeout, the lease extension).
+
+use std::time::Instant;
+
+use pingora::http::RequestHeader;
+use pingora::proxy::Session;
+
+use super::ctx::Ctx;
+use super::inject::activates_lease;
+use super::refusal::Refusal;
+use super::route::{host_without_port, Matched};
+use super::Gateway;
+use crate::a2a::{classify, A2aMethod, Binding, Call};
+use crate::cancel::caller_headers;
+use crate::store::now_ms;
+
+/// What classifying the head decided about the body.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// The body may carry an A2A call: read it (`inspect`).
+    ReadBody,
+    /// Nothing in the body matters: pass it.
+    Forward,
+}
+
+impl Gateway {
+    /// Classifies the request into the context, or says why it is refused.
+    pub(super) fn classify(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Next, Refusal> {
+        let req = session.req_header();
+        let host = request_host(req).map(host_without_port);
+        let full_path = req.uri.path();
+        let Some(Matched { route, prefix, rel }) = self.routes.find(host, full_path) else {
+            ctx.req.binding = Some(Binding::Rest);
+            return Err(Refusal::NoRoute {
+                host: host.unwrap_or("").to_owned(),
+                path: full_path.to_owned(),
+            });
+        };
+        let route = route.clone();
+        let call = classify(&req.method, rel, req.uri.query(), session.is_upgrade_req());
+        ctx.req.received_ms = now_ms();
+        if let Some(h) = &route.cfg.budget.caller_header {
+            ctx.req.caller = req
+                .headers
+                .get(h.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(|v| Box::new(crate::budget::caller_identity(v)));
+        }
+        ctx.req.worker_root = route.worker_root(prefix);
+        ctx.req.upstream_path = upstream_path(&ctx.req.worker_root, rel, full_path, req);
+        ctx.req.caller_headers = caller_headers(&route.cfg, &req.headers);
+        route.count_request(match &call {
+            Call::AgentCard => "agent_card",
+            Call::Rest { method, .. } => method.as_str(),
+            Call::JsonRpcCandidate => "jsonrpc",
+            Call::Upgrade => "upgrade",
+            Call::Other => "other",
+        });
+        let next = match &call {
+            Call::Rest {
+                method,
+                tenant,
+                task_id,
+            } => {
+                ctx.req.binding = Some(Binding::Rest);
+                ctx.req.method = Some(*method);
+                ctx.req.tenant = tenant.clone();
+                // A task id in the path (SubscribeToTask) is confirmed by the
+                // stream's first event, which registers the watcher.
+                ctx.req.task_id = task_id.clone();
+                if matches!(
+                    method,
+                    A2aMethod::SendMessage | A2aMethod::SendStreamingMessage
+                ) {
+                    Next::ReadBody
+                } else {
+                    Next::Forward
+                }
+            }
+            Call::JsonRpcCandidate => Next::ReadBody,
+            _ => Next::Forward,
+        };
+        let may_start_stream = match &call {
+            Call::Rest { method, .. } => *method == A2aMethod::SendStreamingMessage,
+            Call::JsonRpcCandidate => true,
+            _ => false,
+        };
+        let policy = route.cfg.cascade;
+        if may_start_stream
+            && policy.mode == policies::CascadeMode::Cancel
+            && !policy.id_wait.is_zero()
+        {
+            session.set_abort_on_close(false);
+            ctx.track.awaiting_id = Some(Instant::now());
+        }
+        ctx.lease.extension =
+            route.injects_lease_extension || activates_lease(session.req_header());
+        let upgrade = matches!(call, Call::Upgrade);
+        let budgeted = route.cfg.budget.is_active();
+        ctx.call = call;
+        ctx.route = Some(route);
+        if budgeted && upgrade {
+            // Frames could carry sends whose grants the gateway cannot
+            // rewrite; a budgeted route is served over HTTP bindings only.
+            ctx.req.binding = Some(Binding::Rest);
+            return Err(Refusal::BudgetWebSocket);
+        }
+        // An idle WebSocket is not cut by read timeouts (ping/pong and long
+        // silences pass); other requests get the configured one.
+        if !upgrade {
+            if let Some(t) = self.timeouts.downstream_idle {
+                session.set_read_timeout(Some(t));
+            }
+        }
+        Ok(next)
+    }
+}
+
+/// The path sent to the worker: the worker root, the path below the
+/// route's prefix, the query.
+fn upstream_path(worker_root: &str, rel: &str, full_path: &str, req: &RequestHeader) -> String {
+    let rel = if rel == "/" && !worker_root.is_empty() && !full_path.ends_with('/') {
+        ""
+    } else {
+        rel
+    };
+    let query = req.uri.query();
+    let mut path =
+        String::with_capacity(1 + worker_root.len() + rel.len() + query.map_or(0, |q| q.len() + 1));
+    if worker_root.is_empty() && rel.is_empty() {
+        path.push('/');
+    }
+    path.push_str(worker_root);
+    path.push_str(rel);
+    if let Some(q) = query {
+        path.push('?');
+        path.push_str(q);
+    }
+    path
+}
+
+/// The request's host: its URI's authority, else its `Host` header.
+pub fn request_host(req: &RequestHeader) -> Option<&str> {
+    req.uri.authority().map(|a| a.as_str()).or_else(|| {
+        req.headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+    })
+}

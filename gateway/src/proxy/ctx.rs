@@ -1,0 +1,219 @@
+//! Per-request state, shared by every hook of one request: what the request
+//! is (set by `classify` and `inspect`), how its body is read, what is
+//! tracked of its task, its lease and budget parts, and how the answer is
+//! read. Each concern is one part; the states of the request body and of
+//! the answer are enums, so an impossible mix (a held body that is also
+//! streamed, a WebSocket with an SSE parser) cannot be written.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use policies::cascade::Seen;
+use policies::track::Shape;
+
+use super::refusal::Refusal;
+use super::route::Route;
+use super::timing::ProxyTimes;
+use super::websocket::WsSession;
+use crate::a2a::sse::SseParser;
+use crate::a2a::{A2aMethod, Binding, Call};
+use crate::budget::{Caller, ChildBudget};
+use crate::store::TaskKey;
+
+/// Per-request state.
+#[derive(Debug)]
+pub struct Ctx {
+    pub route: Option<Arc<Route>>,
+    pub call: Call,
+    pub req: Request,
+    pub body: RequestBody,
+    pub track: Tracking,
+    pub lease: Lease,
+    /// The child's budget, from admission until the request ends.
+    pub budget: Option<Box<Budget>>,
+    pub answer: Answer,
+    /// Why the request is refused, when it is.
+    pub refusal: Option<Box<Refusal>>,
+    /// Moments that split the request's time between the gateway and the
+    /// worker, for `a2agw_proxy_seconds`.
+    pub times: ProxyTimes,
+    /// Counts the request as in flight until pingora drops its context: a
+    /// graceful shutdown waits for it ([`crate::drain`]).
+    _in_flight: crate::drain::InFlight,
+}
+
+impl Default for Ctx {
+    fn default() -> Self {
+        Ctx {
+            route: None,
+            call: Call::Other,
+            req: Request::default(),
+            body: RequestBody::Pass,
+            track: Tracking::default(),
+            lease: Lease::default(),
+            budget: None,
+            answer: Answer::Pass,
+            refusal: None,
+            times: ProxyTimes::default(),
+            _in_flight: crate::drain::InFlight::default(),
+        }
+    }
+}
+
+/// What the request is, from its head (`classify`) and body (`inspect`).
+#[derive(Debug, Default)]
+pub struct Request {
+    /// The path sent to the worker (worker root + path below the prefix + query).
+    pub upstream_path: String,
+    /// The worker path the route's root maps to (the REST base for cancels,
+    /// the base removed from card URLs).
+    pub worker_root: String,
+    pub binding: Option<Binding>,
+    pub method: Option<A2aMethod>,
+    pub tenant: Option<String>,
+    /// The task id the request itself names (SubscribeToTask, GetTask, a
+    /// continuation), used when the caller leaves before any event.
+    pub task_id: Option<String>,
+    /// The JSON-RPC request id, for errors the gateway answers itself.
+    pub rpc_id: Option<serde_json::Value>,
+    /// The caller's headers the gateway's own cancel repeats (its
+    /// credential, the route's `cancel_headers`), in memory only.
+    pub caller_headers: Vec<(String, String)>,
+    /// The caller, as the route's `budget.caller_header` names it.
+    pub caller: Option<Box<Caller>>,
+    /// When the request arrived (Unix ms): a grant's deadline counts from it.
+    pub received_ms: u64,
+    /// The gateway answered the caller's `Expect: 100-continue` itself
+    /// (it reads the body before the worker is asked).
+    pub continued: bool,
+}
+
+impl Request {
+    /// The call's shape as tracking sees it, from its A2A method.
+    pub fn shape(&self) -> Option<Shape> {
+        shape_of(self.method?)
+    }
+
+    pub fn is_send(&self) -> bool {
+        matches!(
+            self.method,
+            Some(A2aMethod::SendMessage | A2aMethod::SendStreamingMessage)
+        )
+    }
+}
+
+/// The tracking shape of an A2A method.
+pub fn shape_of(method: A2aMethod) -> Option<Shape> {
+    Some(match method {
+        A2aMethod::SendMessage => Shape::Send,
+        A2aMethod::SendStreamingMessage => Shape::Stream,
+        A2aMethod::SubscribeToTask => Shape::Resubscribe,
+        A2aMethod::GetTask => Shape::Poll,
+        _ => return None,
+    })
+}
+
+/// How the request body is read on its way to the worker.
+#[derive(Debug, Default)]
+pub enum RequestBody {
+    /// Passed as it comes: read before the worker was asked, or never read.
+    #[default]
+    Pass,
+    /// Copied as it passes, up to `limits.max_inspect_body`, then inspected.
+    Copy(Vec<u8>),
+    /// Held whole (a budgeted route's body too large to read before
+    /// connecting), admitted at its end and sent re-written if need be.
+    Hold(Vec<u8>),
+    /// Read before the worker was asked and re-written with its admitted
+    /// grant: sent instead of the caller's (on every replay of the body).
+    Replace(Bytes),
+}
+
+/// What the request knows of its task.
+#[derive(Debug, Default)]
+pub struct Tracking {
+    pub task_id: Option<Arc<str>>,
+    pub seen: Seen,
+    /// How the answer is read: a stream whose caller watches the task, or
+    /// one answer. `None` until the answer's head says.
+    pub shape: Option<Shape>,
+    /// This request counted itself as a watcher of `task_id`.
+    pub watching: bool,
+    /// The caller may leave before any event names its new task: a FIN from
+    /// it is tolerated (pingora's `abort_on_close` off) so the worker's
+    /// stream is still read until an event names the task, for at most
+    /// `id_wait`; then the caller's leaving is acted on with the id known.
+    pub awaiting_id: Option<Instant>,
+    /// The worker refused the call (an error answer before any task).
+    pub worker_refused: bool,
+    /// The task's context, kept for a budget's failure event.
+    pub context_id: Option<String>,
+}
+
+impl Tracking {
+    /// A tracked stream is flowing to the caller.
+    pub fn streaming(&self) -> bool {
+        self.shape.is_some_and(Shape::is_stream)
+    }
+}
+
+/// The request's lease part.
+#[derive(Debug, Default)]
+pub struct Lease {
+    /// The request's `A2A-Extensions` (or the route's injection) activates
+    /// the lease extension.
+    pub extension: bool,
+    /// A valid lease grant the sent message carries (TTL in ms), where the
+    /// gateway enforces it.
+    pub grant: Option<u64>,
+    /// A gateway-held lease this connection keeps renewing.
+    pub held: Option<Box<TaskKey>>,
+}
+
+/// A child's budget and what its answer needs.
+#[derive(Debug)]
+pub struct Budget {
+    pub child: ChildBudget,
+    /// SSE bytes after the last event boundary, held while the child's
+    /// budget may need its last event replaced.
+    pub sse_pending: Vec<u8>,
+    /// The budget-exhausted failure has been sent in place of the worker's
+    /// last event; nothing after it is forwarded.
+    pub failure_sent: bool,
+}
+
+/// How the worker's answer is read.
+#[derive(Debug, Default)]
+pub enum Answer {
+    /// Passed through, read not at all.
+    #[default]
+    Pass,
+    /// An SSE stream of task events.
+    Sse(SseParser),
+    /// One JSON document, copied up to the inspection limit.
+    Json(Vec<u8>),
+    /// The one JSON answer of a budgeted child's blocking send, held whole
+    /// (bounded) so that a child stopped for its budget is answered with the
+    /// budget-exhausted failure instead of the worker's CANCELED task.
+    HeldJson(Vec<u8>),
+    /// An agent card (or a JSON-RPC result holding one), held for rewriting.
+    Card { held: Vec<u8>, jsonrpc: bool },
+    /// A WebSocket upgraded by the worker: its frames are read both ways.
+    WebSocket(Box<WsSession>),
+}
+
+impl Ctx {
+    /// The gateway answers this request itself with `refusal`.
+    pub fn refuse(&mut self, refusal: Refusal) {
+        self.refusal = Some(Box::new(refusal));
+    }
+
+    /// The request's shape when its answer must be read (see
+    /// `policies::track::reads_answer`).
+    pub fn tracked_shape(&self) -> Option<Shape> {
+        let shape = self.req.shape()?;
+        policies::track::reads_answer(shape, self.lease.grant.is_some(), self.budget.is_some())
+            .then_some(shape)
+    }
+}

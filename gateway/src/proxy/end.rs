@@ -1,0 +1,208 @@
+//! Stage 6, end: every request ends in `logging`, and here. The child's
+//! budget is settled; a held lease is released; a WebSocket's tasks, or a
+//! tracked stream that ended unsettled (the caller left, or the worker's
+//! stream broke or ended early), go to the cascade, which decides with
+//! `policies::cascade::decide`. Failures the gateway answers itself
+//! (`fail_to_proxy`) are mapped here too.
+
+use pingora::http::ResponseHeader;
+use pingora::proxy::{FailToProxy, Session};
+use pingora::{Error, ErrorSource, ErrorType};
+use policies::cascade::Event;
+use policies::failure::{Kind, Side};
+
+use super::ctx::{Answer, Ctx};
+use super::refusal::Refusal;
+use super::Gateway;
+use crate::cascade::StreamEnd;
+use crate::store::TaskKey;
+
+impl Gateway {
+    /// The request is over (`logging`).
+    pub(super) fn end(&self, e: Option<&Error>, ctx: &mut Ctx) {
+        if let (Some(own), Some(route)) = (ctx.times.own(e), &ctx.route) {
+            route.proxy_time.observe(own.as_secs_f64());
+        }
+        if ctx.track.streaming() {
+            crate::metrics::OPEN_STREAMS.dec();
+        }
+        if let Some(b) = ctx.budget.take() {
+            // No task and the worker said no (or could not be reached): no
+            // child started, so its reservation goes back.
+            let upstream_failed = e.is_some_and(|e| *e.esource() == ErrorSource::Upstream);
+            let t = &ctx.track;
+            let refused = t.task_id.is_none()
+                && !t.seen.message_only
+                && (t.worker_refused || ctx.refusal.is_some() || upstream_failed);
+            let running = match (&t.task_id, &ctx.route) {
+                (Some(id), Some(route)) if !t.seen.is_settled() => Some(TaskKey::new(
+                    &route.name,
+                    ctx.req.tenant.as_deref(),
+                    id.clone(),
+                )),
+                _ => None,
+            };
+            b.child.settle(&self.budgets, refused, running);
+        }
+        if let Answer::WebSocket(ws) = std::mem::take(&mut ctx.answer) {
+            // Not an error to log (see `suppress_error_log`), but how a
+            // socket ended is what one asks first when a caller saw it cut.
+            tracing::debug!(error = ?e, "WebSocket session ended");
+            self.ws_ended(ctx, *ws, e);
+            return;
+        }
+        let imposed_lease = ctx.lease.held.is_some();
+        if let Some(key) = ctx.lease.held.take() {
+            self.leases.release(&key);
+        }
+        if let Some(end) = self.stream_end(e, ctx, imposed_lease) {
+            let cascade = self.cascade.clone();
+            crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
+        }
+    }
+
+    /// What the cascade must judge of a streaming call that ended, if
+    /// anything: a streaming call answered without a stream (an error before
+    /// it started), or that failed on the worker's side before a stream
+    /// began, created nothing the gateway knows of; only a caller leaving
+    /// before the answer may have left a task behind.
+    fn stream_end(
+        &self,
+        e: Option<&Error>,
+        ctx: &mut Ctx,
+        imposed_lease: bool,
+    ) -> Option<StreamEnd> {
+        let route = ctx.route.clone()?;
+        let streaming_call = ctx
+            .req
+            .method
+            .is_some_and(crate::a2a::A2aMethod::is_streaming)
+            && ctx.req.binding.is_some();
+        let caller_left = e.is_some_and(|e| *e.esource() == ErrorSource::Downstream);
+        if !streaming_call || (!ctx.track.streaming() && !caller_left) {
+            return None;
+        }
+        // A stream that ended without an error ended either settled (the
+        // decision keeps the task) or early (a loss): both are StreamLost.
+        let event = if caller_left {
+            Event::CallerGone
+        } else {
+            Event::StreamLost
+        };
+        let t = &mut ctx.track;
+        if t.task_id.is_none() {
+            if let Some(id) = ctx.req.task_id.take() {
+                t.task_id = Some(id.into());
+                t.seen.id_known = true;
+            }
+        }
+        let target = self.cancel_target(ctx)?;
+        Some(StreamEnd {
+            route: route.name.clone(),
+            policy: route.cfg.cascade,
+            worker: route.cfg.worker.clone(),
+            target,
+            tenant: ctx.req.tenant.clone(),
+            task_id: ctx.track.task_id.clone(),
+            seen: ctx.track.seen,
+            event,
+            was_watching: ctx.track.watching,
+            imposed_lease,
+            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
+        })
+    }
+
+    /// Answers a request the proxy could not complete: a refusal decided
+    /// while its body streamed, or a failure. A2A callers get the A2A error
+    /// of their binding (a JSON-RPC caller never an empty 502); a caller
+    /// whose connection is gone gets nothing.
+    pub(super) async fn fail(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Ctx,
+    ) -> FailToProxy {
+        let (side, kind) = failure_of(e);
+        let r = match ctx.refusal.take() {
+            Some(r) => *r,
+            None => match policies::failure::status(side, kind) {
+                None => {
+                    return FailToProxy {
+                        error_code: 0,
+                        can_reuse_downstream: false,
+                    }
+                }
+                Some(status) if side == Side::Worker => Refusal::WorkerFailed {
+                    status,
+                    why: worker_failure(e),
+                },
+                Some(status) => {
+                    let _ = session.respond_error(status).await;
+                    return FailToProxy {
+                        error_code: status,
+                        can_reuse_downstream: false,
+                    };
+                }
+            },
+        };
+        r.count(ctx.route.as_ref().map(|r| &*r.name));
+        let answer = r.render(ctx.req.binding, ctx.req.rpc_id.as_ref());
+        let status = answer.status;
+        let _ = write_error(session, answer).await;
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+}
+
+/// Which side failed, and how (the input of `policies::failure::status`).
+fn failure_of(e: &Error) -> (Side, Kind) {
+    let side = match e.esource() {
+        ErrorSource::Upstream => Side::Worker,
+        ErrorSource::Downstream => Side::Caller,
+        ErrorSource::Internal | ErrorSource::Unset => Side::Gateway,
+    };
+    let kind = match e.etype() {
+        ErrorType::HTTPStatus(code) => Kind::Status(*code),
+        ErrorType::ConnectTimedout
+        | ErrorType::ReadTimedout
+        | ErrorType::WriteTimedout
+        | ErrorType::TLSHandshakeTimedout => Kind::Timeout,
+        ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => Kind::Broken,
+        _ => Kind::Other,
+    };
+    (side, kind)
+}
+
+/// Why the worker failed, for the caller.
+fn worker_failure(e: &Error) -> String {
+    match e.etype() {
+        ErrorType::ConnectTimedout => {
+            "the worker did not accept the connection in time (timeouts.connect)".into()
+        }
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+            "the worker did not answer in time (timeouts.upstream_idle)".into()
+        }
+        ErrorType::TLSHandshakeTimedout => {
+            "the TLS handshake with the worker did not finish in time".into()
+        }
+        t => format!(
+            "the worker could not be reached or broke off ({})",
+            t.as_str()
+        ),
+    }
+}
+
+/// Writes an error answer unless a response was already written (then the
+/// connection is only closed); the caller's connection is not reused.
+async fn write_error(session: &mut Session, answer: super::refusal::Answer) -> pingora::Result<()> {
+    let body = bytes::Bytes::from(answer.body.to_string());
+    let mut resp = ResponseHeader::build(answer.status, Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    if let Some(s) = answer.retry_after {
+        resp.insert_header("retry-after", s.to_string())?;
+    }
+    session.write_error_response(resp, body).await
+}

@@ -1,0 +1,365 @@
+//! Every answer the gateway gives itself instead of the worker's: policy
+//! refusals (nothing reaches the worker) and worker failures (the worker
+//! could not be reached or did not answer in time).
+//!
+//! One enum, and one `impl` that says, for each case, the JSON-RPC code, the
+//! REST status and its gRPC-style name, the message, `error.data`, the
+//! metric label and `Retry-After`; matched exhaustively, so a new case
+//! cannot be half answered. A JSON-RPC caller gets a JSON-RPC error (HTTP
+//! 200, as A2A JSON-RPC servers answer errors), a REST caller the HTTP
+//! status with `{"error": {code, status, message, details?}}`; so does
+//! traffic the gateway did not read as A2A.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use policies::budget::BudgetRefusal;
+use policies::lease::LeaseRefusal;
+use serde_json::{json, Value};
+
+use crate::a2a::Binding;
+use crate::budget::BudgetError;
+use crate::metrics;
+
+/// Why the gateway answers a request itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No route matches the request's host and path.
+    NoRoute { host: String, path: String },
+    /// A route that checks every send could not read this body as one
+    /// JSON request. A worker may read it all the same (the Python SDK
+    /// takes UTF-16 and a UTF-8 BOM), so it is not passed.
+    Unreadable,
+    /// A v0.3 send name on a budgeted route: not read as a send, so never
+    /// admitted; refused rather than passed to a worker that may serve it.
+    V03Send,
+    /// A JSON-RPC batch holding a send this route checks; `ids` are the
+    /// calls' ids, one error each (`Null` for an element that is no request).
+    BatchSend { ids: Vec<Value> },
+    /// A lease grant out of bounds or malformed.
+    Lease(LeaseRefusal),
+    /// A lease the gateway must hold while its store is down
+    /// (`on_store_error = "fail-closed"`).
+    LeaseStoreUnavailable,
+    /// A budget grant refused, an account exhausted, or the store down.
+    Budget(BudgetError),
+    /// The admitted grant could not be written into the message.
+    BudgetNotAttached,
+    /// A budgeted route's body over `limits.max_inspect_body`.
+    BudgetBodyTooLarge { limit: usize },
+    /// A WebSocket upgrade on a budgeted route.
+    BudgetWebSocket,
+    /// The worker's host name did not resolve.
+    WorkerUnresolvable(String),
+    /// The worker could not be reached, broke off, or did not answer in
+    /// time (`status` 502 or 504, from `policies::failure`).
+    WorkerFailed { status: u16, why: String },
+}
+
+/// The parts of an A2A error answer.
+struct Parts {
+    /// JSON-RPC `error.code`.
+    code: i64,
+    /// REST status and its name.
+    http: (u16, &'static str),
+    message: String,
+    /// JSON-RPC `error.data` / REST `error.details[0]`.
+    data: Option<Value>,
+    /// Seconds for `Retry-After`.
+    retry_after: Option<u64>,
+}
+
+const INVALID_ARGUMENT: (u16, &str) = (400, "INVALID_ARGUMENT");
+
+impl Refusal {
+    /// The metric label (`a2agw_refusals_total{reason}`) and log reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NoRoute { .. } => "no_route",
+            Refusal::Unreadable => "budget_unreadable",
+            Refusal::V03Send => "budget_v03_send",
+            Refusal::BatchSend { .. } => "batch_send",
+            Refusal::Lease(LeaseRefusal::OutOfBounds { .. }) => "lease_out_of_bounds",
+            Refusal::Lease(LeaseRefusal::Malformed(_)) => "lease_malformed",
+            Refusal::LeaseStoreUnavailable => "store_unavailable",
+            Refusal::Budget(BudgetError::Refused(
+                BudgetRefusal::AboveCap { .. } | BudgetRefusal::TooManyWithCaps(_),
+            )) => "budget_above_cap",
+            Refusal::Budget(BudgetError::Refused(_)) => "budget_malformed",
+            Refusal::Budget(BudgetError::Exhausted { .. }) => "budget_account_exhausted",
+            Refusal::Budget(BudgetError::StoreUnavailable(_)) => "store_unavailable",
+            Refusal::BudgetNotAttached => "budget_unreadable",
+            Refusal::BudgetBodyTooLarge { .. } => "budget_body_too_large",
+            Refusal::BudgetWebSocket => "budget_websocket",
+            Refusal::WorkerUnresolvable(_) => "worker_unresolvable",
+            Refusal::WorkerFailed { status: 504, .. } => "worker_timeout",
+            Refusal::WorkerFailed { .. } => "worker_failed",
+        }
+    }
+
+    /// A refusal by policy (counted in `a2agw_refusals_total`), not a
+    /// failure of the worker or a request for no route.
+    fn is_policy(&self) -> bool {
+        !matches!(self, Refusal::NoRoute { .. } | Refusal::WorkerFailed { .. })
+    }
+
+    fn parts(&self) -> Parts {
+        let parts = |code, http, message: String| Parts {
+            code,
+            http,
+            message,
+            data: None,
+            retry_after: None,
+        };
+        match self {
+            Refusal::NoRoute { host, path } => parts(
+                -32601,
+                (404, "NOT_FOUND"),
+                format!("no route for host {host:?} and path {path:?}"),
+            ),
+            Refusal::Unreadable => parts(
+                -32700,
+                INVALID_ARGUMENT,
+                "this route enforces budgets and checks every call it passes: the body could not be read as a JSON request (UTF-8 JSON, one object)".into(),
+            ),
+            Refusal::V03Send => parts(
+                -32004,
+                INVALID_ARGUMENT,
+                "this route enforces budgets on A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names".into(),
+            ),
+            Refusal::BatchSend { .. } => parts(
+                -32004,
+                INVALID_ARGUMENT,
+                "this route checks each send's budget or lease grant, one send per request: send SendMessage and SendStreamingMessage outside JSON-RPC batches".into(),
+            ),
+            Refusal::Lease(r) => parts(-32602, INVALID_ARGUMENT, r.to_string()),
+            Refusal::LeaseStoreUnavailable => parts(
+                -32603,
+                (503, "UNAVAILABLE"),
+                "the lease could not be stored: the gateway's store is unavailable".into(),
+            ),
+            Refusal::Budget(e @ BudgetError::Refused(_)) => {
+                parts(-32602, INVALID_ARGUMENT, e.to_string())
+            }
+            Refusal::Budget(
+                e @ BudgetError::Exhausted {
+                    account,
+                    meter,
+                    asked,
+                    left,
+                    limit,
+                    resets_at_ms,
+                    resets_in_ms,
+                },
+            ) => Parts {
+                code: -32603,
+                http: (429, "RESOURCE_EXHAUSTED"),
+                message: e.to_string(),
+                data: Some(json!({
+                    policies::budget::FAILURE_METADATA_KEY: policies::budget::BUDGET_EXHAUSTED_CLASS,
+                    "account": {"route": &*account.route, "per": &*account.scope, "holder": &*account.holder},
+                    "meter": meter,
+                    "asked": asked,
+                    "left": left,
+                    "limit": limit,
+                    "resetsAtMs": resets_at_ms,
+                })),
+                retry_after: Some(resets_in_ms.div_ceil(1000)),
+            },
+            Refusal::Budget(e @ BudgetError::StoreUnavailable(_)) => {
+                parts(-32603, (503, "UNAVAILABLE"), e.to_string())
+            }
+            Refusal::BudgetNotAttached => parts(
+                -32602,
+                INVALID_ARGUMENT,
+                "the message could not be read to attach its budget".into(),
+            ),
+            Refusal::BudgetBodyTooLarge { limit } => parts(
+                -32600,
+                (413, "INVALID_ARGUMENT"),
+                format!("the request body is over {limit} bytes (limits.max_inspect_body): a budgeted route must read a message whole to check its grant"),
+            ),
+            Refusal::BudgetWebSocket => parts(
+                -32004,
+                (403, "PERMISSION_DENIED"),
+                "this route enforces budgets, which the gateway applies on the JSON-RPC and HTTP+JSON bindings only; use one of those".into(),
+            ),
+            Refusal::WorkerUnresolvable(why) => parts(-32603, (502, "UNAVAILABLE"), why.clone()),
+            Refusal::WorkerFailed { status, why } => {
+                let name = if *status == 504 {
+                    "DEADLINE_EXCEEDED"
+                } else {
+                    "UNAVAILABLE"
+                };
+                parts(-32603, (*status, name), why.clone())
+            }
+        }
+    }
+
+    /// Counts and logs the refusal, once, where it is answered.
+    pub fn count(&self, route: Option<&str>) {
+        let reason = self.reason();
+        match (self, route) {
+            (Refusal::NoRoute { .. }, _) => {
+                metrics::NO_ROUTE.with_label_values(&["proxy"]).inc();
+            }
+            (_, Some(route)) if self.is_policy() => {
+                metrics::REFUSALS.with_label_values(&[route, reason]).inc();
+                tracing::info!(route, reason, "request refused: {}", self.parts().message);
+            }
+            _ => {
+                tracing::debug!(
+                    route,
+                    reason,
+                    "answered for the worker: {}",
+                    self.parts().message
+                );
+            }
+        }
+    }
+
+    /// The status and body for a caller of `binding`; traffic the gateway
+    /// did not read as JSON-RPC gets the REST shape.
+    pub fn render(&self, binding: Option<Binding>, rpc_id: Option<&Value>) -> Answer {
+        let p = self.parts();
+        if !matches!(binding, Some(Binding::JsonRpc | Binding::WebSocket)) {
+            let mut error = json!({"code": p.http.0, "status": p.http.1, "message": p.message});
+            if let Some(d) = &p.data {
+                error["details"] = json!([d]);
+            }
+            return Answer {
+                status: p.http.0,
+                body: json!({ "error": error }),
+                retry_after: p.retry_after,
+            };
+        }
+        let mut error = json!({"code": p.code, "message": p.message});
+        if let Some(d) = p.data {
+            error["data"] = d;
+        }
+        let answer = |id: Value| json!({"jsonrpc": "2.0", "id": id, "error": error.clone()});
+        let body = match self {
+            Refusal::BatchSend { ids } if !ids.is_empty() => {
+                Value::Array(ids.iter().cloned().map(answer).collect())
+            }
+            _ => answer(rpc_id.cloned().unwrap_or(Value::Null)),
+        };
+        Answer {
+            status: 200,
+            body,
+            retry_after: p.retry_after,
+        }
+    }
+}
+
+/// What the caller is answered.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+    pub retry_after: Option<u64>,
+}
+
+impl Answer {
+    /// Writes the answer; the caller's connection is not reused after it.
+    pub async fn write(self, session: &mut Session) -> pingora::Result<()> {
+        let body = Bytes::from(self.body.to_string());
+        let mut resp = ResponseHeader::build(self.status, Some(4))?;
+        resp.insert_header("content-type", "application/json")?;
+        resp.insert_header("content-length", body.len().to_string())?;
+        if let Some(s) = self.retry_after {
+            resp.insert_header("retry-after", s.to_string())?;
+        }
+        session.write_response_header(Box::new(resp), false).await?;
+        session.write_response_body(Some(body), true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every() -> Vec<Refusal> {
+        vec![
+            Refusal::NoRoute {
+                host: "h".into(),
+                path: "/p".into(),
+            },
+            Refusal::Unreadable,
+            Refusal::V03Send,
+            Refusal::BatchSend {
+                ids: vec![json!(1), Value::Null],
+            },
+            Refusal::Lease(LeaseRefusal::OutOfBounds {
+                ttl_ms: 1,
+                max_ms: 10,
+            }),
+            Refusal::Lease(LeaseRefusal::Malformed("x".into())),
+            Refusal::LeaseStoreUnavailable,
+            Refusal::Budget(BudgetError::StoreUnavailable("down".into())),
+            Refusal::BudgetNotAttached,
+            Refusal::BudgetBodyTooLarge { limit: 1 },
+            Refusal::BudgetWebSocket,
+            Refusal::WorkerUnresolvable("no such host".into()),
+            Refusal::WorkerFailed {
+                status: 504,
+                why: "slow".into(),
+            },
+            Refusal::WorkerFailed {
+                status: 502,
+                why: "refused".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn jsonrpc_callers_always_get_a_jsonrpc_error() {
+        for r in every() {
+            let a = r.render(Some(Binding::JsonRpc), Some(&json!(7)));
+            assert_eq!(a.status, 200, "{r:?}");
+            let body = a.body;
+            let first = if body.is_array() { &body[0] } else { &body };
+            assert_eq!(first["jsonrpc"], "2.0", "{r:?}");
+            assert!(first["error"]["code"].as_i64().is_some(), "{r:?}");
+            assert!(
+                !first["error"]["message"].as_str().unwrap().is_empty(),
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rest_callers_get_the_status_and_an_error_body() {
+        for r in every() {
+            let a = r.render(Some(Binding::Rest), None);
+            let body = a.body;
+            assert_eq!(body["error"]["code"], a.status, "{r:?}");
+            assert!(body["error"]["status"].as_str().is_some(), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn worker_failures_keep_their_status() {
+        #[rustfmt::skip]
+        let table = [
+            (Refusal::WorkerFailed { status: 504, why: String::new() }, 504, "worker_timeout"),
+            (Refusal::WorkerFailed { status: 502, why: String::new() }, 502, "worker_failed"),
+            (Refusal::WorkerUnresolvable(String::new()), 502, "worker_unresolvable"),
+        ];
+        for (r, status, reason) in table {
+            assert_eq!(r.render(None, None).status, status);
+            assert_eq!(r.render(Some(Binding::Rest), None).status, status);
+            assert_eq!(r.reason(), reason);
+        }
+    }
+
+    #[test]
+    fn a_batch_gets_one_error_per_call() {
+        let r = Refusal::BatchSend {
+            ids: vec![json!(1), json!("b"), Value::Null],
+        };
+        let body = r.render(Some(Binding::JsonRpc), None).body;
+        let ids: Vec<&Value> = body.as_array().unwrap().iter().map(|a| &a["id"]).collect();
+        assert_eq!(ids, [&json!(1), &json!("b"), &Value::Null]);
+    }
+}

@@ -1,0 +1,373 @@
+//! What follows from what the gateway reads in a request or an answer.
+//!
+//! The proxy reads HTTP bodies, SSE events and WebSocket frames into one
+//! observation (a task id, a state); the functions here say what that sight
+//! means for the gateway's state: record the task in the store, count a
+//! watcher, start or hold a lease, tell the budget its task. They also
+//! decide which answers are read at all, which requests the gateway must
+//! read whole (a batch holding a send it checks), and what a store outage
+//! does to a request that needs the store. The gateway applies the result in
+//! one place (`gateway/src/proxy/observe.rs`, `track`).
+
+use crate::cascade::CascadeMode;
+use crate::TaskState;
+
+/// The shape of the call a task is seen through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// A blocking or non-blocking `SendMessage`: one answer.
+    Send,
+    /// `SendStreamingMessage`: a stream that starts (or continues) a task.
+    Stream,
+    /// `SubscribeToTask`: a stream of a task started elsewhere.
+    Resubscribe,
+    /// `GetTask`: a poll of a task already known.
+    Poll,
+}
+
+impl Shape {
+    /// The answer is a stream whose caller watches the task while it lasts.
+    pub fn is_stream(self) -> bool {
+        matches!(self, Shape::Stream | Shape::Resubscribe)
+    }
+}
+
+/// A route's lease rules, as far as tracking needs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRules {
+    /// The gateway enforces callers' grants (the worker does not).
+    pub enforces_grants: bool,
+    /// The lease imposed on streams whose caller granted none (ms).
+    pub impose_ttl_ms: Option<u64>,
+    pub cascade: CascadeMode,
+}
+
+/// A lease the gateway starts for a task it just learned of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseStart {
+    /// The caller's grant, enforced by the gateway; the caller renews it.
+    Granted { ttl_ms: u64 },
+    /// The route's lease, held by this replica while the stream lives.
+    Imposed { ttl_ms: u64 },
+}
+
+/// What the first sight of a task on a request (or socket) calls for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FirstSight {
+    /// Write the task to the store (its state, where to cancel it).
+    pub record: bool,
+    /// Count this call as a watcher of the task while it lasts.
+    pub watch: bool,
+    /// Start enforcing a lease on the task.
+    pub lease: Option<LeaseStart>,
+    /// Renew the task's imposed lease (TTL in ms) while this call lasts: any
+    /// stream of the task, a resubscribe too, keeps it alive.
+    pub hold_ms: Option<u64>,
+    /// Keep the task in the call's own table (a socket tracks many).
+    pub keep: bool,
+}
+
+/// The first time a request or socket sees `state` for a task: what to
+/// record, watch and lease. `grant_ms` is the caller's valid lease grant,
+/// when it sent one; a grant the worker enforces itself (`enforces_grants`
+/// off) is the worker's, and the route's imposed lease applies as if none
+/// was sent.
+pub fn first_sight(
+    shape: Shape,
+    state: Option<TaskState>,
+    grant_ms: Option<u64>,
+    rules: &LeaseRules,
+) -> FirstSight {
+    let settled = state.is_some_and(TaskState::is_settled);
+    // A poll only updates a task the call already has.
+    if shape == Shape::Poll {
+        return FirstSight::default();
+    }
+    let watch = shape.is_stream();
+    // A one-answer send naming a task already settled (the usual blocking
+    // SendMessage) leaves nothing to cancel, watch or renew: the store is
+    // spared the write.
+    if !watch && settled {
+        return FirstSight::default();
+    }
+    let mut sight = FirstSight {
+        record: true,
+        watch,
+        keep: true,
+        ..FirstSight::default()
+    };
+    if settled {
+        return sight;
+    }
+    if let Some(ttl_ms) = grant_ms.filter(|_| rules.enforces_grants) {
+        sight.lease = Some(LeaseStart::Granted { ttl_ms });
+        return sight;
+    }
+    if let (Some(ttl_ms), true, CascadeMode::Cancel) = (rules.impose_ttl_ms, watch, rules.cascade) {
+        if shape == Shape::Stream {
+            sight.lease = Some(LeaseStart::Imposed { ttl_ms });
+        }
+        sight.hold_ms = Some(ttl_ms);
+    }
+    sight
+}
+
+/// A later state of a task already seen: whether the store must learn it
+/// (once, when it settles; never one write per event).
+pub fn records_settling(was_settled: bool, state: Option<TaskState>) -> bool {
+    !was_settled && state.is_some_and(TaskState::is_settled)
+}
+
+/// Whether the gateway reads the answer to a call of `shape`. A stream or
+/// subscription is always read (cascade, leases); a `SendMessage` answer
+/// only when its child holds a lease or a budget: no policy acts on a plain
+/// one, and parsing it would cost every request.
+pub fn reads_answer(shape: Shape, lease_grant: bool, budget: bool) -> bool {
+    match shape {
+        Shape::Stream | Shape::Resubscribe => true,
+        Shape::Send => lease_grant || budget,
+        Shape::Poll => false,
+    }
+}
+
+/// One call of a JSON-RPC batch, as far as admission cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchCall {
+    pub shape: Option<Shape>,
+    /// The call's message carries a lease grant (valid or not).
+    pub lease_grant: bool,
+}
+
+/// What a route checks on every send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendChecks {
+    /// The route enforces budgets: every send's grant is read.
+    pub budgeted: bool,
+    /// The gateway enforces callers' lease grants.
+    pub enforces_grants: bool,
+    /// The route imposes a lease on streams without a grant.
+    pub imposes: bool,
+}
+
+/// Whether a JSON-RPC batch holds a send this route must check. The gateway
+/// admits sends one per request (a batch's answer is one document for many
+/// children), so such a batch is refused whole rather than let its sends
+/// past the checks; any other batch passes untracked.
+pub fn batch_must_be_read(calls: &[BatchCall], checks: &SendChecks) -> bool {
+    calls.iter().any(|c| match c.shape {
+        Some(Shape::Send) => checks.budgeted || (checks.enforces_grants && c.lease_grant),
+        Some(Shape::Stream) => {
+            checks.budgeted || (checks.enforces_grants && (c.lease_grant || checks.imposes))
+        }
+        _ => false,
+    })
+}
+
+/// What a request that needs the store gets while the store is down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOutage {
+    /// The store is up, or the request does not need it.
+    Proceed,
+    /// `fail_open`: passed, its lease untracked (counted).
+    ProceedUntracked,
+    /// `fail_closed`: refused, the worker never sees it.
+    Refuse,
+}
+
+/// A send needs the store when the gateway must hold a lease for it: a
+/// grant it enforces, or a stream the route imposes a lease on.
+pub fn store_outage(
+    shape: Option<Shape>,
+    enforced_grant: bool,
+    imposes: bool,
+    store_healthy: bool,
+    fail_closed: bool,
+) -> StoreOutage {
+    let needs_store = enforced_grant || (imposes && shape == Some(Shape::Stream));
+    match (needs_store && !store_healthy, fail_closed) {
+        (false, _) => StoreOutage::Proceed,
+        (true, true) => StoreOutage::Refuse,
+        (true, false) => StoreOutage::ProceedUntracked,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TaskState::*;
+
+    const ENFORCE: LeaseRules = LeaseRules {
+        enforces_grants: true,
+        impose_ttl_ms: None,
+        cascade: CascadeMode::Cancel,
+    };
+    const IMPOSE: LeaseRules = LeaseRules {
+        enforces_grants: true,
+        impose_ttl_ms: Some(30_000),
+        cascade: CascadeMode::Cancel,
+    };
+    const IMPOSE_DETACH: LeaseRules = LeaseRules {
+        cascade: CascadeMode::Detach,
+        ..IMPOSE
+    };
+    const WORKER_ENFORCES: LeaseRules = LeaseRules {
+        enforces_grants: false,
+        ..IMPOSE
+    };
+
+    fn sight(
+        record: bool,
+        watch: bool,
+        lease: Option<LeaseStart>,
+        hold_ms: Option<u64>,
+    ) -> FirstSight {
+        FirstSight {
+            record,
+            watch,
+            lease,
+            hold_ms,
+            keep: record,
+        }
+    }
+
+    /// Shape, state, grant, rules, what follows.
+    type Row = (
+        Shape,
+        Option<TaskState>,
+        Option<u64>,
+        LeaseRules,
+        FirstSight,
+    );
+
+    #[test]
+    fn first_sight_table() {
+        let granted = Some(LeaseStart::Granted { ttl_ms: 5_000 });
+        let imposed = Some(LeaseStart::Imposed { ttl_ms: 30_000 });
+        let nothing = FirstSight::default();
+        #[rustfmt::skip]
+        let table: &[Row] = &[
+            // A blocking send answered settled: nothing at all.
+            (Shape::Send, Some(Completed), None, ENFORCE, nothing),
+            (Shape::Send, Some(InputRequired), Some(5_000), ENFORCE, nothing),
+            // A send answered running: recorded, not watched; its grant leased.
+            (Shape::Send, Some(Working), None, ENFORCE, sight(true, false, None, None)),
+            (Shape::Send, Some(Working), Some(5_000), ENFORCE, sight(true, false, granted, None)),
+            (Shape::Send, None, Some(5_000), ENFORCE, sight(true, false, granted, None)),
+            // Never imposed on a one-answer send.
+            (Shape::Send, Some(Working), None, IMPOSE, sight(true, false, None, None)),
+            // A stream: recorded and watched, settled or not.
+            (Shape::Stream, Some(Completed), None, IMPOSE, sight(true, true, None, None)),
+            (Shape::Stream, Some(Working), None, ENFORCE, sight(true, true, None, None)),
+            (Shape::Stream, Some(Working), Some(5_000), IMPOSE, sight(true, true, granted, None)),
+            (Shape::Stream, Some(Submitted), None, IMPOSE, sight(true, true, imposed, Some(30_000))),
+            // A detached route imposes nothing.
+            (Shape::Stream, Some(Working), None, IMPOSE_DETACH, sight(true, true, None, None)),
+            // The worker enforces grants: the gateway enforces none, and
+            // imposes its own lease as on a stream without a grant.
+            (Shape::Stream, Some(Working), Some(5_000), WORKER_ENFORCES, sight(true, true, imposed, Some(30_000))),
+            (Shape::Stream, Some(Working), None, WORKER_ENFORCES, sight(true, true, imposed, Some(30_000))),
+            // A resubscribe holds (renews) the imposed lease, starts none.
+            (Shape::Resubscribe, Some(Working), None, IMPOSE, sight(true, true, None, Some(30_000))),
+            (Shape::Resubscribe, Some(Working), None, ENFORCE, sight(true, true, None, None)),
+            (Shape::Resubscribe, Some(Canceled), None, IMPOSE, sight(true, true, None, None)),
+            // A poll never creates.
+            (Shape::Poll, Some(Working), Some(5_000), IMPOSE, nothing),
+        ];
+        for (i, (shape, state, grant, rules, want)) in table.iter().enumerate() {
+            assert_eq!(
+                first_sight(*shape, *state, *grant, rules),
+                *want,
+                "row {i}: {shape:?} {state:?} grant {grant:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn settling_is_recorded_once() {
+        assert!(records_settling(false, Some(Completed)));
+        assert!(records_settling(false, Some(InputRequired)));
+        assert!(!records_settling(true, Some(Completed)));
+        assert!(!records_settling(false, Some(Working)));
+        assert!(!records_settling(false, None));
+    }
+
+    #[test]
+    fn which_answers_are_read() {
+        #[rustfmt::skip]
+        let table = [
+            (Shape::Send, false, false, false),
+            (Shape::Send, true, false, true),
+            (Shape::Send, false, true, true),
+            (Shape::Stream, false, false, true),
+            (Shape::Resubscribe, false, false, true),
+            (Shape::Poll, true, true, false),
+        ];
+        for (shape, lease, budget, want) in table {
+            assert_eq!(
+                reads_answer(shape, lease, budget),
+                want,
+                "{shape:?} {lease} {budget}"
+            );
+        }
+    }
+
+    #[test]
+    fn batches_that_must_be_read() {
+        let send = |lease_grant| BatchCall {
+            shape: Some(Shape::Send),
+            lease_grant,
+        };
+        let stream = |lease_grant| BatchCall {
+            shape: Some(Shape::Stream),
+            lease_grant,
+        };
+        let poll = BatchCall {
+            shape: Some(Shape::Poll),
+            lease_grant: true,
+        };
+        let checks = |budgeted, enforces_grants, imposes| SendChecks {
+            budgeted,
+            enforces_grants,
+            imposes,
+        };
+        #[rustfmt::skip]
+        let table: &[(&[BatchCall], SendChecks, bool)] = &[
+            (&[send(false), poll], checks(false, true, true), false),
+            (&[send(false)], checks(true, false, false), true),
+            (&[send(true)], checks(false, true, false), true),
+            (&[send(true)], checks(false, false, true), false),
+            (&[stream(false)], checks(false, true, true), true),
+            (&[stream(false)], checks(false, true, false), false),
+            (&[stream(false)], checks(false, false, true), false),
+            (&[poll, poll], checks(true, true, true), false),
+            (&[], checks(true, true, true), false),
+        ];
+        for (i, (calls, c, want)) in table.iter().enumerate() {
+            assert_eq!(batch_must_be_read(calls, c), *want, "row {i}");
+        }
+    }
+
+    #[test]
+    fn store_outage_table() {
+        use StoreOutage::*;
+        #[rustfmt::skip]
+        let table = [
+            // shape, enforced grant, imposes, healthy, fail_closed
+            (Some(Shape::Send), true, false, true, true, Proceed),
+            (Some(Shape::Send), true, false, false, true, Refuse),
+            (Some(Shape::Send), true, false, false, false, ProceedUntracked),
+            (Some(Shape::Send), false, true, false, true, Proceed),
+            (Some(Shape::Stream), false, true, false, true, Refuse),
+            (Some(Shape::Stream), false, false, false, true, Proceed),
+            (Some(Shape::Poll), false, true, false, true, Proceed),
+            (None, false, true, false, true, Proceed),
+        ];
+        for (shape, grant, imposes, healthy, closed, want) in table {
+            assert_eq!(
+                store_outage(shape, grant, imposes, healthy, closed),
+                want,
+                "{shape:?} grant {grant} imposes {imposes} healthy {healthy} closed {closed}"
+            );
+        }
+    }
+}
