@@ -6,9 +6,10 @@
 //! REST status and its gRPC-style name, the message, `error.data`, the
 //! metric label and `Retry-After`; matched exhaustively, so a new case
 //! cannot be half answered. A JSON-RPC caller gets a JSON-RPC error (HTTP
-//! 200, as A2A JSON-RPC servers answer errors), a REST caller the HTTP
-//! status with `{"error": {code, status, message, details?}}`; so does
-//! traffic the gateway did not read as A2A.
+//! 200 for a refusal, as A2A JSON-RPC servers answer errors; the worker's
+//! 502 or 504 for a failed worker), a REST caller the HTTP status with
+//! `{"error": {code, status, message, details?}}`; so does traffic the
+//! gateway did not read as A2A.
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -101,6 +102,14 @@ impl Refusal {
     /// failure of the worker or a request for no route.
     fn is_policy(&self) -> bool {
         !matches!(self, Refusal::NoRoute { .. } | Refusal::WorkerFailed { .. })
+    }
+
+    /// The worker could not be reached or did not answer.
+    fn is_worker_failure(&self) -> bool {
+        matches!(
+            self,
+            Refusal::WorkerUnresolvable(_) | Refusal::WorkerFailed { .. }
+        )
     }
 
     fn parts(&self) -> Parts {
@@ -244,8 +253,17 @@ impl Refusal {
             }
             _ => answer(rpc_id.cloned().unwrap_or(Value::Null)),
         };
+        // A policy refusal is an application error: HTTP 200, as A2A
+        // JSON-RPC servers answer errors. A failed worker keeps its 502 or
+        // 504, as any proxy answers it, so logs, load balancers and retries
+        // see it; the body is what the caller's SDK reads.
+        let status = if self.is_worker_failure() {
+            p.http.0
+        } else {
+            200
+        };
         Answer {
-            status: 200,
+            status,
             body,
             retry_after: p.retry_after,
         }
@@ -316,7 +334,12 @@ mod tests {
     fn jsonrpc_callers_always_get_a_jsonrpc_error() {
         for r in every() {
             let a = r.render(Some(Binding::JsonRpc), Some(&json!(7)));
-            assert_eq!(a.status, 200, "{r:?}");
+            let status = if r.is_worker_failure() {
+                r.parts().http.0
+            } else {
+                200
+            };
+            assert_eq!(a.status, status, "{r:?}");
             let body = a.body;
             let first = if body.is_array() { &body[0] } else { &body };
             assert_eq!(first["jsonrpc"], "2.0", "{r:?}");

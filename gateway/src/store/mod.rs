@@ -379,5 +379,9 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The store conformance suite every implementation passes: built for the
+/// crate's own tests and, through the `conformance` feature, for the
+/// integration tests (which turn it on); never in the release binary.
+#[cfg(any(test, feature = "conformance"))]
 #[doc(hidden)]
 pub mod conformance;

@@ -127,143 +127,32 @@ const MAX_EXACT: u64 = (1 << 53) - 1;
 /// `{SETTLED_MS}`, `{REPLICAS}` (the replica keys' prefix, a Lua string),
 /// `{TICKETS}` (the ticket tombstones' prefix) and `{TOMBSTONE_MS}` are
 /// filled in from Rust, in the prelude and the script after it ([`fill`]).
-const PRELUDE: &str = r#"
-local MAX = 9007199254740991
-local TERMINAL = {TERMINAL}
-local SETTLED = {SETTLED}
-local function num(s)
-  local n = tonumber(s)
-  if n == nil then return 0 end
-  return n
-end
--- Integers as exact decimal strings (redis.call would print 1e+15).
-local function fmt(n) return string.format('%.0f', n) end
--- A task's hash as a flat list, its `w:{replica}` fields summed into
--- `watchers` over the replicas still alive; {} when there is no hash.
-local function record(k)
-  local rec = redis.call('HGETALL', k)
-  if #rec == 0 then return rec end
-  local out, w = {}, 0
-  for i = 1, #rec, 2 do
-    local f = rec[i]
-    if string.sub(f, 1, 2) == 'w:' then
-      if redis.call('EXISTS', {REPLICAS} .. string.sub(f, 3)) == 1 then
-        w = w + math.max(num(rec[i + 1]), 0)
-      end
-    elseif f == 'watchers' then
-      w = w + math.max(num(rec[i + 1]), 0)
-    else
-      out[#out + 1] = f
-      out[#out + 1] = rec[i + 1]
-    end
-  end
-  out[#out + 1] = 'watchers'
-  out[#out + 1] = fmt(math.min(w, 4294967295))
-  return out
-end
--- Short retention once settled without a lease; long otherwise.
-local function expire(k)
-  local st = redis.call('HGET', k, 'state')
-  if st and SETTLED[st] and redis.call('HEXISTS', k, 'lease_deadline') == 0 then
-    redis.call('PEXPIRE', k, {SETTLED_MS})
-  else
-    redis.call('PEXPIRE', k, {LIVE_MS})
-  end
-end
--- -1: no live lease; -2: lapsed (left for the claimer); else the new deadline.
-local function renew(k, z, now)
-  local score = redis.call('ZSCORE', z, k)
-  if not score then return -1 end
-  local ttl = tonumber(redis.call('HGET', k, 'lease_ttl'))
-  if not ttl then return -1 end
-  if now > num(score) then return -2 end
-  local d = math.min(now + ttl, MAX)
-  redis.call('HSET', k, 'lease_deadline', fmt(d))
-  redis.call('ZADD', z, fmt(d), k)
-  expire(k)
-  return d
-end
-"#;
+const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 /// KEYS: task, leases. ARGV: now, route, tenant, task_id, has_context,
 /// context, state (`""` = none), has_target, binding, path, watchers_delta,
 /// replica (its `w:` field takes the delta). Returns the record (`record`).
-const UPDATE: &str = r#"
-local k, z = KEYS[1], KEYS[2]
-redis.call('HSET', k, 'route', ARGV[2], 'tenant', ARGV[3], 'task_id', ARGV[4], 'updated_ms', ARGV[1])
-if ARGV[5] == '1' then redis.call('HSET', k, 'context_id', ARGV[6]) end
-local s = ARGV[7]
-if s ~= '' then
-  local old = redis.call('HGET', k, 'state')
-  if not (old and TERMINAL[old]) then redis.call('HSET', k, 'state', s) end
-  if SETTLED[s] then
-    redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
-    redis.call('ZREM', z, k)
-  end
-end
-if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
-local wf = 'w:' .. ARGV[12]
-local w = math.max(num(redis.call('HGET', k, wf)), 0) + num(ARGV[11])
-if w <= 0 then
-  redis.call('HDEL', k, wf)
-else
-  redis.call('HSET', k, wf, fmt(math.min(w, 4294967295)))
-end
-expire(k)
-return record(k)
-"#;
+const UPDATE: &str = include_str!("lua/update.lua");
 
 /// KEYS: task. The record (`record`), `{}` when there is none.
-const GET: &str = r#"
-return record(KEYS[1])
-"#;
+const GET: &str = include_str!("lua/get.lua");
 
 /// KEYS: task, leases, lease retries (as written before retries were kept
 /// per route), the route's lease retries. ARGV: now, deadline, ttl,
 /// has_holder, holder, route, tenant, task_id. A hand-back or claim hold of
 /// an earlier lease of the task is dropped: it must not reap this one.
-const LEASE_START: &str = r#"
-local k, z = KEYS[1], KEYS[2]
-redis.call('ZREM', KEYS[3], k)
-redis.call('ZREM', KEYS[4], k)
-redis.call('HSET', k, 'route', ARGV[6], 'tenant', ARGV[7], 'task_id', ARGV[8], 'updated_ms', ARGV[1],
-  'lease_ttl', ARGV[3], 'lease_deadline', ARGV[2])
-if ARGV[4] == '1' then
-  redis.call('HSET', k, 'lease_holder', ARGV[5])
-else
-  redis.call('HDEL', k, 'lease_holder')
-end
-redis.call('ZADD', z, ARGV[2], k)
-expire(k)
-return 1
-"#;
+const LEASE_START: &str = include_str!("lua/lease_start.lua");
 
 /// KEYS: task, leases. ARGV: now. Returns -1 (no lease), -2 (lapsed) or the
 /// new deadline.
-const LEASE_RENEW: &str = r#"
-return renew(KEYS[1], KEYS[2], num(ARGV[1]))
-"#;
+const LEASE_RENEW: &str = include_str!("lua/lease_renew.lua");
 
 /// KEYS: leases, task… ARGV: now. Returns how many were renewed.
-const LEASE_RENEW_MANY: &str = r#"
-local now, n = num(ARGV[1]), 0
-for i = 2, #KEYS do
-  if renew(KEYS[i], KEYS[1], now) >= 0 then n = n + 1 end
-end
-return n
-"#;
+const LEASE_RENEW_MANY: &str = include_str!("lua/lease_renew_many.lua");
 
 /// KEYS: task, leases, lease retries (before retries were kept per route),
 /// the route's lease retries.
-const LEASE_END: &str = r#"
-local k, z = KEYS[1], KEYS[2]
-redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
-redis.call('ZREM', z, k)
-redis.call('ZREM', KEYS[3], k)
-redis.call('ZREM', KEYS[4], k)
-if redis.call('EXISTS', k) == 1 then expire(k) end
-return 1
-"#;
+const LEASE_END: &str = include_str!("lua/lease_end.lua");
 
 /// KEYS: leases, lease retries (as written before retries were kept per
 /// route), then the lease retries of each route the claimer has. ARGV: now,
@@ -273,74 +162,20 @@ return 1
 /// handed back for `hold until` into its route's retries (its claimer ends
 /// it or hands it back sooner). Returns the claimed records (`record`); an
 /// entry whose hash is gone is dropped.
-const LEASE_CLAIM: &str = r#"
-local z, limit, hold, tp, rp = KEYS[1], num(ARGV[2]), ARGV[3], {TASK_PREFIX}, {RETRY_PREFIX}
-local function held_in(k)
-  local rest = string.sub(k, #tp + 1)
-  local e = string.find(rest, ':', 1, true)
-  if string.sub(k, 1, #tp) ~= tp or not e then return KEYS[2] end
-  return rp .. string.sub(rest, 1, e - 1)
-end
-local function hold_it(k)
-  local r = held_in(k)
-  redis.call('ZADD', r, hold, k)
-  redis.call('PEXPIRE', r, {RETRIES_TTL_MS})
-end
-local ks = redis.call('ZRANGEBYSCORE', z, '-inf', '(' .. ARGV[1], 'LIMIT', '0', ARGV[2])
-local out = {}
-for _, k in ipairs(ks) do
-  redis.call('ZREM', z, k)
-  local rec = record(k)
-  if #rec > 0 then
-    out[#out + 1] = rec
-    hold_it(k)
-  end
-end
-for i = 2, #KEYS do
-  if #out >= limit then break end
-  local r = KEYS[i]
-  local rs = redis.call('ZRANGEBYSCORE', r, '-inf', ARGV[1], 'LIMIT', '0', tostring(limit - #out))
-  for _, k in ipairs(rs) do
-    redis.call('ZREM', r, k)
-    if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
-      out[#out + 1] = record(k)
-      hold_it(k)
-    end
-  end
-end
-return out
-"#;
+const LEASE_CLAIM: &str = include_str!("lua/lease_claim.lua");
 
 /// KEYS: task, its route's lease retries. ARGV: retry at. Only while the
 /// task holds a lease; the deadline index is not touched, so renewals find
 /// none. The route's set expires a day after its last hand-back, so that the
 /// hand-backs of a route no replica has any more do not stay forever.
-const LEASE_RETRY: &str = r#"
-if redis.call('HEXISTS', KEYS[1], 'lease_ttl') == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
-  redis.call('PEXPIRE', KEYS[2], {RETRIES_TTL_MS})
-  return 1
-end
-return 0
-"#;
+const LEASE_RETRY: &str = include_str!("lua/lease_retry.lua");
 
 /// ARGV: cursor, MATCH pattern, how many records at most. One `SCAN` step
 /// (`COUNT 1000`), so that a listing never holds Redis for a walk of the
 /// whole keyspace (the admin port's `/tasks` and `/budgets` match few keys
 /// among many): returns `{next cursor, record…}`; the caller steps until
 /// the cursor is `0` or it has enough.
-const LIST: &str = r#"
-local r = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', '1000')
-local out, limit = {r[1]}, num(ARGV[3])
-for _, k in ipairs(r[2]) do
-  if #out - 1 >= limit then break end
-  if redis.call('TYPE', k).ok == 'hash' then
-    local rec = record(k)
-    if #rec > 0 then out[#out + 1] = rec end
-  end
-end
-return out
-"#;
+const LIST: &str = include_str!("lua/list.lua");
 
 /// KEYS: one account hash per ask. ARGV: n, then per ask meter, amount,
 /// limit, expires_at, route, scope, holder, window, ticket. All or nothing:
@@ -349,37 +184,7 @@ return out
 /// ask whose ticket the account holds (`t:{ticket}`) or that was settled
 /// lately (`{ns}:ticket:{ticket}`) is skipped: a reserve that lands after
 /// its own withdrawal reserves nothing.
-const ACCOUNT_RESERVE: &str = r#"
-local n = num(ARGV[1])
-local pending = {}
-local fresh = {}
-for i = 1, n do
-  local b = 1 + (i - 1) * 9
-  local k, meter, amount, limit = KEYS[i], ARGV[b + 1], num(ARGV[b + 2]), num(ARGV[b + 3])
-  fresh[i] = redis.call('HEXISTS', k, 't:' .. ARGV[b + 9]) == 0
-    and redis.call('EXISTS', {TICKETS} .. ARGV[b + 9]) == 0
-  if fresh[i] then
-    local id = k .. '\n' .. meter
-    local held = num(redis.call('HGET', k, 'spent:' .. meter))
-      + num(redis.call('HGET', k, 'reserved:' .. meter)) + (pending[id] or 0)
-    local left = math.max(limit - held, 0)
-    if amount > left then return {i - 1, fmt(left)} end
-    pending[id] = (pending[id] or 0) + amount
-  end
-end
-for i = 1, n do
-  if fresh[i] then
-    local b = 1 + (i - 1) * 9
-    local k, meter = KEYS[i], ARGV[b + 1]
-    local r = num(redis.call('HGET', k, 'reserved:' .. meter)) + num(ARGV[b + 2])
-    redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'limit:' .. meter, ARGV[b + 3],
-      'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8],
-      't:' .. ARGV[b + 9], ARGV[b + 2])
-    redis.call('PEXPIREAT', k, ARGV[b + 4])
-  end
-end
-return {-1, '0'}
-"#;
+const ACCOUNT_RESERVE: &str = include_str!("lua/account_reserve.lua");
 
 /// KEYS: one account hash per settlement. ARGV per settlement: meter,
 /// reserved, limit, expires_at, route, scope, holder, window, ticket,
@@ -389,28 +194,7 @@ return {-1, '0'}
 /// of it, or a reserve of the ticket landing late, change nothing. A
 /// ticket the account never held (its reserve never landed, or the account
 /// was lost with a Redis restart) is still charged.
-const ACCOUNT_SETTLE: &str = r#"
-for i = 1, #KEYS do
-  local b = (i - 1) * 10
-  local k, meter = KEYS[i], ARGV[b + 1]
-  local tomb = {TICKETS} .. ARGV[b + 9]
-  local held = redis.call('HDEL', k, 't:' .. ARGV[b + 9]) == 1
-  if held or redis.call('EXISTS', tomb) == 0 then
-    local charged = num(ARGV[b + 10])
-    if held or charged > 0 then
-      local r = num(redis.call('HGET', k, 'reserved:' .. meter))
-      if held then r = math.max(r - num(ARGV[b + 2]), 0) end
-      local s = math.min(num(redis.call('HGET', k, 'spent:' .. meter)) + charged, MAX)
-      redis.call('HSET', k, 'reserved:' .. meter, fmt(r), 'spent:' .. meter, fmt(s),
-        'limit:' .. meter, ARGV[b + 3],
-        'route', ARGV[b + 5], 'scope', ARGV[b + 6], 'holder', ARGV[b + 7], 'window', ARGV[b + 8])
-      redis.call('PEXPIREAT', k, ARGV[b + 4])
-    end
-    redis.call('SET', tomb, '1', 'PX', {TOMBSTONE_MS})
-  end
-end
-return 1
-"#;
+const ACCOUNT_SETTLE: &str = include_str!("lua/account_settle.lua");
 
 #[derive(Debug)]
 struct Scripts {

@@ -1,0 +1,1 @@
+return record(KEYS[1])

@@ -1,0 +1,55 @@
+local MAX = 9007199254740991
+local TERMINAL = {TERMINAL}
+local SETTLED = {SETTLED}
+local function num(s)
+  local n = tonumber(s)
+  if n == nil then return 0 end
+  return n
+end
+-- Integers as exact decimal strings (redis.call would print 1e+15).
+local function fmt(n) return string.format('%.0f', n) end
+-- A task's hash as a flat list, its `w:{replica}` fields summed into
+-- `watchers` over the replicas still alive; {} when there is no hash.
+local function record(k)
+  local rec = redis.call('HGETALL', k)
+  if #rec == 0 then return rec end
+  local out, w = {}, 0
+  for i = 1, #rec, 2 do
+    local f = rec[i]
+    if string.sub(f, 1, 2) == 'w:' then
+      if redis.call('EXISTS', {REPLICAS} .. string.sub(f, 3)) == 1 then
+        w = w + math.max(num(rec[i + 1]), 0)
+      end
+    elseif f == 'watchers' then
+      w = w + math.max(num(rec[i + 1]), 0)
+    else
+      out[#out + 1] = f
+      out[#out + 1] = rec[i + 1]
+    end
+  end
+  out[#out + 1] = 'watchers'
+  out[#out + 1] = fmt(math.min(w, 4294967295))
+  return out
+end
+-- Short retention once settled without a lease; long otherwise.
+local function expire(k)
+  local st = redis.call('HGET', k, 'state')
+  if st and SETTLED[st] and redis.call('HEXISTS', k, 'lease_deadline') == 0 then
+    redis.call('PEXPIRE', k, {SETTLED_MS})
+  else
+    redis.call('PEXPIRE', k, {LIVE_MS})
+  end
+end
+-- -1: no live lease; -2: lapsed (left for the claimer); else the new deadline.
+local function renew(k, z, now)
+  local score = redis.call('ZSCORE', z, k)
+  if not score then return -1 end
+  local ttl = tonumber(redis.call('HGET', k, 'lease_ttl'))
+  if not ttl then return -1 end
+  if now > num(score) then return -2 end
+  local d = math.min(now + ttl, MAX)
+  redis.call('HSET', k, 'lease_deadline', fmt(d))
+  redis.call('ZADD', z, fmt(d), k)
+  expire(k)
+  return d
+end

@@ -1,0 +1,22 @@
+local k, z = KEYS[1], KEYS[2]
+redis.call('HSET', k, 'route', ARGV[2], 'tenant', ARGV[3], 'task_id', ARGV[4], 'updated_ms', ARGV[1])
+if ARGV[5] == '1' then redis.call('HSET', k, 'context_id', ARGV[6]) end
+local s = ARGV[7]
+if s ~= '' then
+  local old = redis.call('HGET', k, 'state')
+  if not (old and TERMINAL[old]) then redis.call('HSET', k, 'state', s) end
+  if SETTLED[s] then
+    redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
+    redis.call('ZREM', z, k)
+  end
+end
+if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
+local wf = 'w:' .. ARGV[12]
+local w = math.max(num(redis.call('HGET', k, wf)), 0) + num(ARGV[11])
+if w <= 0 then
+  redis.call('HDEL', k, wf)
+else
+  redis.call('HSET', k, wf, fmt(math.min(w, 4294967295)))
+end
+expire(k)
+return record(k)
