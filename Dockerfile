@@ -37,7 +37,8 @@ COPY --from=builder /out/gateway.toml /etc/a2a-gateway/gateway.toml
 USER 10001:10001
 # mimalloc (the gateway's allocator) turns transparent huge pages off for
 # the process: on a host set to `always` they would make each open stream's
-# mostly untouched read buffers resident (README, "Quick start").
+# mostly untouched read buffers resident (docs/operations.md, "Memory and
+# the allocator").
 ENV MIMALLOC_ALLOW_THP=0
 EXPOSE 8080 9090
 ENTRYPOINT ["a2a-gateway"]

@@ -4,7 +4,7 @@
 //! worker's card unchanged would bypass the gateway on its next call. Every
 //! HTTP(S) interface URL is moved under the gateway's base URL, keeping the
 //! part of its path below the worker's base path. Signatures cover the
-//! original URLs, so they are dropped (the README says why).
+//! original URLs, so they are dropped (`docs/behaviour.md` says why).
 
 use serde_json::Value;
 
