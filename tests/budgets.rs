@@ -13,6 +13,7 @@ use crate::harness::redis::RedisServer;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, state_of, stream_response, task_id_of, Bind, Kind, Worker};
+use crate::harness::{scaled_count, scaled_ms, scaled_secs};
 
 const BUDGET_URI: &str = "https://a2a-rust.com/extensions/budget/v1";
 const BUDGET_KEY: &str = "a2a-rust.com/budget";
@@ -61,7 +62,7 @@ async fn open(url: &str, bind: Bind, tenant: Option<&str>, msg: Value) -> (SseSt
         s.content_type()
     );
     for _ in 0..10 {
-        let ev = s.next(Duration::from_secs(10)).await.expect("an event");
+        let ev = s.next(scaled_secs(10)).await.expect("an event");
         if let Some(id) = task_id_of(&ev) {
             return (s, id);
         }
@@ -113,15 +114,18 @@ async fn forwarded_message(url: &str, tenant: Option<&str>, id: &str) -> Value {
 }
 
 /// How long after `since` the worker itself reports the task CANCELED,
-/// asked every 10 ms (for at most 5 s).
+/// asked every 10 ms (for at most 5 s, scaled).
 async fn canceled_after(worker: &Worker, id: &str, since: Instant) -> Duration {
-    while since.elapsed() < Duration::from_secs(5) {
+    while since.elapsed() < scaled_secs(5) {
         if worker.state(None, id).await.as_deref() == Some(CANCELED) {
             return since.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the worker did not report CANCELED within 5 s");
+    panic!(
+        "the worker did not report CANCELED within {:?}",
+        scaled_secs(5)
+    );
 }
 
 /// A child reporting spend past its meter's cap is cancelled on the worker,
@@ -138,7 +142,7 @@ async fn spend_past_cap(kind: Kind, bind: Bind) {
         budgeted("spend:20000:tokens=100", None),
     )
     .await;
-    let events = s.rest(Duration::from_secs(10)).await;
+    let events = s.rest(scaled_secs(10)).await;
     let last = events.last().expect("events after the first");
     assert!(is_budget_failure(last), "last event: {last}");
     let u = &stream_response(last)["statusUpdate"];
@@ -165,7 +169,7 @@ async fn spend_past_cap(kind: Kind, bind: Bind) {
         "{events:?}"
     );
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_secs(3))
+        .wait_state(None, &id, CANCELED, scaled_secs(3))
         .await
         .unwrap_or_else(|last| panic!("worker state {last:?}, want CANCELED"));
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
@@ -221,11 +225,11 @@ async fn deadline(bind: Bind) {
     let after = canceled_after(&worker, &id, sent).await;
     assert!(after >= remaining, "not before the deadline: {after:?}");
     assert!(
-        after <= remaining + Duration::from_millis(250),
+        after <= remaining + scaled_ms(250),
         "cancelled {:?} after the deadline",
         after - remaining
     );
-    let events = s.rest(Duration::from_secs(5)).await;
+    let events = s.rest(scaled_secs(5)).await;
     let last = events.last().expect("the failure");
     assert!(is_budget_failure(last), "{last}");
     assert_eq!(
@@ -266,12 +270,15 @@ async fn max_deadline_clamps_a_longer_grant() {
         budgeted("work:20000", Some(grant)),
     )
     .await;
-    let events = s.rest(Duration::from_secs(5)).await;
+    let events = s.rest(scaled_secs(5)).await;
     let took = sent.elapsed();
     let last = events.last().expect("a last event");
     assert_eq!(state_of(last).as_deref(), Some(FAILED), "{last}");
     assert!(is_budget_failure(last), "{last}");
-    assert!(took < Duration::from_millis(700 + 250), "{took:?}");
+    assert!(
+        took < Duration::from_millis(700) + scaled_ms(250),
+        "{took:?}"
+    );
     let state = worker.state(None, &id).await;
     assert!(
         matches!(state.as_deref(), Some(FAILED | CANCELED)),
@@ -417,7 +424,7 @@ async fn ten_children_share_an_account() {
     assert!(spent > 0 && spent <= 300, "{spent}");
     // Settled: the reservations are replaced by the reported spend.
     let mut acct = Value::Null;
-    for _ in 0..50 {
+    for _ in 0..scaled_count(50) {
         acct = account(&gw, "acme").await;
         if acct["reserved"] == 0 {
             break;
@@ -486,7 +493,7 @@ async fn two_replicas_share_an_account_on_redis() {
     assert_eq!(tasks_started(&worker).await, 3);
     let spent: u64 = admitted.iter().map(|e| settled_spend(e)).sum();
     let mut acct = Value::Null;
-    for _ in 0..50 {
+    for _ in 0..scaled_count(50) {
         acct = account(&b, "acme").await;
         if acct["reserved"] == 0 {
             break;
@@ -521,7 +528,7 @@ async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
     let (admitted, _) = concurrent_children(&[&gw.url], "acme", 1, "spend:0:tokens=10").await;
     assert_eq!(admitted.len(), 1);
     let mut before = Value::Null;
-    for _ in 0..50 {
+    for _ in 0..scaled_count(50) {
         before = account(&gw, "acme").await;
         if before["reserved"] == 0 {
             break;
@@ -546,7 +553,7 @@ async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
     // The pause has ended; the reservation landed, and the withdrawal
     // after it.
     let mut after = Value::Null;
-    for _ in 0..100 {
+    for _ in 0..scaled_count(100) {
         after = account(&gw, "acme").await;
         if after["reserved"] == 0 && after["spent"] == before["spent"] {
             break;
@@ -575,13 +582,14 @@ async fn a_settlement_the_store_did_not_take_is_retried() {
         concurrent_children(&[&url], "acme", 1, "spend:800:tokens=10").await
     });
     // Reserved by now; the child reports and settles while writes wait.
+    // Not scaled: the pause must begin before the child settles (800 ms).
     tokio::time::sleep(Duration::from_millis(400)).await;
     pause_writes(&redis, 1500).await;
     let (admitted, _) = child.await.unwrap();
     assert_eq!(admitted.len(), 1);
     let spent = settled_spend(&admitted[0]);
     // Past the pause and the retry (1 s after the timeout).
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    tokio::time::sleep(scaled_ms(3000)).await;
     assert!(
         gw.counter("a2agw_store_errors_total", &["account_settle"])
             .await
@@ -657,7 +665,7 @@ async fn bad_grants(kind: Kind, bind: Bind, pad: usize) {
             "{grant}: {msg:?} does not start with {want:?}"
         );
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(scaled_ms(200)).await;
     assert_eq!(
         tasks_started(&worker).await,
         0,
@@ -669,9 +677,9 @@ async fn bad_grants(kind: Kind, bind: Bind, pad: usize) {
         msg["metadata"]["pad"] = json!("x".repeat(pad));
     }
     let (mut s, id) = open(&gw.url, bind, None, msg).await;
-    let _ = s.rest(Duration::from_secs(5)).await;
+    let _ = s.rest(scaled_secs(5)).await;
     let (mut s2, id2) = open(&gw.url, bind, None, budgeted("quick", None)).await;
-    let _ = s2.rest(Duration::from_secs(5)).await;
+    let _ = s2.rest(scaled_secs(5)).await;
     assert_eq!(tasks_started(&worker).await, 2);
     let fwd = forwarded_message(&worker.url(), None, &id).await;
     assert!(
@@ -820,13 +828,14 @@ async fn deadline_outlives_a_non_blocking_send() {
         .as_str()
         .unwrap_or_else(|| panic!("a task: {v}"))
         .to_owned();
+    // Not scaled: the scenario needs the answer before the 700 ms deadline.
     assert!(
         sent.elapsed() < Duration::from_millis(700),
         "answered before the deadline"
     );
     let after = canceled_after(&worker, &id, sent).await;
     assert!(
-        (Duration::from_millis(700)..=Duration::from_millis(950)).contains(&after),
+        (Duration::from_millis(700)..=Duration::from_millis(700) + scaled_ms(250)).contains(&after),
         "{after:?}"
     );
     assert_eq!(worker.cancels().await, 1);
@@ -866,7 +875,7 @@ async fn callers_get_their_own_caps_and_accounts() {
     for (auth, want) in [(alice, 10), ("Bearer key-of-bob", 100)] {
         let (path, body) = stream_request(Bind::JsonRpc, None, budgeted("quick", None));
         let mut s = SseStream::open(&gw.url, &path, &[("authorization", auth)], &body).await;
-        let events = s.rest(Duration::from_secs(5)).await;
+        let events = s.rest(scaled_secs(5)).await;
         let id = events.iter().find_map(task_id_of).expect("a task");
         let fwd = forwarded_message(&worker.url(), None, &id).await;
         assert!(

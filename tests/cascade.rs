@@ -10,9 +10,9 @@ use serde_json::json;
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{list_task_ids, send_and_leave};
-use crate::harness::scenarios;
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{send_stream, state_of, subscribe, Bind, Kind, Worker};
+use crate::harness::{scaled_count, scaled_ms, scaled_secs, scenarios};
 
 const CANCELED: &str = "TASK_STATE_CANCELED";
 const WORKING: &str = "TASK_STATE_WORKING";
@@ -25,7 +25,7 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
     let gw = Gateway::in_front_of(&worker.url(), "").await;
     let (stream, id) = send_stream(&gw.url, bind, tenant, LONG).await;
     worker
-        .wait_state(tenant, &id, WORKING, Duration::from_secs(5))
+        .wait_state(tenant, &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs");
     if reset {
@@ -34,11 +34,12 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
         stream.close();
     }
     let took = worker
-        .wait_state(tenant, &id, CANCELED, Duration::from_secs(1))
+        .wait_state(tenant, &id, CANCELED, scaled_secs(1))
         .await
         .unwrap_or_else(|last| {
             panic!(
-                "not canceled within 1 s (state {last:?}); gateway log:\n{}",
+                "not canceled within {:?} (state {last:?}); gateway log:\n{}",
+                scaled_secs(1),
                 gw.log_text()
             )
         });
@@ -48,7 +49,7 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
     // reached the gateway, which counts the outcome then.
     let outcome = ["outcome=\"canceled\""];
     let mut counted = 0.0;
-    for _ in 0..100 {
+    for _ in 0..scaled_count(100) {
         counted = gw.counter("a2agw_cancels_total", &outcome).await;
         if counted > 0.0 {
             break;
@@ -63,13 +64,13 @@ async fn completed_task(kind: Kind, bind: Bind) {
     let worker = Worker::start(kind).await;
     let gw = Gateway::in_front_of(&worker.url(), "").await;
     let (mut stream, id) = send_stream(&gw.url, bind, None, "work:300").await;
-    let events = stream.rest(Duration::from_secs(10)).await;
+    let events = stream.rest(scaled_secs(10)).await;
     assert_eq!(
         events.last().and_then(state_of).as_deref(),
         Some("TASK_STATE_COMPLETED")
     );
     stream.close();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(scaled_ms(500)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some("TASK_STATE_COMPLETED")
@@ -89,7 +90,7 @@ async fn input_required(kind: Kind, bind: Bind) {
     let gw = Gateway::in_front_of(&worker.url(), "").await;
     let (mut stream, id) = send_stream(&gw.url, bind, None, "ask").await;
     let mut last = None;
-    while let Some(ev) = stream.next(Duration::from_secs(10)).await {
+    while let Some(ev) = stream.next(scaled_secs(10)).await {
         if let Some(s) = state_of(&ev) {
             last = Some(s.clone());
             if s == "TASK_STATE_INPUT_REQUIRED" {
@@ -99,7 +100,7 @@ async fn input_required(kind: Kind, bind: Bind) {
     }
     assert_eq!(last.as_deref(), Some("TASK_STATE_INPUT_REQUIRED"));
     stream.close();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(scaled_ms(700)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some("TASK_STATE_INPUT_REQUIRED")
@@ -113,7 +114,7 @@ async fn detach(kind: Kind, bind: Bind) {
     let gw = Gateway::in_front_of(&worker.url(), "cascade = \"detach\"").await;
     let (stream, id) = send_stream(&gw.url, bind, None, LONG).await;
     stream.close();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(scaled_ms(1200)).await;
     assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING));
     assert_eq!(worker.cancels().await, 0);
     assert!(
@@ -134,10 +135,11 @@ async fn grace_resubscribe(kind: Kind, bind: Bind) {
     let mut again = subscribe(&gw.url, bind, None, &id).await;
     assert_eq!(again.status, 200);
     again
-        .next(Duration::from_secs(5))
+        .next(scaled_secs(5))
         .await
         .expect("the resubscribed stream flows");
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // The first caller's grace runs out while the resubscriber watches.
+    tokio::time::sleep(Duration::from_millis(1500) + scaled_ms(500)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some(WORKING),
@@ -146,7 +148,12 @@ async fn grace_resubscribe(kind: Kind, bind: Bind) {
     assert_eq!(worker.cancels().await, 0);
     again.close();
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_millis(1500 + 1000))
+        .wait_state(
+            None,
+            &id,
+            CANCELED,
+            Duration::from_millis(1500) + scaled_ms(1000),
+        )
         .await
         .unwrap_or_else(|last| {
             panic!(
@@ -177,7 +184,7 @@ async fn caller_leaves_before_first_event(kind: Kind, bind: Bind, text: &str, af
     ];
     send_and_leave(&gw.url, path, &headers, body.to_string().as_bytes(), after).await;
     let mut ids = Vec::new();
-    for _ in 0..300 {
+    for _ in 0..scaled_count(300) {
         ids = list_task_ids(&worker.url()).await;
         if !ids.is_empty() {
             break;
@@ -186,7 +193,7 @@ async fn caller_leaves_before_first_event(kind: Kind, bind: Bind, text: &str, af
     }
     assert_eq!(ids.len(), 1, "the worker started the task");
     worker
-        .wait_state(None, &ids[0], CANCELED, Duration::from_secs(2))
+        .wait_state(None, &ids[0], CANCELED, scaled_secs(2))
         .await
         .unwrap_or_else(|last| panic!("not canceled (state {last:?}); log:\n{}", gw.log_text()));
     assert_eq!(worker.cancels().await, 1);
@@ -201,7 +208,7 @@ async fn gap_without_gateway(kind: Kind, bind: Bind) {
     let worker = Worker::start(kind).await;
     let (stream, id) = send_stream(&worker.url(), bind, None, LONG).await;
     stream.close();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(scaled_ms(1500)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some(WORKING),
@@ -287,8 +294,7 @@ async fn header_tenant(route_extra: &str, caller: &[(&str, &str)], expect_cancel
         "the worker scopes tasks by the header: not found without it"
     );
     stream.close();
-    let canceled =
-        wait_for_state_with(&worker.url(), &acme, &id, CANCELED, Duration::from_secs(2)).await;
+    let canceled = wait_for_state_with(&worker.url(), &acme, &id, CANCELED, scaled_secs(2)).await;
     if expect_cancel {
         canceled.unwrap_or_else(|last| {
             panic!(
@@ -305,7 +311,7 @@ async fn header_tenant(route_extra: &str, caller: &[(&str, &str)], expect_cancel
         );
         assert_eq!(worker.cancels(), 0);
         let mut missed = 0.0;
-        for _ in 0..100 {
+        for _ in 0..scaled_count(100) {
             missed = gw
                 .counter("a2agw_cancels_total", &["outcome=\"not_found\""])
                 .await;
@@ -350,12 +356,12 @@ async fn rest_query_tenant_is_the_cancel_tenant() {
     assert_eq!(stream.status, 200);
     let id = stream.task_id().await;
     worker
-        .wait_state(Some("acme"), &id, WORKING, Duration::from_secs(5))
+        .wait_state(Some("acme"), &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs in tenant acme");
     stream.close();
     worker
-        .wait_state(Some("acme"), &id, CANCELED, Duration::from_secs(2))
+        .wait_state(Some("acme"), &id, CANCELED, scaled_secs(2))
         .await
         .unwrap_or_else(|last| {
             panic!(
@@ -377,7 +383,7 @@ async fn input_required_unseen(kind: Kind, bind: Bind) {
     ))
     .await;
     let (mut stream, id) = send_stream(&gw.url, bind, None, "ask:4096").await;
-    let events = stream.rest(Duration::from_secs(10)).await;
+    let events = stream.rest(scaled_secs(10)).await;
     let last = events.last().expect("events after the first");
     assert_eq!(
         state_of(last).as_deref(),
@@ -386,7 +392,7 @@ async fn input_required_unseen(kind: Kind, bind: Bind) {
     );
     assert!(last.to_string().len() > 4096, "an event over the limit");
     stream.close();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(scaled_ms(700)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some("TASK_STATE_INPUT_REQUIRED"),
@@ -433,16 +439,16 @@ async fn long_cancel_answer(kind: Kind) {
     let mut stream = SseStream::open(&gw.url, "/", &[], &body).await;
     let id = stream.task_id().await;
     worker
-        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .wait_state(None, &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs");
     stream.close();
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_secs(2))
+        .wait_state(None, &id, CANCELED, scaled_secs(2))
         .await
         .expect("cancelled");
     let mut done = 0.0;
-    for _ in 0..100 {
+    for _ in 0..scaled_count(100) {
         done = gw
             .counter("a2agw_cancels_total", &["outcome=\"canceled\""])
             .await;

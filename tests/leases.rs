@@ -10,9 +10,9 @@ use crate::harness::parent::ParentProcess;
 use crate::harness::redis::RedisServer;
 use crate::harness::relay::Relay;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
-use crate::harness::scenarios;
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of, Bind, Kind, Worker};
+use crate::harness::{scaled_count, scaled_ms, scaled_secs, scenarios};
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 const CANCELED: &str = "TASK_STATE_CANCELED";
@@ -111,7 +111,7 @@ async fn refusals(kind: Kind, bind: Bind, pad: usize) {
             }
         }
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(
         tasks_started(&worker).await,
         0,
@@ -131,7 +131,7 @@ async fn leased_stream(url: &str, ttl_ms: u64, text: &str) -> (SseStream, String
     let mut s = SseStream::open(url, "/", &[], &body).await;
     assert_eq!(s.status, 200);
     loop {
-        let ev = s.next(Duration::from_secs(10)).await.expect("an event");
+        let ev = s.next(scaled_secs(10)).await.expect("an event");
         if let Some(id) = task_id_of(&ev) {
             return (s, id);
         }
@@ -161,11 +161,18 @@ async fn granted_lease_lapses_unless_renewed() {
     let (_open, id) = leased_stream(&gw.url, 1500, "work:30000").await;
     let started = tokio::time::Instant::now();
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_millis(1500 + 1000))
+        .wait_state(
+            None,
+            &id,
+            CANCELED,
+            Duration::from_millis(1500) + scaled_ms(1000),
+        )
         .await
         .unwrap_or_else(|s| panic!("not canceled at lapse ({s:?}); log:\n{}", gw.log_text()));
+    // A lower bound: the lease started before the first event reached the
+    // test, by a lag that a slower machine makes longer.
     assert!(
-        started.elapsed() >= Duration::from_millis(1200),
+        started.elapsed() >= Duration::from_millis(1500).saturating_sub(scaled_ms(300)),
         "not before the TTL"
     );
 
@@ -180,7 +187,7 @@ async fn granted_lease_lapses_unless_renewed() {
             }
         })
     };
-    let events = stream.rest(Duration::from_secs(10)).await;
+    let events = stream.rest(scaled_secs(10)).await;
     renewer.abort();
     assert_eq!(
         events
@@ -206,7 +213,12 @@ async fn granted_lease_lapses_unless_renewed() {
         })
     };
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_millis(1500 + 1000))
+        .wait_state(
+            None,
+            &id,
+            CANCELED,
+            Duration::from_millis(1500) + scaled_ms(1000),
+        )
         .await
         .expect("plain GetTask does not renew");
     plain.abort();
@@ -238,16 +250,11 @@ async fn delegation_parent_killed_child_stops_at_lapse() {
         parent.dump()
     );
     worker
-        .wait_state(
-            None,
-            &parent.task_id,
-            "TASK_STATE_WORKING",
-            Duration::from_secs(5),
-        )
+        .wait_state(None, &parent.task_id, "TASK_STATE_WORKING", scaled_secs(5))
         .await
         .expect("the child runs");
     // Let renewals flow through the gateway for longer than one TTL.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_secs(2) + scaled_ms(500)).await;
     assert_eq!(
         worker.state(None, &parent.task_id).await.as_deref(),
         Some("TASK_STATE_WORKING"),
@@ -259,12 +266,13 @@ async fn delegation_parent_killed_child_stops_at_lapse() {
             None,
             &parent.task_id,
             CANCELED,
-            Duration::from_millis(2000 + 1000),
+            Duration::from_secs(2) + scaled_ms(1000),
         )
         .await
         .unwrap_or_else(|s| {
             panic!(
-                "not canceled within TTL + 1 s ({s:?}); log:\n{}",
+                "not canceled within TTL + {:?} ({s:?}); log:\n{}",
+                scaled_ms(1000),
                 gw.log_text()
             )
         });
@@ -274,7 +282,7 @@ async fn delegation_parent_killed_child_stops_at_lapse() {
 
     // A living parent renews: the child completes, nothing is canceled.
     let mut parent = ParentProcess::spawn(&gw.url, Duration::from_secs(2), "work:4000").await;
-    let outcome = parent.wait_outcome(Duration::from_secs(15)).await;
+    let outcome = parent.wait_outcome(scaled_secs(15)).await;
     assert!(outcome.starts_with("Completed"), "{outcome}");
     assert_eq!(
         worker.state(None, &parent.task_id).await.as_deref(),
@@ -309,7 +317,7 @@ async fn worker_with_lease_store_enforces_itself() {
         None,
         &parent.task_id,
         "TASK_STATE_WORKING",
-        Duration::from_secs(5),
+        scaled_secs(5),
     )
     .await
     .expect("the child runs");
@@ -319,7 +327,7 @@ async fn worker_with_lease_store_enforces_itself() {
         None,
         &parent.task_id,
         CANCELED,
-        Duration::from_millis(2000 + 1500),
+        Duration::from_secs(2) + scaled_ms(1500),
     )
     .await
     .expect("the worker's own lease store stops the child");
@@ -379,18 +387,18 @@ async fn replica_killed_other_replica_cancels() {
     let b = Gateway::start(&cfg).await;
     let (streams, ids) = long_streams(&a.url, 3).await;
     // Held leases are renewed by A: past one TTL, everything still runs.
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    tokio::time::sleep(Duration::from_secs(2) + scaled_ms(1000)).await;
     assert_working(&worker, &ids, "A renews it").await;
     a.kill().await;
     for id in &ids {
         worker
-            .wait_state(None, id, CANCELED, Duration::from_millis(2000 + 1000))
+            .wait_state(None, id, CANCELED, Duration::from_secs(2) + scaled_ms(1000))
             .await
             .unwrap_or_else(|s| {
                 panic!("{id} not canceled by B ({s:?}); B's log:\n{}", b.log_text())
             });
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(scaled_ms(500)).await;
     assert_eq!(
         worker.cancels().await,
         3,
@@ -421,7 +429,7 @@ async fn replicas_with_skewed_clocks_agree_on_lapses() {
         assert!((offset - want).abs() < 1.0, "offset {offset}, want {want}");
     }
     let (streams, ids) = long_streams(&a.url, 3).await;
-    tokio::time::sleep(Duration::from_millis(4000)).await;
+    tokio::time::sleep(Duration::from_secs(2) + scaled_ms(2000)).await;
     assert_working(
         &worker,
         &ids,
@@ -435,7 +443,7 @@ async fn replicas_with_skewed_clocks_agree_on_lapses() {
     a.kill().await;
     for id in &ids {
         worker
-            .wait_state(None, id, CANCELED, Duration::from_millis(2000 + 1000))
+            .wait_state(None, id, CANCELED, Duration::from_secs(2) + scaled_ms(1000))
             .await
             .unwrap_or_else(|s| {
                 panic!(
@@ -444,7 +452,7 @@ async fn replicas_with_skewed_clocks_agree_on_lapses() {
                 )
             });
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(scaled_ms(500)).await;
     assert_eq!(worker.cancels().await, 3, "each child canceled once");
     assert_eq!(behind.counter("a2agw_leases_lapsed_total", &[]).await, 3.0);
     drop(streams);
@@ -481,11 +489,11 @@ async fn a_lapse_claimed_by_a_replica_without_the_route_is_handed_on() {
     }
     // A has written and renewed the leases (its tracker writes them behind
     // the request).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(scaled_ms(1500)).await;
     a.kill().await;
     // B claims the lapsed leases (within TTL + a few ticks) and hands them back.
     let mut handed_back = false;
-    for _ in 0..60 {
+    for _ in 0..scaled_count(60) {
         let log = b.log_text();
         let named = |id: &String| {
             log.lines().any(|l| {
@@ -513,7 +521,7 @@ async fn a_lapse_claimed_by_a_replica_without_the_route_is_handed_on() {
     let c = Gateway::start(&with_route).await;
     for id in &ids {
         worker
-            .wait_state(None, id, CANCELED, Duration::from_secs(15))
+            .wait_state(None, id, CANCELED, scaled_secs(15))
             .await
             .unwrap_or_else(|s| {
                 panic!(
@@ -542,7 +550,7 @@ async fn redis_outage(mode: &str) {
     .await;
     redis.kill().await;
     // The reaper's heartbeat notices within a few ticks.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(scaled_ms(1500)).await;
     let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"message": message("quick")}});
     let resp = post_json(&gw.url, "/", &[], &send).await;
     assert_eq!(
@@ -565,11 +573,16 @@ async fn redis_outage(mode: &str) {
         }
     }
     redis.restart().await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(scaled_ms(1500)).await;
     // Back: a leased child that is not renewed is canceled at its lapse.
     let (_open, id) = leased_stream(&gw.url, 1000, "work:30000").await;
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_millis(1000 + 1500))
+        .wait_state(
+            None,
+            &id,
+            CANCELED,
+            Duration::from_millis(1000) + scaled_ms(1500),
+        )
         .await
         .unwrap_or_else(|s| {
             panic!(
@@ -643,7 +656,7 @@ async fn a_dead_replicas_streams_stop_keeping_children_alive() {
             .and_then(|ts| ts.iter().find(|t| t["id"] == id.as_str()))
             .and_then(|t| t["watchers"].as_u64())
     };
-    for _ in 0..100 {
+    for _ in 0..scaled_count(100) {
         if watchers().await == Some(1) {
             break;
         }
@@ -655,18 +668,18 @@ async fn a_dead_replicas_streams_stop_keeping_children_alive() {
     let mut resubscribed =
         crate::harness::worker::subscribe(&b.url, Bind::JsonRpc, None, &id).await;
     assert!(
-        resubscribed.next(Duration::from_secs(5)).await.is_some(),
+        resubscribed.next(scaled_secs(5)).await.is_some(),
         "B streams the task"
     );
     // Past the dead replica's heartbeat.
-    tokio::time::sleep(Duration::from_millis(6500)).await;
+    tokio::time::sleep(Duration::from_secs(6) + scaled_ms(500)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some("TASK_STATE_WORKING")
     );
     resubscribed.close();
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_secs(2))
+        .wait_state(None, &id, CANCELED, scaled_secs(2))
         .await
         .unwrap_or_else(|s| panic!("not cancelled by B ({s:?}); B's log:\n{}", b.log_text()));
     assert_eq!(worker.cancels().await, 1);
@@ -696,7 +709,7 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
     gate.set_open(false);
     // A claims the lapse and starts its cancel, which hangs at the gate.
     let mut claimed = false;
-    for _ in 0..50 {
+    for _ in 0..scaled_count(50) {
         if a.log_text()
             .lines()
             .any(|l| l.contains("lease lapsed; cancelling the task") && l.contains(id.as_str()))
@@ -714,6 +727,8 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
     a.kill().await;
     gate.set_open(true);
     let b = Gateway::start(&cfg).await;
+    // Not scaled: B is due to claim the lapse again once A's claim runs out
+    // (about 7 s after A made it); this only looks before that.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
@@ -721,7 +736,7 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
         "held by A's claim for now"
     );
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_secs(12))
+        .wait_state(None, &id, CANCELED, scaled_secs(12))
         .await
         .unwrap_or_else(|s| panic!("not cancelled by B ({s:?}); B's log:\n{}", b.log_text()));
     assert_eq!(worker.cancels().await, 1);

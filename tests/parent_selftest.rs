@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::harness::http::wait_for_state;
 use crate::harness::parent::ParentProcess;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::{scaled, scaled_ms, scaled_secs};
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 const WORKING: &str = "TASK_STATE_WORKING";
@@ -30,7 +31,7 @@ async fn await_working(worker: &RustWorker, parent: &ParentProcess) {
         None,
         &parent.task_id,
         WORKING,
-        Duration::from_secs(5),
+        scaled_secs(5),
     )
     .await
     {
@@ -57,7 +58,7 @@ async fn sigkilled_parent_child_stops_by_lease_lapse() {
     let mut parent = ParentProcess::spawn(&worker.url(), TTL, "work:30000").await;
     await_working(&worker, &parent).await;
     // Let at least one renewal land, so the lapse is measured from a renewal.
-    tokio::time::sleep(TTL / 2).await;
+    tokio::time::sleep(scaled(TTL / 2)).await;
     assert_eq!(
         worker.state(None, &parent.task_id).await.as_deref(),
         Some(WORKING),
@@ -71,12 +72,13 @@ async fn sigkilled_parent_child_stops_by_lease_lapse() {
         None,
         &parent.task_id,
         CANCELED,
-        TTL + Duration::from_secs(1),
+        TTL + scaled_secs(1),
     )
     .await;
     let took = stopped.unwrap_or_else(|last| {
         panic!(
-            "child not CANCELED within TTL+1 s of the SIGKILL (last {last:?})\n{}",
+            "child not CANCELED within TTL + {:?} of the SIGKILL (last {last:?})\n{}",
+            scaled_secs(1),
             parent.dump()
         )
     });
@@ -98,7 +100,7 @@ async fn sigkilled_parent_child_stops_by_lease_lapse() {
 async fn live_parent_renews_and_child_completes() {
     let worker = RustWorker::start(leased()).await;
     let mut parent = ParentProcess::spawn(&worker.url(), TTL, "work:4000").await;
-    let outcome = parent.wait_outcome(Duration::from_secs(15)).await;
+    let outcome = parent.wait_outcome(scaled_secs(15)).await;
     assert!(
         outcome.starts_with("Completed("),
         "outcome {outcome}\n{}",
@@ -131,7 +133,7 @@ async fn without_lease_store_sigkilled_parent_child_keeps_running() {
     let mut parent = ParentProcess::spawn(&worker.url(), TTL, "work:30000").await;
     await_working(&worker, &parent).await;
     parent.sigkill().await;
-    tokio::time::sleep(TTL + Duration::from_millis(1500)).await;
+    tokio::time::sleep(TTL + scaled_ms(1500)).await;
     assert_eq!(
         worker.state(None, &parent.task_id).await.as_deref(),
         Some(WORKING),

@@ -9,8 +9,12 @@ use serde_json::{json, Value};
 
 use crate::harness::http::{self, post_json, wait_for_state};
 use crate::harness::python_worker::{PythonWorker, SseStream};
+use crate::harness::{scaled_ms, scaled_secs};
 
-const FRAME: Duration = Duration::from_secs(10);
+/// How long a test waits for the next SSE frame.
+fn frame() -> Duration {
+    scaled_secs(10)
+}
 
 fn user_message(text: &str) -> Value {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -80,7 +84,7 @@ async fn python_selftest_jsonrpc_work_then_cancel() {
     let mut s = rpc_stream(&w, "work:3000", &[]).await;
 
     // Exact framing: `data: <json>\r\n\r\n`, no `event:`/`id:` lines.
-    let first = s.next_raw_frame(FRAME).await.expect("first frame");
+    let first = s.next_raw_frame(frame()).await.expect("first frame");
     assert!(
         first.starts_with("data: {") && first.ends_with("}\r\n\r\n"),
         "{first:?}"
@@ -97,15 +101,9 @@ async fn python_selftest_jsonrpc_work_then_cancel() {
     assert_eq!(state_of(sr), Some("TASK_STATE_SUBMITTED"), "{sr}");
     let id = task_id(sr);
 
-    wait_for_state(
-        &w.url(),
-        None,
-        &id,
-        "TASK_STATE_WORKING",
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap_or_else(|last| panic!("never WORKING, last {last:?}"));
+    wait_for_state(&w.url(), None, &id, "TASK_STATE_WORKING", scaled_secs(5))
+        .await
+        .unwrap_or_else(|last| panic!("never WORKING, last {last:?}"));
     assert_eq!(
         w.state(None, &id).await.as_deref(),
         Some("TASK_STATE_WORKING")
@@ -122,7 +120,7 @@ async fn python_selftest_jsonrpc_work_then_cancel() {
     );
 
     // The open stream sees the cancel and closes.
-    let rest = s.rest_json(FRAME).await;
+    let rest = s.rest_json(frame()).await;
     let last = &rest.last().expect("frames after the first")["result"];
     assert_eq!(state_of(last), Some("TASK_STATE_CANCELED"), "{rest:?}");
     assert!(
@@ -135,7 +133,7 @@ async fn python_selftest_jsonrpc_work_then_cancel() {
     assert_eq!(again["error"]["code"], -32002, "{again}");
 
     // It stays canceled: the work loop did not resume.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(
         w.state(None, &id).await.as_deref(),
         Some("TASK_STATE_CANCELED")
@@ -149,7 +147,7 @@ async fn python_selftest_jsonrpc_work_then_cancel() {
 async fn python_selftest_quick_completes() {
     let w = PythonWorker::start().await;
     let mut s = rpc_stream(&w, "quick", &[]).await;
-    let frames = s.rest_json(FRAME).await;
+    let frames = s.rest_json(frame()).await;
     let states: Vec<&str> = frames
         .iter()
         .filter_map(|f| state_of(&f["result"]))
@@ -200,7 +198,7 @@ async fn python_selftest_ask_is_input_required_and_continues() {
     let w = PythonWorker::start().await;
     let mut s = rpc_stream(&w, "ask", &[]).await;
     // The stream closes by itself after INPUT_REQUIRED.
-    let frames = s.rest_json(FRAME).await;
+    let frames = s.rest_json(frame()).await;
     let last = &frames.last().unwrap()["result"];
     assert_eq!(
         state_of(last),
@@ -229,7 +227,7 @@ async fn python_selftest_ask_is_input_required_and_continues() {
         &rpc("SendStreamingMessage", json!({"message": msg})),
     )
     .await;
-    let frames2 = s2.rest_json(FRAME).await;
+    let frames2 = s2.rest_json(frame()).await;
     let states: Vec<&str> = frames2
         .iter()
         .filter_map(|f| state_of(&f["result"]))
@@ -250,8 +248,8 @@ async fn python_selftest_ask_is_input_required_and_continues() {
 
     // Cancelling a parked task also goes through the executor's cancel().
     let mut s3 = rpc_stream(&w, "ask", &[]).await;
-    let parked = task_id(&s3.next_json(FRAME).await.unwrap()["result"]);
-    s3.rest_json(FRAME).await;
+    let parked = task_id(&s3.next_json(frame()).await.unwrap()["result"]);
+    s3.rest_json(frame()).await;
     let reply = cancel_rpc(&w, None, &parked).await;
     assert_eq!(
         reply["result"]["status"]["state"], "TASK_STATE_CANCELED",
@@ -267,10 +265,10 @@ async fn python_selftest_rest_tenant() {
     let mut s = SseStream::open(&w.url(), "/acme/message:stream", &[], &body).await;
     assert_eq!(s.status, 200);
     // REST frames carry the bare StreamResponse.
-    let first = s.next_json(FRAME).await.unwrap();
+    let first = s.next_json(frame()).await.unwrap();
     assert_eq!(state_of(&first), Some("TASK_STATE_SUBMITTED"), "{first}");
     let id = task_id(&first);
-    let second = s.next_json(FRAME).await.unwrap();
+    let second = s.next_json(frame()).await.unwrap();
     assert_eq!(state_of(&second), Some("TASK_STATE_WORKING"), "{second}");
 
     assert_eq!(
@@ -302,7 +300,7 @@ async fn python_selftest_rest_tenant() {
     .await;
     assert_eq!(cancel.status, 200, "{}", cancel.text());
     assert_eq!(cancel.json()["status"]["state"], "TASK_STATE_CANCELED");
-    let rest = s.rest_json(FRAME).await;
+    let rest = s.rest_json(frame()).await;
     assert_eq!(
         state_of(rest.last().unwrap()),
         Some("TASK_STATE_CANCELED"),
@@ -337,13 +335,13 @@ async fn python_selftest_tenant_scoped_store() {
         &json!({"message": user_message("work:2000")}),
     )
     .await;
-    let id = task_id(&s.next_json(FRAME).await.unwrap());
+    let id = task_id(&s.next_json(frame()).await.unwrap());
     wait_for_state(
         &w.url(),
         Some("acme"),
         &id,
         "TASK_STATE_WORKING",
-        Duration::from_secs(5),
+        scaled_secs(5),
     )
     .await
     .unwrap();
@@ -364,8 +362,8 @@ async fn python_selftest_disconnect_does_not_cancel() {
     let w = PythonWorker::start().await;
     for reset in [false, true] {
         let mut s = rpc_stream(&w, "work:1500", &[]).await;
-        let id = task_id(&s.next_json(FRAME).await.unwrap()["result"]);
-        let _ = s.next_json(FRAME).await.unwrap();
+        let id = task_id(&s.next_json(frame()).await.unwrap()["result"]);
+        let _ = s.next_json(frame()).await.unwrap();
         if reset {
             s.reset();
         } else {
@@ -375,17 +373,11 @@ async fn python_selftest_disconnect_does_not_cancel() {
             w.state(None, &id).await.as_deref(),
             Some("TASK_STATE_WORKING")
         );
-        wait_for_state(
-            &w.url(),
-            None,
-            &id,
-            "TASK_STATE_COMPLETED",
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap_or_else(|last| {
-            panic!("reset={reset}: the task did not run to completion: {last:?}")
-        });
+        wait_for_state(&w.url(), None, &id, "TASK_STATE_COMPLETED", scaled_secs(10))
+            .await
+            .unwrap_or_else(|last| {
+                panic!("reset={reset}: the task did not run to completion: {last:?}")
+            });
     }
     assert_eq!(w.stats().await["cancels"], 0);
 }
@@ -408,7 +400,7 @@ async fn python_selftest_spend_metadata_and_extensions() {
     let ext = "https://a2a-rust.com/extensions/budget/v1, urn:x";
     let mut s = rpc_stream(&w, "spend:350:tokens=5", &[("A2A-Extensions", ext)]).await;
     let mut raw = Vec::new();
-    while let Some(frame) = s.next_raw_frame(FRAME).await {
+    while let Some(frame) = s.next_raw_frame(frame()).await {
         raw.push(frame);
     }
     let frames: Vec<Value> = raw

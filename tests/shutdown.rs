@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::harness::gateway::Gateway;
 use crate::harness::http::post_json;
 use crate::harness::worker::{message, send_stream, Bind, Kind, Worker};
+use crate::harness::{scaled_ms, scaled_secs};
 
 const WORKING: &str = "TASK_STATE_WORKING";
 
@@ -30,9 +31,10 @@ async fn a_request_in_flight_finishes_then_the_gateway_exits() {
             "params": {"message": message("work:1500")}});
         post_json(&url, "/", &[], &body).await
     });
+    // Not scaled: SIGTERM comes while the call (1.5 s of work) is in flight.
     tokio::time::sleep(Duration::from_millis(500)).await;
     gw.terminate();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(scaled_ms(200)).await;
     let (addr, _) = crate::harness::http::split_url(&gw.url);
     assert!(
         tokio::net::TcpStream::connect(&addr).await.is_err(),
@@ -51,18 +53,16 @@ async fn a_request_in_flight_finishes_then_the_gateway_exits() {
         doc["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "the whole answer: {doc}"
     );
-    let status = gw
-        .wait_exit(Duration::from_secs(5))
-        .await
-        .unwrap_or_else(|| {
-            panic!(
-                "still running 5 s after its last request; log:\n{}",
-                gw.log_text()
-            )
-        });
+    let status = gw.wait_exit(scaled_secs(5)).await.unwrap_or_else(|| {
+        panic!(
+            "still running {:?} after its last request; log:\n{}",
+            scaled_secs(5),
+            gw.log_text()
+        )
+    });
     assert!(status.success(), "{status:?}");
     assert!(
-        answered.elapsed() < Duration::from_secs(2),
+        answered.elapsed() < scaled_secs(2),
         "exited {:?} after the last answer",
         answered.elapsed()
     );
@@ -76,10 +76,10 @@ async fn an_idle_gateway_exits_at_once() {
     let mut gw = Gateway::start(&route(&worker.url(), "30s")).await;
     let started = Instant::now();
     gw.terminate();
-    let status = gw.wait_exit(Duration::from_secs(5)).await.expect("exited");
+    let status = gw.wait_exit(scaled_secs(5)).await.expect("exited");
     assert!(status.success(), "{status:?}");
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < scaled_secs(2),
         "{:?}",
         started.elapsed()
     );
@@ -94,22 +94,22 @@ async fn a_caller_leaving_during_the_drain_gets_its_child_cancelled() {
     let mut gw = Gateway::start(&route(&worker.url(), "30s")).await;
     let (mut stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:30000").await;
     worker
-        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .wait_state(None, &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs");
     gw.terminate();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(scaled_ms(500)).await;
     assert!(
-        stream.next(Duration::from_secs(2)).await.is_some(),
+        stream.next(scaled_secs(2)).await.is_some(),
         "the stream goes on while the gateway drains"
     );
     assert_eq!(gw.wait_exit(Duration::ZERO).await, None, "still draining");
     stream.close();
     worker
-        .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(2))
+        .wait_state(None, &id, "TASK_STATE_CANCELED", scaled_secs(2))
         .await
         .unwrap_or_else(|last| panic!("not cancelled ({last:?}); log:\n{}", gw.log_text()));
-    let status = gw.wait_exit(Duration::from_secs(5)).await.expect("exited");
+    let status = gw.wait_exit(scaled_secs(5)).await.expect("exited");
     assert!(status.success(), "{status:?}");
     assert_eq!(worker.cancels().await, 1);
 }
@@ -124,16 +124,18 @@ async fn a_stream_open_at_the_end_of_the_drain_is_cut_and_its_child_left() {
     let (mut stream, id) = send_stream(&gw.url, Bind::Rest, None, "work:30000").await;
     let started = Instant::now();
     gw.terminate();
-    let rest = stream.rest(Duration::from_secs(10)).await;
+    let rest = stream.rest(scaled_secs(10)).await;
     let cut = started.elapsed();
+    // Not before the 1 s drain (its timer starts after `started`), and
+    // within the drain plus a margin.
     assert!(
-        (Duration::from_millis(800)..Duration::from_secs(8)).contains(&cut),
+        (Duration::from_millis(800)..Duration::from_secs(1) + scaled_secs(7)).contains(&cut),
         "cut {cut:?} after SIGTERM ({} events meanwhile)",
         rest.len()
     );
-    let status = gw.wait_exit(Duration::from_secs(10)).await.expect("exited");
+    let status = gw.wait_exit(scaled_secs(10)).await.expect("exited");
     assert!(status.success(), "{status:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(worker.state(None, &id).await.as_deref(), Some(WORKING));
     assert_eq!(worker.cancels().await, 0);
 }
@@ -147,17 +149,13 @@ async fn a_second_sigterm_stops_the_drain() {
     let mut gw = Gateway::start(&route(&worker.url(), "30s")).await;
     let (_stream, _id) = send_stream(&gw.url, Bind::Rest, None, "work:30000").await;
     gw.terminate();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(scaled_ms(500)).await;
     assert_eq!(gw.wait_exit(Duration::ZERO).await, None, "draining");
     let again = Instant::now();
     gw.terminate();
-    let status = gw.wait_exit(Duration::from_secs(5)).await.expect("exited");
+    let status = gw.wait_exit(scaled_secs(5)).await.expect("exited");
     assert_eq!(status.code(), Some(143), "{status:?} {:?}", status.signal());
-    assert!(
-        again.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        again.elapsed()
-    );
+    assert!(again.elapsed() < scaled_secs(2), "{:?}", again.elapsed());
 }
 
 /// A caller leaves during the drain on a route with a `disconnect_grace`
@@ -175,21 +173,24 @@ async fn a_grace_longer_than_the_drain_still_ends_in_a_cancel() {
     .await;
     let (stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:30000").await;
     worker
-        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .wait_state(None, &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs");
     let started = Instant::now();
     gw.terminate();
+    // Not scaled: the caller leaves during the drain, well before the grace
+    // is cut (a second before the drain's end).
     tokio::time::sleep(Duration::from_millis(300)).await;
     stream.close();
     worker
-        .wait_state(None, &id, "TASK_STATE_CANCELED", Duration::from_secs(5))
+        .wait_state(None, &id, "TASK_STATE_CANCELED", scaled_secs(5))
         .await
         .unwrap_or_else(|last| panic!("not cancelled ({last:?}); log:\n{}", gw.log_text()));
-    let status = gw.wait_exit(Duration::from_secs(5)).await.expect("exited");
+    let status = gw.wait_exit(scaled_secs(5)).await.expect("exited");
     assert!(status.success(), "{status:?}");
+    // Not past the 3 s drain by more than a margin.
     assert!(
-        started.elapsed() < Duration::from_secs(4),
+        started.elapsed() < Duration::from_secs(3) + scaled_secs(1),
         "{:?}",
         started.elapsed()
     );

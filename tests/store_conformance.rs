@@ -13,6 +13,7 @@ use policies::TaskState;
 
 use crate::harness::gateway::free_port;
 use crate::harness::redis::RedisServer;
+use crate::harness::{scaled_ms, scaled_secs};
 
 fn key(route: &str, tenant: &str, id: &str) -> TaskKey {
     TaskKey {
@@ -253,7 +254,7 @@ async fn dead_server_fails_fast_then_recovers() {
     server.kill().await;
     for round in 0..4 {
         let started = Instant::now();
-        let r = tokio::time::timeout(Duration::from_secs(10), async {
+        let r = tokio::time::timeout(scaled_secs(10), async {
             match round % 4 {
                 0 => s.get(&k).await.map(|_| ()),
                 1 => s.update(&k, TaskUpdate::default(), 2).await.map(|_| ()),
@@ -271,7 +272,7 @@ async fn dead_server_fails_fast_then_recovers() {
         assert!(err.to_string().starts_with("store: redis "), "{err}");
         eprintln!("dead server, round {round}: {took:?}: {err}");
         assert!(
-            took < Duration::from_millis(2_500),
+            took < scaled_ms(2_500),
             "round {round} took {took:?}: {err}"
         );
     }
@@ -280,10 +281,10 @@ async fn dead_server_fails_fast_then_recovers() {
     let err = RedisStore::connect(&format!("redis://127.0.0.1:{}/0", free_port()), "x")
         .await
         .expect_err("connected to nothing");
-    assert!(started.elapsed() < Duration::from_secs(6), "{err}");
+    assert!(started.elapsed() < scaled_secs(6), "{err}");
 
     server.restart().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + scaled_secs(10);
     let got = loop {
         match s.get(&k).await {
             Ok(got) => break got,
@@ -498,7 +499,8 @@ async fn watchers_of_a_replica_count_while_it_lives() {
         .query_async(&mut c)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Past the 50 ms it was given.
+    tokio::time::sleep(Duration::from_millis(50) + scaled_ms(100)).await;
     assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 1);
     assert_eq!(b.list(10).await.unwrap()[0].watchers, 1);
     a.replica_alive().await.unwrap();

@@ -13,6 +13,7 @@ use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, wait_for_state};
 use crate::harness::parent::ParentProcess;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::scaled_secs;
 use crate::harness::tls::{PrivateCa, TlsFront};
 use crate::harness::worker::{message, send_stream, Bind, Kind, Worker};
 
@@ -51,13 +52,13 @@ async fn https_worker_cascade(kind: Kind, bind: Bind) {
 async fn caller_leaves(worker: &Worker, gw: &Gateway, front: &TlsFront, bind: Bind) {
     let (stream, id) = send_stream(&gw.url, bind, None, "work:30000").await;
     worker
-        .wait_state(None, &id, WORKING, Duration::from_secs(5))
+        .wait_state(None, &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs");
     let before = front.handshakes();
     stream.close();
     worker
-        .wait_state(None, &id, CANCELED, Duration::from_secs(2))
+        .wait_state(None, &id, CANCELED, scaled_secs(2))
         .await
         .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
     assert_eq!(worker.cancels().await, 1);
@@ -192,12 +193,12 @@ async fn wss_socket_closed_cancels() {
 
     let mut parent = ParentProcess::spawn_ws(&gw_ws, Duration::from_secs(60), "work:30000").await;
     let id = parent.task_id.clone();
-    wait_for_state(&worker.url(), None, &id, WORKING, Duration::from_secs(5))
+    wait_for_state(&worker.url(), None, &id, WORKING, scaled_secs(5))
         .await
         .expect("the child runs");
     let before = front.handshakes();
     parent.sigkill().await;
-    wait_for_state(&worker.url(), None, &id, CANCELED, Duration::from_secs(2))
+    wait_for_state(&worker.url(), None, &id, CANCELED, scaled_secs(2))
         .await
         .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
     assert_eq!(worker.cancels(), 1);
@@ -227,9 +228,9 @@ where
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
     while !done(&got) {
-        let n = tokio::time::timeout(Duration::from_secs(10), sock.read(&mut buf))
+        let n = tokio::time::timeout(scaled_secs(10), sock.read(&mut buf))
             .await
-            .expect("an answer within 10 s")
+            .unwrap_or_else(|_| panic!("no answer within {:?}", scaled_secs(10)))
             .expect("read");
         if n == 0 {
             break;
@@ -301,11 +302,11 @@ async fn tls_listener_serves_and_cascades() {
     let raw = exchange(&mut tls, &request, |b| first_task_id(b).is_some()).await;
     let id = first_task_id(&raw)
         .unwrap_or_else(|| panic!("no task id in {:?}", String::from_utf8_lossy(&raw)));
-    wait_for_state(&worker.url(), None, &id, WORKING, Duration::from_secs(5))
+    wait_for_state(&worker.url(), None, &id, WORKING, scaled_secs(5))
         .await
         .expect("the task runs");
     drop(tls);
-    wait_for_state(&worker.url(), None, &id, CANCELED, Duration::from_secs(2))
+    wait_for_state(&worker.url(), None, &id, CANCELED, scaled_secs(2))
         .await
         .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
     assert_eq!(worker.cancels(), 1);
@@ -333,7 +334,7 @@ async fn tls_listener_with_the_wrong_key_does_not_start() {
         .arg(&cfg)
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(30), run)
+    let out = tokio::time::timeout(scaled_secs(30), run)
         .await
         .expect("the gateway exits")
         .expect("run the gateway");

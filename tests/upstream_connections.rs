@@ -22,6 +22,7 @@ use crate::harness::python_worker::PythonWorker;
 use crate::harness::relay::Relay;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::worker::{message, Kind, Worker};
+use crate::harness::{scaled_ms, scaled_secs};
 
 /// A connected pair: the pool's side as a pingora `Stream`, and the
 /// upstream's side.
@@ -61,7 +62,7 @@ async fn a_connection_the_upstream_closed_is_not_reused() {
     pool.put(1, b, None);
     drop(sa);
     sb.shutdown().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(scaled_ms(50)).await;
     // b (newest) closed: skipped; a closed too: none left.
     assert!(pool.take(1).is_none());
     let (c, _sc) = pair().await;
@@ -77,7 +78,7 @@ async fn unexpected_data_drops_the_connection_and_is_counted() {
     let (a, mut sa) = pair().await;
     pool.put(1, a, None);
     sa.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(scaled_ms(50)).await;
     assert!(pool.take(1).is_none());
     assert_eq!(counter.load(Ordering::Relaxed), 1);
 }
@@ -101,7 +102,8 @@ async fn idle_timeout_and_size_bound_what_is_kept() {
 
     let (d, _sd) = pair().await;
     pool.put(1, d, Some(Duration::from_millis(20)));
-    tokio::time::sleep(Duration::from_millis(40)).await;
+    // Past its 20 ms.
+    tokio::time::sleep(Duration::from_millis(20) + scaled_ms(20)).await;
     assert!(pool.take(1).is_none(), "past its idle timeout");
 }
 
@@ -113,7 +115,7 @@ async fn the_sweeper_closes_what_the_upstream_closed() {
     pool.put(1, a, None);
     pool.put(2, b, None);
     drop(sa);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(scaled_ms(50)).await;
     pool.sweep(Instant::now());
     assert_eq!(pool.idle_count(), 1);
     let (c, _sc) = pair().await;
@@ -168,7 +170,9 @@ async fn python_worker_closing_idle_connections() {
     assert_eq!(relay.live(), 1);
     // uvicorn's keep-alive timeout (5 s), then the gateway's sweep (1 s).
     assert!(
-        eventually(Duration::from_secs(9), || relay.live() == 0).await,
+        eventually(Duration::from_secs(5 + 1) + scaled_secs(3), || relay.live()
+            == 0)
+        .await,
         "the gateway kept the connection the worker closed; log:\n{}",
         gw.log_text()
     );
@@ -204,7 +208,7 @@ async fn rust_worker_concurrent_requests_and_a_restart() {
         "80 requests, 8 at a time, opened {opened} connections"
     );
     relay.cut_all();
-    assert!(eventually(Duration::from_secs(2), || relay.live() == 0).await);
+    assert!(eventually(scaled_secs(2), || relay.live() == 0).await);
     for _ in 0..5 {
         completed(&gw).await;
     }
@@ -218,7 +222,7 @@ type Parts = Vec<(Duration, Option<Vec<u8>>)>;
 
 /// Sends `parts` to `authority` in turn, each after its pause, and reads
 /// the answer to its end (every request here says `connection: close`).
-/// A part `None` waits for a `100 Continue` (within 2 s) before going on.
+/// A part `None` waits for a `100 Continue` (within 2 s, scaled) before going on.
 async fn exchange(authority: &str, parts: &[(Duration, Option<&[u8]>)]) -> Response {
     let mut sock = TcpStream::connect(authority).await.unwrap();
     let mut raw = Vec::new();
@@ -228,18 +232,18 @@ async fn exchange(authority: &str, parts: &[(Duration, Option<&[u8]>)]) -> Respo
             Some(bytes) => sock.write_all(bytes).await.unwrap(),
             None => {
                 let mut buf = vec![0u8; 1024];
-                let n = tokio::time::timeout(Duration::from_secs(2), sock.read(&mut buf))
+                let n = tokio::time::timeout(scaled_secs(2), sock.read(&mut buf))
                     .await
-                    .expect("a 100 Continue within 2 s")
+                    .unwrap_or_else(|_| panic!("no 100 Continue within {:?}", scaled_secs(2)))
                     .unwrap();
                 let got = String::from_utf8_lossy(&buf[..n]).to_string();
                 assert!(got.starts_with("HTTP/1.1 100"), "{got}");
             }
         }
     }
-    tokio::time::timeout(Duration::from_secs(20), sock.read_to_end(&mut raw))
+    tokio::time::timeout(scaled_secs(20), sock.read_to_end(&mut raw))
         .await
-        .expect("the answer within 20 s")
+        .unwrap_or_else(|_| panic!("no answer within {:?}", scaled_secs(20)))
         .unwrap();
     parse_response(&raw)
 }
@@ -399,7 +403,7 @@ async fn a_pipe_keeps_order_and_its_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipe_wakes_the_other_end() {
     use pingora::proxy::task_pipe::{channel, SendError};
-    let within = Duration::from_secs(5);
+    let within = scaled_secs(5);
 
     // 1,000 values through a pipe of 4, the receiver slower at first.
     let (tx, mut rx) = channel::<u32, 4>();
@@ -408,7 +412,7 @@ async fn a_pipe_wakes_the_other_end() {
             tx.send(i).await.unwrap();
         }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(scaled_ms(50)).await;
     for want in 0..1000 {
         let got = tokio::time::timeout(within, rx.recv())
             .await
@@ -421,7 +425,7 @@ async fn a_pipe_wakes_the_other_end() {
     // A receiver waiting on an empty pipe: woken by the sender's going.
     let (tx, mut rx) = channel::<u32, 4>();
     let receiver = tokio::spawn(async move { rx.recv().await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(scaled_ms(50)).await;
     drop(tx);
     assert_eq!(
         tokio::time::timeout(within, receiver)
@@ -442,7 +446,7 @@ async fn a_pipe_wakes_the_other_end() {
         let tx = tx.clone();
         async move { tx.send(4).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(scaled_ms(50)).await;
     assert!(!waiting.is_finished(), "the pipe is full");
     assert!(!tx.is_closed());
     drop(rx);

@@ -8,6 +8,7 @@ use crate::harness::http::wait_for_state;
 use crate::harness::parent::ParentProcess;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::ws::{connect, round_trip};
+use crate::harness::{scaled_count, scaled_ms, scaled_secs};
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
@@ -66,7 +67,7 @@ async fn injected_lease_extension_renews_over_the_socket() {
         None,
         &id,
         "TASK_STATE_WORKING",
-        Duration::from_secs(5),
+        scaled_secs(5),
     )
     .await
     .expect("the child runs");
@@ -75,7 +76,7 @@ async fn injected_lease_extension_renews_over_the_socket() {
         "the worker saw the injected extension on the upgrade: {:?}",
         worker.upgrade_extensions()
     );
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_secs(2) + scaled_ms(500)).await;
     assert_eq!(
         worker.state(None, &id).await.as_deref(),
         Some("TASK_STATE_WORKING"),
@@ -92,12 +93,13 @@ async fn injected_lease_extension_renews_over_the_socket() {
         None,
         &id,
         "TASK_STATE_CANCELED",
-        Duration::from_millis(2000 + 1000),
+        Duration::from_secs(2) + scaled_ms(1000),
     )
     .await
     .unwrap_or_else(|s| {
         panic!(
-            "not canceled within TTL + 1 s ({s:?}); log:\n{}",
+            "not canceled within TTL + {:?} ({s:?}); log:\n{}",
+            scaled_ms(1000),
             gw.log_text()
         )
     });
@@ -122,7 +124,7 @@ async fn without_injection_renewals_do_not_count() {
         None,
         &id,
         "TASK_STATE_CANCELED",
-        Duration::from_millis(2000 + 1500),
+        Duration::from_secs(2) + scaled_ms(1500),
     )
     .await
     .unwrap_or_else(|s| panic!("the lease was renewed although it should not count ({s:?})"));
@@ -147,7 +149,7 @@ async fn socket_closed_mid_task_cancels() {
         None,
         &id,
         "TASK_STATE_WORKING",
-        Duration::from_secs(5),
+        scaled_secs(5),
     )
     .await
     .expect("the child runs");
@@ -157,10 +159,16 @@ async fn socket_closed_mid_task_cancels() {
         None,
         &id,
         "TASK_STATE_CANCELED",
-        Duration::from_secs(1),
+        scaled_secs(1),
     )
     .await
-    .unwrap_or_else(|s| panic!("not canceled within 1 s ({s:?}); log:\n{}", gw.log_text()));
+    .unwrap_or_else(|s| {
+        panic!(
+            "not canceled within {:?} ({s:?}); log:\n{}",
+            scaled_secs(1),
+            gw.log_text()
+        )
+    });
     assert_eq!(worker.cancels(), 1);
     assert!(gw.counter("a2agw_tasks_tracked_total", &[]).await >= 1.0);
 }
@@ -181,7 +189,7 @@ async fn socket_closed_cancels_in_the_injected_header_tenant() {
         &acme,
         &id,
         "TASK_STATE_WORKING",
-        Duration::from_secs(5),
+        scaled_secs(5),
     )
     .await
     .expect("the child runs in tenant acme");
@@ -196,10 +204,16 @@ async fn socket_closed_cancels_in_the_injected_header_tenant() {
         &acme,
         &id,
         "TASK_STATE_CANCELED",
-        Duration::from_secs(1),
+        scaled_secs(1),
     )
     .await
-    .unwrap_or_else(|s| panic!("not canceled within 1 s ({s:?}); log:\n{}", gw.log_text()));
+    .unwrap_or_else(|s| {
+        panic!(
+            "not canceled within {:?} ({s:?}); log:\n{}",
+            scaled_secs(1),
+            gw.log_text()
+        )
+    });
     assert_eq!(worker.cancels(), 1);
 }
 
@@ -281,7 +295,7 @@ async fn batch_over_the_socket_starts_nothing_on_a2a_rust() {
         .await
         .expect("send");
     let answer = loop {
-        match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+        match tokio::time::timeout(scaled_secs(5), ws.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => {
                 break serde_json::from_str::<serde_json::Value>(t.as_str()).expect("JSON");
             }
@@ -325,7 +339,7 @@ async fn a_polled_task_handed_back_is_not_cancelled_on_close() {
         "the answer must name a running task for this test to mean anything: {answer}"
     );
     let mut state = String::new();
-    for n in 2..100u64 {
+    for n in 2..2 + u64::from(scaled_count(98)) {
         let poll = serde_json::json!({"jsonrpc": "2.0", "id": n, "method": "GetTask",
             "params": {"id": id}});
         let a = round_trip(&mut ws, n, poll.to_string())
@@ -356,7 +370,7 @@ async fn close_and_expect_handed_back<S>(
 {
     let _ = ws.close(None).await;
     drop(ws);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(scaled_ms(700)).await;
     assert_eq!(
         worker.state(None, id).await.as_deref(),
         Some("TASK_STATE_INPUT_REQUIRED"),
@@ -395,7 +409,7 @@ async fn a_full_socket_table_makes_room_from_settled_tasks() {
         ws.flush().await.unwrap();
         let mut ended = 0;
         while ended < batch {
-            let frame = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            let frame = tokio::time::timeout(scaled_secs(30), ws.next())
                 .await
                 .expect("frames keep coming")
                 .expect("the socket is open")
@@ -423,7 +437,7 @@ async fn a_full_socket_table_makes_room_from_settled_tasks() {
         .unwrap();
     let mut id = None;
     while id.is_none() {
-        let frame = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        let frame = tokio::time::timeout(scaled_secs(10), ws.next())
             .await
             .expect("the long child's first event")
             .unwrap()
@@ -442,7 +456,7 @@ async fn a_full_socket_table_makes_room_from_settled_tasks() {
         None,
         &id,
         "TASK_STATE_CANCELED",
-        Duration::from_secs(2),
+        scaled_secs(2),
     )
     .await
     .unwrap_or_else(|s| panic!("not canceled ({s:?}); log tail:\n{}", tail(&gw.log_text())));
@@ -476,7 +490,7 @@ async fn a_child_handed_back_in_an_unreadable_frame_is_not_cancelled() {
     ws.send(Message::text(send.to_string())).await.unwrap();
     let mut id = None;
     let mut handed_back = false;
-    while let Ok(Some(Ok(msg))) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+    while let Ok(Some(Ok(msg))) = tokio::time::timeout(scaled_secs(10), ws.next()).await {
         let Message::Text(t) = msg else { continue };
         let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
         let r = &v["result"];
@@ -498,7 +512,7 @@ async fn a_child_handed_back_in_an_unreadable_frame_is_not_cancelled() {
     // hand-back the worker made, so the caller leaves once the worker's own
     // store has it.
     let mut recorded = None;
-    for _ in 0..100 {
+    for _ in 0..scaled_count(100) {
         recorded = worker.state(None, &id).await;
         if recorded.as_deref() == Some("TASK_STATE_INPUT_REQUIRED") {
             break;

@@ -9,6 +9,7 @@ use tokio::net::TcpStream;
 use crate::harness::http::{post_json, split_url, wait_for_state};
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
+use crate::harness::{scaled_count, scaled_ms, scaled_secs};
 
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
@@ -64,7 +65,7 @@ async fn stream_jsonrpc(url: &str, params: Value) -> (SseStream, String) {
         "{}",
         s.content_type()
     );
-    let first = s.next(Duration::from_secs(5)).await.expect("a first event");
+    let first = s.next(scaled_secs(5)).await.expect("a first event");
     assert_eq!(
         first["id"], "self-1",
         "SSE data echoes the request id: {first}"
@@ -144,7 +145,7 @@ async fn card_points_at_the_worker_itself() {
 async fn work_is_working_then_cancel_task_cancels_it_once() {
     let w = RustWorker::start(RustWorkerOptions::default()).await;
     let (mut s, id) = stream_jsonrpc(&w.url(), json!({"message": message("work:3000")})).await;
-    wait_for_state(&w.url(), None, &id, WORKING, Duration::from_secs(2))
+    wait_for_state(&w.url(), None, &id, WORKING, scaled_secs(2))
         .await
         .expect("WORKING");
     assert_eq!(w.state(None, &id).await.as_deref(), Some(WORKING));
@@ -159,9 +160,9 @@ async fn work_is_working_then_cancel_task_cancels_it_once() {
     assert_eq!(w.cancels(), 1);
 
     // The open stream ends with CANCELED, promptly.
-    let rest = s.rest(Duration::from_secs(3)).await;
+    let rest = s.rest(scaled_secs(3)).await;
     assert!(
-        t0.elapsed() < Duration::from_secs(2),
+        t0.elapsed() < scaled_secs(2),
         "stream ended late: {:?}",
         t0.elapsed()
     );
@@ -175,7 +176,7 @@ async fn work_is_working_then_cancel_task_cancels_it_once() {
     assert_eq!(v["error"]["code"], -32002, "{v}");
     assert_eq!(w.cancels(), 1);
     // And the executor stopped: still CANCELED well after.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(w.state(None, &id).await.as_deref(), Some(CANCELED));
     assert_eq!(w.lease_stops(), 0);
 }
@@ -185,10 +186,10 @@ async fn work_runs_to_completion_with_progress_and_an_artifact() {
     let w = RustWorker::start(RustWorkerOptions::default()).await;
     let t0 = tokio::time::Instant::now();
     let (mut s, id) = stream_jsonrpc(&w.url(), json!({"message": message("work:500")})).await;
-    let rest = s.rest(Duration::from_secs(5)).await;
+    let rest = s.rest(scaled_secs(5)).await;
     let took = t0.elapsed();
     assert!(
-        took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(450) && took < scaled_secs(3),
         "{took:?}"
     );
     let working = rest
@@ -214,7 +215,7 @@ async fn quick_completes_and_anything_else_too() {
     let w = RustWorker::start(RustWorkerOptions::default()).await;
     for text in ["quick", "hello there"] {
         let (mut s, id) = stream_jsonrpc(&w.url(), json!({"message": message(text)})).await;
-        let rest = s.rest(Duration::from_secs(5)).await;
+        let rest = s.rest(scaled_secs(5)).await;
         assert_eq!(
             state_of(rest.last().unwrap()).as_deref(),
             Some(COMPLETED),
@@ -232,21 +233,21 @@ async fn ask_parks_in_input_required_and_a_continuation_completes_it() {
     let w = RustWorker::start(RustWorkerOptions::default()).await;
     let (mut s, id) = stream_jsonrpc(&w.url(), json!({"message": message("ask")})).await;
     // The stream closes by itself at INPUT_REQUIRED.
-    let rest = s.rest(Duration::from_secs(5)).await;
+    let rest = s.rest(scaled_secs(5)).await;
     assert_eq!(
         state_of(rest.last().unwrap()).as_deref(),
         Some(INPUT_REQUIRED),
         "{rest:?}"
     );
     assert_eq!(w.state(None, &id).await.as_deref(), Some(INPUT_REQUIRED));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(w.state(None, &id).await.as_deref(), Some(INPUT_REQUIRED));
 
     let mut cont = message("quick");
     cont["taskId"] = json!(id);
     let (mut s, id2) = stream_jsonrpc(&w.url(), json!({"message": cont})).await;
     assert_eq!(id2, id);
-    let rest = s.rest(Duration::from_secs(5)).await;
+    let rest = s.rest(scaled_secs(5)).await;
     assert_eq!(
         state_of(rest.last().unwrap()).as_deref(),
         Some(COMPLETED),
@@ -274,13 +275,13 @@ async fn rest_stream_under_a_tenant_prefix() {
         "{}",
         s.content_type()
     );
-    let first = s.next(Duration::from_secs(5)).await.expect("first event");
+    let first = s.next(scaled_secs(5)).await.expect("first event");
     assert!(
         first.get("jsonrpc").is_none(),
         "REST data is a bare StreamResponse: {first}"
     );
     let id = task_id_of(&first).expect("task id");
-    wait_for_state(&w.url(), Some("acme"), &id, WORKING, Duration::from_secs(2))
+    wait_for_state(&w.url(), Some("acme"), &id, WORKING, scaled_secs(2))
         .await
         .expect("WORKING in tenant acme");
     // Tenants are isolated: the default tenant does not know the task.
@@ -299,7 +300,7 @@ async fn rest_stream_under_a_tenant_prefix() {
     assert_eq!(resp.json()["status"]["state"], CANCELED);
     assert_eq!(w.state(Some("acme"), &id).await.as_deref(), Some(CANCELED));
     assert_eq!(w.cancels(), 1);
-    let rest = s.rest(Duration::from_secs(3)).await;
+    let rest = s.rest(scaled_secs(3)).await;
     assert_eq!(state_of(rest.last().unwrap()).as_deref(), Some(CANCELED));
 }
 
@@ -328,7 +329,7 @@ async fn lease_lapse_stops_the_task_without_a_cancel_task() {
         .extension_calls()
         .contains(&("GetTask".to_string(), LEASE_URI.to_string())));
 
-    let rest = s.rest(Duration::from_secs(6)).await;
+    let rest = s.rest(scaled_secs(6)).await;
     let took = t0.elapsed();
     assert_eq!(
         state_of(rest.last().unwrap()).as_deref(),
@@ -336,7 +337,7 @@ async fn lease_lapse_stops_the_task_without_a_cancel_task() {
         "{rest:?}"
     );
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        took >= Duration::from_millis(900) && took < Duration::from_secs(1) + scaled_secs(3),
         "stopped {took:?} after start"
     );
     assert_eq!(w.state(None, &id).await.as_deref(), Some(CANCELED));
@@ -380,7 +381,7 @@ async fn websocket_stream_and_upgrade_extensions() {
         .expect("stream");
     let mut last = None;
     let mut id = None;
-    while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), stream.next())
+    while let Some(ev) = tokio::time::timeout(scaled_secs(5), stream.next())
         .await
         .expect("ws event in time")
     {
@@ -415,7 +416,7 @@ async fn websocket_stream_and_upgrade_extensions() {
         StreamResponse::Task(t) => t.id.to_string(),
         other => panic!("first event is not a task: {other:?}"),
     };
-    wait_for_state(&w.url(), None, &id, WORKING, Duration::from_secs(2))
+    wait_for_state(&w.url(), None, &id, WORKING, scaled_secs(2))
         .await
         .expect("WORKING");
     let task = client
@@ -445,7 +446,7 @@ async fn dropping_the_worker_stops_accepting() {
     drop(w);
     for addr in [http, ws] {
         let mut refused = false;
-        for _ in 0..40 {
+        for _ in 0..scaled_count(40) {
             if TcpStream::connect(&addr).await.is_err() {
                 refused = true;
                 break;

@@ -10,7 +10,6 @@
 //! parser's unit tests read (so they need no worker).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use a2a_gateway::a2a::ws::{OwnedWsItem, WsItem, WsParser};
 use a2a_protocol_client::transport::websocket::{WebSocketTransport, WebSocketTransportConfig};
@@ -25,6 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::scaled_secs;
 
 /// The reads of one direction, as TCP delivered them.
 type Recording = Arc<Mutex<Vec<Vec<u8>>>>;
@@ -196,7 +196,7 @@ async fn recorded_ws_frames_parse_the_same_at_every_split() {
     let mut id = None;
     let mut last = None;
     let mut events = 0;
-    while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), stream.next())
+    while let Some(ev) = tokio::time::timeout(scaled_secs(5), stream.next())
         .await
         .expect("ws event in time")
     {
@@ -225,7 +225,7 @@ async fn recorded_ws_frames_parse_the_same_at_every_split() {
     // stop waiting: every answer is in already).
     drop(stream);
     drop(client);
-    let _ = tokio::time::timeout(Duration::from_secs(3), relay.task).await;
+    let _ = tokio::time::timeout(scaled_secs(3), relay.task).await;
 
     let (req_head, up) = after_upgrade(&relay.up, "GET /ws ");
     let (resp_head, down) = after_upgrade(&relay.down, "HTTP/1.1 101");

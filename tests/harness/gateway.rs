@@ -145,7 +145,7 @@ impl Gateway {
         let (admin, _) = super::http::split_url(&self.admin);
         self.wait_listening(&admin).await;
         let mut last = String::new();
-        for _ in 0..200 {
+        for _ in 0..super::scaled_count(200) {
             let r = super::http::request("GET", &self.admin, "/readyz", &[], b"").await;
             if r.status == 200 {
                 return;
@@ -154,14 +154,15 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!(
-            "gateway not ready within 5 s (last /readyz: {last}); its log:\n{}",
+            "gateway not ready within {:?} (last /readyz: {last}); its log:\n{}",
+            super::scaled_secs(5),
             self.log_text()
         );
     }
 
     /// Waits until `addr` (`host:port`) accepts connections.
     async fn wait_listening(&self, addr: &str) {
-        for _ in 0..200 {
+        for _ in 0..super::scaled_count(200) {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
                 return;
             }

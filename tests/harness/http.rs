@@ -105,9 +105,9 @@ pub async fn request(
     .await
     .unwrap();
     let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), sock.read_to_end(&mut raw))
+    tokio::time::timeout(super::scaled_secs(30), sock.read_to_end(&mut raw))
         .await
-        .expect("response within 30 s")
+        .unwrap_or_else(|_| panic!("no response within {:?}", super::scaled_secs(30)))
         .expect("read response");
     parse_response(&raw)
 }

@@ -178,7 +178,8 @@ pub struct ParentProcess {
 impl ParentProcess {
     /// Spawns `current_exe() --exact harness::parent::parent_process_entry
     /// --ignored --nocapture --test-threads 1` with the env above; waits
-    /// (≤15 s) for the `CHILD <id>` line; panics with its output if not.
+    /// (≤15 s, scaled) for the `CHILD <id>` line; panics with its output if
+    /// not.
     pub async fn spawn(gateway_or_worker_url: &str, ttl: Duration, text: &str) -> ParentProcess {
         Self::spawn_with(gateway_or_worker_url, ttl, text, None).await
     }
@@ -262,10 +263,11 @@ impl ParentProcess {
             lines,
             output,
         };
-        match parent.next_marked("CHILD ", Duration::from_secs(15)).await {
+        let within = super::scaled_secs(15);
+        match parent.next_marked("CHILD ", within).await {
             Some(id) => parent.task_id = id.trim().to_owned(),
             None => panic!(
-                "the parent process printed no CHILD line within 15 s\n{}",
+                "the parent process printed no CHILD line within {within:?}\n{}",
                 parent.dump()
             ),
         }
@@ -289,7 +291,7 @@ impl ParentProcess {
                 self.dump()
             );
         };
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+        if tokio::time::timeout(super::scaled_secs(10), self.child.wait())
             .await
             .is_err()
         {

@@ -21,7 +21,9 @@ use crate::harness::gateway::free_port;
 use crate::harness::http;
 
 /// How long the agent may take to answer its card URL after spawning.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+fn start_timeout() -> Duration {
+    super::scaled_secs(30)
+}
 
 /// A running Python agent on a free loopback port, killed when dropped.
 #[derive(Debug)]
@@ -127,7 +129,7 @@ impl PythonWorker {
             loop {
                 if let Some(status) = child.try_wait().expect("poll agent") {
                     // Let the drain tasks catch the last words.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(super::scaled_ms(100)).await;
                     last_err = format!(
                         "python agent exited ({status}) before it answered; stderr:\n{}",
                         String::from_utf8_lossy(&stderr.lock().unwrap())
@@ -141,11 +143,12 @@ impl PythonWorker {
                         stderr,
                     };
                 }
-                if started.elapsed() > START_TIMEOUT {
+                if started.elapsed() > start_timeout() {
                     let _ = child.start_kill();
                     panic!(
                         "python agent did not answer {url}/.well-known/agent-card.json \
-                         within {START_TIMEOUT:?}; stdout:\n{}\nstderr:\n{}",
+                         within {:?}; stdout:\n{}\nstderr:\n{}",
+                        start_timeout(),
                         String::from_utf8_lossy(&stdout.lock().unwrap()),
                         String::from_utf8_lossy(&stderr.lock().unwrap())
                     );
@@ -204,7 +207,8 @@ async fn card_answers(url: &str) -> bool {
     }
     let probe = http::request("GET", url, "/.well-known/agent-card.json", &[], b"");
     matches!(
-        tokio::time::timeout(Duration::from_secs(5), probe).await,
+        tokio::time::timeout(super::scaled_secs(5), probe).await,
+
         Ok(resp) if resp.status == 200
     )
 }

@@ -60,7 +60,7 @@ impl RedisServer {
     }
 
     async fn spawn(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + super::scaled_secs(10);
         loop {
             let log = std::fs::File::create(self.dir.join("redis.log")).expect("redis log file");
             let child = Command::new("redis-server")
@@ -103,8 +103,9 @@ impl RedisServer {
                 }
                 if Instant::now() > deadline {
                     panic!(
-                        "redis-server on port {} did not answer PING within 10 s:\n{}",
+                        "redis-server on port {} did not answer PING within {:?}:\n{}",
                         self.port,
+                        super::scaled_secs(10),
                         self.log()
                     );
                 }
@@ -123,7 +124,7 @@ async fn ping(port: u16) -> bool {
         s.read_exact(&mut buf).await.ok()?;
         (&buf == b"+PONG\r\n").then_some(())
     };
-    tokio::time::timeout(Duration::from_secs(1), attempt)
+    tokio::time::timeout(super::scaled_secs(1), attempt)
         .await
         .ok()
         .flatten()

@@ -59,9 +59,9 @@ impl SseStream {
                 break i;
             }
             let mut buf = [0u8; 4096];
-            let n = tokio::time::timeout(Duration::from_secs(30), sock.read(&mut buf))
+            let n = tokio::time::timeout(super::scaled_secs(30), sock.read(&mut buf))
                 .await
-                .expect("response head within 30 s")
+                .unwrap_or_else(|_| panic!("no response head within {:?}", super::scaled_secs(30)))
                 .expect("read response head");
             assert!(
                 n > 0,
@@ -234,11 +234,12 @@ impl SseStream {
         self.next_json(within).await
     }
 
-    /// Reads events until one names its task (at most 10, each within 5 s),
-    /// and returns that task's id; panics when none does.
+    /// Reads events until one names its task (at most 10, each within 5 s,
+    /// scaled), and returns that task's id; panics when none does.
     pub async fn task_id(&mut self) -> String {
         for _ in 0..10 {
-            let ev = self.next(Duration::from_secs(5)).await.expect("an event");
+            let ev = self.next(super::scaled_secs(5)).await.expect("an event");
+
             if let Some(t) = super::worker::task_id_of(&ev) {
                 return t;
             }

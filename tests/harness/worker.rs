@@ -150,7 +150,7 @@ pub async fn send_stream(
     );
     for _ in 0..10 {
         let ev = stream
-            .next(Duration::from_secs(10))
+            .next(super::scaled_secs(10))
             .await
             .expect("an event naming the task");
         if let Some(id) = task_id_of(&ev) {
