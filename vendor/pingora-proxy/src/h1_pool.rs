@@ -1,4 +1,4 @@
-// a2a-gateway patch: this whole file (see PATCHED.md, "The upstream pool").
+// a2a-gateway patch: this whole file (see patches/README.md, "The upstream pool").
 
 //! Idle HTTP/1 upstream connections kept for reuse, without a task per
 //! connection.

@@ -1,4 +1,4 @@
-// a2a-gateway patch: this whole file (see PATCHED.md, "One write per request").
+// a2a-gateway patch: this whole file (see patches/README.md, "One write per request").
 
 //! An upstream connection that can send a request's head together with its
 //! body.

@@ -1,4 +1,4 @@
-// a2a-gateway patch: this whole file (see PATCHED.md, "One idle timer per
+// a2a-gateway patch: this whole file (see patches/README.md, "One idle timer per
 // exchange").
 
 //! The upstream read timeout of an HTTP/1 exchange, as one timer.

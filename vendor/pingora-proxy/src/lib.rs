@@ -88,14 +88,14 @@ type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
 // a2a-gateway patch: an upstream HTTP/1 pool without a task per idle
-// connection (see PATCHED.md).
+// connection (see patches/README.md).
 #[doc(hidden)]
 pub mod h1_pool;
-// a2a-gateway patch: a request's head sent with its body (see PATCHED.md).
+// a2a-gateway patch: a request's head sent with its body (see patches/README.md).
 #[doc(hidden)]
 pub mod held_head;
 // a2a-gateway patch: one upstream read timer per HTTP/1 exchange (see
-// PATCHED.md).
+// patches/README.md).
 #[doc(hidden)]
 pub mod idle_timer;
 mod proxy_cache;
@@ -107,7 +107,7 @@ mod proxy_purge;
 mod proxy_trait;
 pub mod subrequest;
 // a2a-gateway patch: the task pipes between an HTTP/1 exchange's halves
-// (see PATCHED.md).
+// (see patches/README.md).
 #[doc(hidden)]
 pub mod task_pipe;
 
@@ -450,14 +450,14 @@ where
         };
 
         // a2a-gateway patch: an HTTP/1-only peer's idle connections come
-        // from and go back to `h1_pool` (see PATCHED.md).
+        // from and go back to `h1_pool` (see patches/README.md).
         let h1_pool = self
             .h1_pool
             .as_ref()
             .filter(|_| h1_only(&*peer))
             .map(|pool| (pool, peer.reuse_hash()));
         let pooled = h1_pool.and_then(|(pool, key)| pool.take(key));
-        // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): the
+        // a2a-gateway patch (see patches/README.md, "Smaller request futures"): the
         // connection's session is bound once and the exchange borrows it, so
         // this future keeps room for one session (472 bytes) while the
         // exchange runs, where binding the `Result`, its `Ok` and the `H1`
@@ -468,7 +468,7 @@ where
                 true,
             ),
             // a2a-gateway patch: the connector's future is boxed (see
-            // PATCHED.md, "Smaller request futures"): held inline, its 8.8 KiB
+            // patches/README.md, "Smaller request futures"): held inline, its 8.8 KiB
             // sized this function's future, which every open request keeps
             // whole for its life, and it runs only when the pool has no idle
             // connection.
@@ -612,7 +612,7 @@ where
         Ok(duration)
     }
 
-    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): an
+    // a2a-gateway patch (see patches/README.md, "Smaller request futures"): an
     // `async` block, as `process_request`, which awaits this.
     fn finish<'a>(
         &'a self,
@@ -1252,7 +1252,7 @@ impl<SV, C> HttpProxy<SV, C>
 where
     C: custom::Connector,
 {
-    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): an
+    // a2a-gateway patch (see patches/README.md, "Smaller request futures"): an
     // `async` block the arguments move into, not an `async fn`, which moves
     // them once more into locals of its own and keeps both copies' room in
     // its future (`session`, 368 bytes) for the request's life.
@@ -1481,7 +1481,7 @@ where
         }
     }
 
-    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): an
+    // a2a-gateway patch (see patches/README.md, "Smaller request futures"): an
     // `async` block, as `process_request`, which awaits this.
     fn handle_error<'a>(
         &'a self,
@@ -1678,7 +1678,7 @@ where
     <SV as ProxyHttp>::CTX: Send + Sync,
     C: custom::Connector,
 {
-    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): what
+    // a2a-gateway patch (see patches/README.md, "Smaller request futures"): what
     // `#[async_trait]` makes of an `async fn`, written out so that the
     // session (680 bytes) is boxed before the future is made: the `async fn`
     // kept it as an argument and again as a local, 1,360 bytes of room in

@@ -48,7 +48,7 @@ where
     {
         // a2a-gateway patch: the read timeout is kept by the exchange's loop
         // (`proxy_handle_upstream`), one timer for the exchange instead of
-        // one per read that waits (see PATCHED.md, "One idle timer per
+        // one per read that waits (see patches/README.md, "One idle timer per
         // exchange").
         client_session.read_timeout = None;
         let read_idle = peer.options.read_timeout;
@@ -56,7 +56,7 @@ where
 
         // phase 2 send to upstream
 
-        // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): boxed
+        // a2a-gateway patch (see patches/README.md, "Smaller request futures"): boxed
         // here rather than where it is sent, so that this future does not
         // keep room for it (352 bytes) while the exchange runs.
         let mut req = Box::new(session.req_header().clone());

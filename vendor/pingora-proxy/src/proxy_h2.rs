@@ -130,7 +130,7 @@ where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): boxed
+        // a2a-gateway patch (see patches/README.md, "Smaller request futures"): boxed
         // here, and turned into its h2 form in a block below, so that this
         // future keeps no room for either (352 and 224 bytes) while the
         // exchange runs.

@@ -1,4 +1,4 @@
-// a2a-gateway patch: this whole file (see PATCHED.md, "Small task pipes").
+// a2a-gateway patch: this whole file (see patches/README.md, "Small task pipes").
 
 //! The two task pipes between the halves of an HTTP/1 exchange.
 //!

@@ -310,7 +310,7 @@ where
             // a2a-gateway patch: the HTTP/2 handshake and accept loop are
             // boxed, so that their futures (about 1.5 and 3 KiB) do not size
             // every HTTP/1 connection's future for its whole life (see
-            // PATCHED.md, "Smaller connection tasks").
+            // patches/README.md, "Smaller connection tasks").
             let h2_conn = match Box::pin(server::handshake(stream, h2_options)).await {
                 Err(e) => {
                     error!("H2 handshake error {e}");
@@ -348,7 +348,7 @@ where
             return self.clone().process_custom_session(stream, shutdown).await;
         } else {
             // No ALPN or ALPN::H1 and h2c was not configured, fallback to HTTP/1.1
-            // a2a-gateway patch (see PATCHED.md, "Smaller connection tasks"):
+            // a2a-gateway patch (see patches/README.md, "Smaller connection tasks"):
             // each session is made and handed to `process_new_http` inside a
             // block, so that this future, kept for the connection's life,
             // holds only the boxed future it awaits, not room for the

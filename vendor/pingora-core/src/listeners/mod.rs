@@ -316,7 +316,7 @@ impl UninitializedStream {
     /// The stream ready to use when it needs no handshake (no TLS), with its
     /// L4 buffers set; otherwise `self` back, for [`Self::handshake`].
     ///
-    /// a2a-gateway patch (see PATCHED.md, "Smaller connection tasks"): a
+    /// a2a-gateway patch (see patches/README.md, "Smaller connection tasks"): a
     /// connection's task is as large as its largest state, and the handshake's
     /// (this stream held by value, twice, beside a timer) was over 1 KiB more
     /// than the state a plain connection spends its life in.
@@ -339,7 +339,7 @@ impl UninitializedStream {
             // a2a-gateway patch: the TLS handshake's future (about 7 KiB) is
             // boxed, so that it does not size every accepted connection's
             // task, plain TCP ones included, for the connection's whole life
-            // (see PATCHED.md, "Smaller connection tasks").
+            // (see patches/README.md, "Smaller connection tasks").
             let tls_stream = Box::pin(tls.tls_handshake(self.l4)).await?;
             Ok(Box::new(tls_stream))
         } else {

@@ -85,7 +85,7 @@ pub trait Peek {
     /// that cannot tell is always `Ready` (the default), and its reads go on
     /// as they did.
     ///
-    /// a2a-gateway patch (see PATCHED.md, "Body reads wait without a
+    /// a2a-gateway patch (see patches/README.md, "Body reads wait without a
     /// buffer"): a body read can wait for this before it takes a buffer.
     fn poll_read_ready(
         &mut self,

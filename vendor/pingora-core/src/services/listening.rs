@@ -229,7 +229,7 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                 Ok(io) => {
                     let app = app_logic.clone();
                     let shutdown = shutdown.clone();
-                    // a2a-gateway patch (see PATCHED.md, "Smaller connection
+                    // a2a-gateway patch (see patches/README.md, "Smaller connection
                     // tasks"): a connection without a handshake gets a task
                     // of just `handle_event`, instead of one sized by the
                     // handshake's state for its whole life (1,544 -> about

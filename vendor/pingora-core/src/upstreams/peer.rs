@@ -324,10 +324,10 @@ impl BasicPeer {
     /// Create a new [`BasicPeer`] with the given path to a Unix domain socket.
     #[cfg(unix)]
     pub fn new_uds<P: AsRef<Path>>(path: P) -> Result<Self> {
-        let addr = SocketAddr::Unix(Box::new(
+        let addr = SocketAddr::Unix(
             UnixSocketAddr::from_pathname(path.as_ref())
                 .or_err(InternalError, "while creating BasicPeer")?,
-        ));
+        );
         Ok(Self::new_from_sockaddr(addr))
     }
 
@@ -724,9 +724,9 @@ impl HttpPeer {
     /// Create a new [`HttpPeer`] with the given path to Unix domain socket and TLS settings.
     #[cfg(unix)]
     pub fn new_uds(path: &str, tls: bool, sni: String) -> Result<Self> {
-        let addr = SocketAddr::Unix(Box::new(
+        let addr = SocketAddr::Unix(
             UnixSocketAddr::from_pathname(Path::new(path)).or_err(SocketError, "invalid path")?,
-        ));
+        );
         Ok(Self::new_from_sockaddr(addr, tls, sni))
     }
 

@@ -267,7 +267,7 @@ impl Session {
     /// otherwise None.
     /// For H2, always return None because H2 stream is not reusable.
     /// For subrequests, there is no true underlying stream to return.
-    // a2a-gateway patch (see PATCHED.md, "Smaller request futures"): the
+    // a2a-gateway patch (see patches/README.md, "Smaller request futures"): the
     // session's kind chosen before a future is made, each kind's future
     // holding its session once; as an `async fn` it held the session as an
     // argument, again as a local and a third time as the matched `s`
@@ -310,7 +310,7 @@ impl Session {
         match self {
             Self::H1(s) => s.response_duplex_vec(tasks).await,
             Self::H2(s) => s.response_duplex_vec(tasks).await,
-            // a2a-gateway patch (see PATCHED.md, "Smaller request futures"):
+            // a2a-gateway patch (see patches/README.md, "Smaller request futures"):
             // boxed, the largest of the four (1,008 bytes) and the rarest:
             // held inline it sized this future, which every HTTP/1
             // exchange's future holds room for while it streams.

@@ -28,15 +28,11 @@ use tokio::net::unix::SocketAddr as TokioUnixSockAddr;
 
 /// [`SocketAddr`] is a storage type that contains either an Internet (IP address)
 /// socket address or a Unix domain socket address.
-///
-/// a2a-gateway patch (see PATCHED.md, "Smaller socket addresses"): the Unix
-/// address is boxed. Inline it made every `SocketAddr` 120 bytes for the 32
-/// of an IP one, and each connection's socket digest holds three.
 #[derive(Debug, Clone)]
 pub enum SocketAddr {
     Inet(StdSockAddr),
     #[cfg(unix)]
-    Unix(Box<StdUnixSockAddr>),
+    Unix(StdUnixSockAddr),
 }
 
 impl SocketAddr {
@@ -53,7 +49,7 @@ impl SocketAddr {
     #[cfg(unix)]
     pub fn as_unix(&self) -> Option<&StdUnixSockAddr> {
         if let SocketAddr::Unix(addr) = self {
-            Some(addr.as_ref())
+            Some(addr)
         } else {
             None
         }
@@ -80,11 +76,11 @@ impl SocketAddr {
 
         // TODO: don't set abstract / unnamed for now,
         // for parity with how we treat these types in TryFrom<TokioUnixSockAddr>
-        Some(SocketAddr::Unix(Box::new(
+        Some(SocketAddr::Unix(
             sock.as_unix_addr()
                 .map(|addr| addr.path().map(StdUnixSockAddr::from_pathname))??
                 .ok()?,
-        )))
+        ))
     }
 
     #[cfg(unix)]
@@ -212,7 +208,7 @@ impl std::str::FromStr for SocketAddr {
             let path = s.trim_start_matches("unix:");
             let uds_socket = StdUnixSockAddr::from_pathname(path)
                 .or_err(crate::BindError, "invalid UDS path")?;
-            Ok(SocketAddr::Unix(Box::new(uds_socket)))
+            Ok(SocketAddr::Unix(uds_socket))
         } else {
             match StdSockAddr::from_str(s) {
                 Ok(addr) => Ok(SocketAddr::Inet(addr)),
@@ -221,7 +217,7 @@ impl std::str::FromStr for SocketAddr {
                     let uds_socket = StdUnixSockAddr::from_pathname(s)
                         .or_err(crate::BindError, "invalid UDS path")?;
                     warn!("Raw Unix domain socket path support will be deprecated, add 'unix:' prefix instead");
-                    Ok(SocketAddr::Unix(Box::new(uds_socket)))
+                    Ok(SocketAddr::Unix(uds_socket))
                 }
             }
         }
@@ -258,7 +254,7 @@ impl From<StdSockAddr> for SocketAddr {
 #[cfg(unix)]
 impl From<StdUnixSockAddr> for SocketAddr {
     fn from(sockaddr: StdUnixSockAddr) -> Self {
-        SocketAddr::Unix(Box::new(sockaddr))
+        SocketAddr::Unix(sockaddr)
     }
 }
 

@@ -429,7 +429,7 @@ impl L4BufferSettings {
 /// connection's life: for a caller's open stream, which mostly waits, 1,460
 /// bytes for the stream's life. Here they are held from a write to its flush,
 /// for one allocation per flush that had bytes kept (a2a-gateway patch, see
-/// PATCHED.md, "Write buffers held only while they hold bytes").
+/// patches/README.md, "Write buffers held only while they hold bytes").
 #[derive(Debug)]
 struct LazyBufWriter<W> {
     inner: W,
@@ -897,7 +897,7 @@ impl Peek for Stream {
         Ok(true)
     }
 
-    // a2a-gateway patch (see PATCHED.md, "Body reads wait without a buffer").
+    // a2a-gateway patch (see patches/README.md, "Body reads wait without a buffer").
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.rewind_read_buf.is_empty() {
             return Poll::Ready(Ok(()));
@@ -1145,7 +1145,7 @@ mod tests {
     use tokio::sync::Notify;
 
     // a2a-gateway patch: the write buffer that holds memory only while it
-    // holds bytes (see PATCHED.md).
+    // holds bytes (see patches/README.md).
     #[tokio::test]
     async fn lazy_write_buffer_keeps_small_writes_until_a_flush_then_frees() {
         let mock = tokio_test::io::Builder::new()

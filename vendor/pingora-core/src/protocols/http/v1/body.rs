@@ -33,7 +33,7 @@ use crate::utils::BufRef;
 const BODY_BUFFER_SIZE: usize = 1024 * 64;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
-// a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
+// a2a-gateway patch (see patches/README.md, "Body reads sized to what arrives"):
 // the first read of a body without a length (chunked, or until the
 // connection closes) makes room for this much; see `unsized_read_size`.
 const MIN_BODY_READ: usize = 1024;
@@ -198,7 +198,7 @@ impl BodyReader {
         self.body_state = PS::ToStart;
     }
 
-    // a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
+    // a2a-gateway patch (see patches/README.md, "Body reads sized to what arrives"):
     // `capacity` (at least `buf_to_rewind`'s length) instead of
     // `body_buf_size` (64 KiB) for every body: a body that was read whole
     // with its head gets a buffer of its size, and one without a length
@@ -255,7 +255,7 @@ impl BodyReader {
         }
     }
 
-    /// a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"): how much room
+    /// a2a-gateway patch (see patches/README.md, "Body reads sized to what arrives"): how much room
     /// the next read of a body without a length (chunked, or until the connection closes)
     /// waits with: `MIN_BODY_READ` at first, then twice what the last read took when it
     /// filled its room, half when it took less than a `BODY_BUF_SHRINK_FACTOR`th, up to
@@ -288,7 +288,7 @@ impl BodyReader {
 
     /// Whether the next [`Self::read_body`] reads afresh into an emptied buffer,
     /// every byte read before handed on: a body without a length between two
-    /// reads (a2a-gateway patch, see PATCHED.md, "Body reads wait without a
+    /// reads (a2a-gateway patch, see patches/README.md, "Body reads wait without a
     /// buffer").
     pub fn reads_afresh_next(&self) -> bool {
         self.rewind_buf_len == 0
@@ -456,7 +456,7 @@ impl BodyReader {
         buf_ref.get(self.body_buf.as_ref().unwrap())
     }
 
-    /// a2a-gateway patch (see PATCHED.md, "Request bodies kept without a
+    /// a2a-gateway patch (see patches/README.md, "Request bodies kept without a
     /// copy"): the bytes `buf_ref` names, as `Bytes`. When the body is
     /// complete (its buffer is read into no more) and they are all the
     /// buffer holds, the buffer itself is handed over without a copy, unless
@@ -1545,7 +1545,7 @@ impl BodyWriter {
                 let chunk_size = buf.len();
 
                 // a2a-gateway patch: the size line on the stack, not in a
-                // `String` allocated per chunk (see PATCHED.md, "Heads handed
+                // `String` allocated per chunk (see patches/README.md, "Heads handed
                 // on, not copied").
                 let (size_line, size_len) = chunk_size_line(chunk_size);
                 let mut output_buf =
@@ -2230,7 +2230,7 @@ mod tests {
     }
 
     // a2a-gateway patch: a complete body handed over without a copy (see
-    // PATCHED.md).
+    // patches/README.md).
     #[tokio::test]
     async fn complete_owned_body_is_taken_without_a_copy() {
         // The body read along with the head, whole: handed over as it is.
@@ -2279,7 +2279,7 @@ mod tests {
     }
 
     // a2a-gateway patch: a body read whole with its head gets a buffer of its
-    // size, so it is handed over without a copy (see PATCHED.md, "Body reads
+    // size, so it is handed over without a copy (see patches/README.md, "Body reads
     // sized to what arrives").
     #[tokio::test]
     async fn body_read_with_its_head_gets_a_buffer_of_its_size() {
@@ -2305,7 +2305,7 @@ mod tests {
 
     // a2a-gateway patch: reads of a chunked body wait with room for about what
     // the last brought, take whatever has arrived when that room fills, and let
-    // a large buffer go once reads fell back (see PATCHED.md, "Body reads sized
+    // a large buffer go once reads fell back (see patches/README.md, "Body reads sized
     // to what arrives").
     #[tokio::test]
     async fn unsized_reads_follow_what_arrives() {

@@ -154,7 +154,7 @@ impl HttpSession {
 
         // write was successful
         // a2a-gateway patch: kept without its header-case map, which only the
-        // wire form needed (see PATCHED.md, "Heads handed on, not copied").
+        // wire form needed (see patches/README.md, "Heads handed on, not copied").
         self.request_written = Some(request_without_case(req));
         Ok(to_wire.len())
     }
@@ -315,7 +315,7 @@ impl HttpSession {
                         // A stream's exchange lasts as long as the stream, so a head
                         // of a few hundred bytes kept the whole 4 KiB read buffer
                         // resident per open stream; copied out when that frees 1 KiB
-                        // or more (see PATCHED.md, "Request and response heads kept
+                        // or more (see patches/README.md, "Request and response heads kept
                         // at their size"). The offsets in `header_refs` and below are
                         // the same in the copy.
                         let read_buf = std::mem::take(&mut self.response_header_read_buf);
@@ -457,7 +457,7 @@ impl HttpSession {
         self.read_response().await?;
         // safe to unwrap because it is just read
         let header = self.response_header.take().unwrap();
-        // a2a-gateway patch (see PATCHED.md, "Heads handed on, not copied"):
+        // a2a-gateway patch (see patches/README.md, "Heads handed on, not copied"):
         // the header as read goes to the caller, built with room for the
         // headers a server adds when writing it (`Date`, `Connection`); a
         // clone has no spare room and grew on the first of them. This
@@ -494,7 +494,7 @@ impl HttpSession {
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
         self.init_body_reader();
-        // a2a-gateway patch (see PATCHED.md, "Body reads wait without a
+        // a2a-gateway patch (see patches/README.md, "Body reads wait without a
         // buffer"): a body without a length whose next bytes have not come
         // yet (a stream between events) waits for them without holding its
         // read buffer, which is taken again when they come. A read that
@@ -541,7 +541,7 @@ impl HttpSession {
 
     /// Similar to [`Self::read_body_ref`] but return `Bytes` instead of a slice reference.
     pub async fn read_body_bytes(&mut self) -> Result<Option<Bytes>> {
-        // a2a-gateway patch (see PATCHED.md, "Body reads sized to what
+        // a2a-gateway patch (see patches/README.md, "Body reads sized to what
         // arrives"): a body read whole is handed over without a copy when
         // its buffer holds nothing else (`BodyReader::take_body`), as the
         // server side's `read_body_bytes` does.
@@ -1008,7 +1008,7 @@ impl UniqueID for HttpSession {
 
 /// A copy of `header` for reading only: its headers, status, version and
 /// reason phrase, without the map of header-name cases that only writing it
-/// needs (a2a-gateway patch, see PATCHED.md, "Heads handed on, not copied").
+/// needs (a2a-gateway patch, see patches/README.md, "Heads handed on, not copied").
 fn copy_without_case(header: &ResponseHeader) -> ResponseHeader {
     let mut copy = ResponseHeader::from(header.as_owned_parts());
     // The phrase was valid on `header`, so it is on the copy.
@@ -1249,7 +1249,7 @@ mod tests_stream {
         assert!(!http_stream.will_keepalive());
     }
 
-    // a2a-gateway patch (see PATCHED.md, "Body reads sized to what arrives"):
+    // a2a-gateway patch (see patches/README.md, "Body reads sized to what arrives"):
     // a body read along with its head is handed over, not copied, and counted.
     #[tokio::test]
     async fn read_body_bytes_hands_over_a_body_read_with_its_head() {
@@ -1267,7 +1267,7 @@ mod tests_stream {
         assert!(http_stream.will_keepalive());
     }
 
-    // a2a-gateway patch (see PATCHED.md, "Body reads wait without a buffer"):
+    // a2a-gateway patch (see patches/README.md, "Body reads wait without a buffer"):
     // between events a body without a length waits holding no read buffer;
     // reads that would not wait keep it.
     #[tokio::test]

@@ -31,7 +31,7 @@ pub(super) const INIT_HEADER_BUF_SIZE: usize = 4096;
 /// body bytes read along with it, copied into allocations of their own size)
 /// when that frees at least this much; and a complete body is handed out of
 /// its buffer without a copy only when the buffer had less than this much room
-/// past it (`BodyReader::take_body`). See PATCHED.md.
+/// past it (`BodyReader::take_body`). See patches/README.md.
 pub(super) const HEAD_COPY_MIN_SAVING: usize = 1024;
 pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 
@@ -441,7 +441,7 @@ pub(crate) fn content_length_is_single_token(headers: &HMap) -> bool {
 /// `req`, already written, without the map of header-name cases that only its
 /// wire form needed; moved, not copied. A request whose target the URI does
 /// not reproduce (absolute form, not UTF-8) is kept as it is (a2a-gateway
-/// patch, see PATCHED.md, "Heads handed on, not copied").
+/// patch, see patches/README.md, "Heads handed on, not copied").
 pub(crate) fn request_without_case(mut req: Box<RequestHeader>) -> Box<RequestHeader> {
     let target_from_uri = req.raw_path_is_utf8()
         && req.uri.path_and_query().map(|p| p.as_str().as_bytes()) == Some(req.raw_path());
@@ -459,7 +459,7 @@ pub(crate) fn request_without_case(mut req: Box<RequestHeader>) -> Box<RequestHe
 
 /// `resp`, already written, without the map of header-name cases that only
 /// its wire form needed; moved, not copied, its reason phrase kept
-/// (a2a-gateway patch, see PATCHED.md, "Heads handed on, not copied").
+/// (a2a-gateway patch, see patches/README.md, "Heads handed on, not copied").
 pub(crate) fn response_without_case(mut resp: Box<ResponseHeader>) -> Box<ResponseHeader> {
     if !resp.has_case() {
         return resp;

@@ -74,26 +74,6 @@ impl ProxyTaskState {
     }
 }
 
-/// [`ProxyTaskState`] made on first use. Most sessions never use the
-/// cancel-safe proxy task API, and held inline the state made every HTTP/1
-/// session 48 bytes larger, over an allocator size class (680 bytes, held
-/// for a stream's life) (a2a-gateway patch, see PATCHED.md, "Heads handed
-/// on, not copied").
-#[derive(Default)]
-struct LazyProxyTaskState(Option<Box<ProxyTaskState>>);
-
-impl LazyProxyTaskState {
-    fn get(&mut self) -> &mut ProxyTaskState {
-        self.0.get_or_insert_with(Box::default)
-    }
-
-    fn has_pending(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|s| s.current_writer.is_some() || !s.tasks.is_empty())
-    }
-}
-
 /// The HTTP 1.x server session
 pub struct HttpSession {
     underlying_stream: Stream,
@@ -111,7 +91,7 @@ pub struct HttpSession {
     /// A state machine to track how to write the response body
     body_writer: BodyWriter,
     /// Cancel-safe proxy task state.
-    proxy_task_state: LazyProxyTaskState,
+    proxy_task_state: ProxyTaskState,
     /// An internal buffer to buf multiple body writes to reduce the underlying syscalls
     body_write_buf: BytesMut,
     /// Track how many application (not on the wire) body bytes already sent
@@ -201,7 +181,7 @@ impl HttpSession {
             preread_body: None,
             body_reader: BodyReader::new(false),
             body_writer: BodyWriter::new(),
-            proxy_task_state: LazyProxyTaskState::default(),
+            proxy_task_state: ProxyTaskState::default(),
             body_write_buf: BytesMut::new(),
             keepalive_timeout: KeepaliveStatus::Off,
             update_resp_headers: true,
@@ -389,7 +369,7 @@ impl HttpSession {
                         // for a stream is the stream's life; both shared the 4 KiB
                         // read buffer. When that frees 1 KiB or more, each is copied
                         // into an allocation of its own size instead, the body bytes
-                        // handed on as the detached suffix below (see PATCHED.md,
+                        // handed on as the detached suffix below (see patches/README.md,
                         // "Request and response heads kept at their size"). The
                         // offsets recorded above are the same in the copy.
                         if detached_suffix.is_none()
@@ -623,7 +603,7 @@ impl HttpSession {
     pub async fn read_body_bytes(&mut self) -> Result<Option<Bytes>> {
         let read = self.read_body().await?;
         Ok(read.map(|b| {
-            // a2a-gateway patch: without a copy when it can (see PATCHED.md).
+            // a2a-gateway patch: without a copy when it can (see patches/README.md).
             let bytes = self.body_reader.take_body(&b);
             self.body_bytes_read += bytes.len();
             if let Some(buffer) = self.retry_buffer.as_mut() {
@@ -721,7 +701,7 @@ impl HttpSession {
     /// retry, and the maps of header-name cases of the request's head (for
     /// the head a retry would send again) and of this one (written). For a
     /// stream they were held for the stream's life (a2a-gateway patch, see
-    /// PATCHED.md, "Heads handed on, not copied").
+    /// patches/README.md, "Heads handed on, not copied").
     fn response_header_written(&mut self, mut header: Box<ResponseHeader>) {
         if header.status == 101 || !header.status.is_informational() {
             if let Some(buffer) = self.retry_buffer.as_mut() {
@@ -1512,7 +1492,7 @@ impl HttpSession {
         self.reuse_after(false)
     }
 
-    /// a2a-gateway patch (see PATCHED.md, "Smaller request futures"): [`Self::reuse`], after
+    /// a2a-gateway patch (see patches/README.md, "Smaller request futures"): [`Self::reuse`], after
     /// [`Self::finish_body`] when `finish_body_first`, for `ServerSession::finish`; an `async`
     /// block the session moves into once, where an `async fn` taking `self` keeps room for two
     /// copies of it (672 bytes each) in a future that every request's future holds room for.
@@ -1640,7 +1620,7 @@ impl HttpSession {
         // once written; a lone one (an answer's head and its body) is written
         // as it is. tokio-style reuse kept its room for the session's life: a
         // stream that gets a few events and then waits held it for the wait
-        // (see PATCHED.md, "Heads handed on, not copied").
+        // (see patches/README.md, "Heads handed on, not copied").
         let (bodies, body_len) = tasks.iter().fold((0, 0), |(n, len), t| match t {
             HttpTask::Body(Some(d), _) | HttpTask::UpgradedBody(Some(d), _) if !d.is_empty() => {
                 (n + 1, len + d.len())
@@ -1705,12 +1685,12 @@ impl HttpSession {
     ///
     /// A write canceled mid-operation can be resumed via `write_proxy_tasks()`.
     pub fn send_proxy_task(&mut self, task: HttpTask) {
-        self.proxy_task_state.get().tasks.push_back(task);
+        self.proxy_task_state.tasks.push_back(task);
     }
 
     /// Check if there are pending proxy tasks queued for writing.
     pub fn has_pending_proxy_tasks(&self) -> bool {
-        self.proxy_task_state.has_pending()
+        self.proxy_task_state.current_writer.is_some() || !self.proxy_task_state.tasks.is_empty()
     }
 
     /// Write all queued proxy tasks (response `HttpTask`s from `send_proxy_task`)
@@ -1727,12 +1707,11 @@ impl HttpSession {
         // TODO: buffer body data like response_duplex_vec
         loop {
             // - Resume any in-progress write
-            if let Some(ref writer_state) = self.proxy_task_state.get().current_writer {
+            if let Some(ref writer_state) = self.proxy_task_state.current_writer {
                 match writer_state {
                     ProxyTaskWriter::WritingHeader(_, _) => {
                         let _bytes_written = self
                             .proxy_task_state
-                            .get()
                             .header_writer()
                             .write_current_header_task(&mut self.underlying_stream)
                             .await
@@ -1758,7 +1737,6 @@ impl HttpSession {
 
                 match self
                     .proxy_task_state
-                    .get()
                     .current_writer
                     .take()
                     .expect("writer state present")
@@ -1781,11 +1759,10 @@ impl HttpSession {
 
             // - Send tasks, set state.
             // Pop next task
-            let Some(task) = self.proxy_task_state.get().tasks.pop_front() else {
+            let Some(task) = self.proxy_task_state.tasks.pop_front() else {
                 if end_stream {
                     self.body_writer.send_finish_task();
-                    self.proxy_task_state.get().current_writer =
-                        Some(ProxyTaskWriter::FinishingBody);
+                    self.proxy_task_state.current_writer = Some(ProxyTaskWriter::FinishingBody);
                     continue;
                 }
                 break;
@@ -1802,10 +1779,9 @@ impl HttpSession {
                     // header only responses will want to flush
                     let flush = should_flush || self.body_writer.finished();
                     self.proxy_task_state
-                        .get()
                         .header_writer()
                         .send_header_task(write_buf, flush, None);
-                    self.proxy_task_state.get().current_writer =
+                    self.proxy_task_state.current_writer =
                         Some(ProxyTaskWriter::WritingHeader(header, end));
                 }
                 HttpTask::Body(ref data, end) => {
@@ -1816,7 +1792,7 @@ impl HttpSession {
                         if !d.is_empty() {
                             let body_timeout = self.write_timeout(d.len());
                             self.body_writer.send_body_task(d.clone(), body_timeout);
-                            self.proxy_task_state.get().current_writer =
+                            self.proxy_task_state.current_writer =
                                 Some(ProxyTaskWriter::WritingBody(end));
                             continue;
                         }
@@ -1831,7 +1807,7 @@ impl HttpSession {
                         if !d.is_empty() {
                             let body_timeout = self.write_timeout(d.len());
                             self.body_writer.send_body_task(d.clone(), body_timeout);
-                            self.proxy_task_state.get().current_writer =
+                            self.proxy_task_state.current_writer =
                                 Some(ProxyTaskWriter::WritingBody(end));
                             continue;
                         }
@@ -3651,7 +3627,7 @@ mod test_proxy_tasks {
         http_stream.send_proxy_task(HttpTask::Body(Some(Bytes::from("world")), true));
 
         // Verify we have 3 tasks queued
-        assert_eq!(http_stream.proxy_task_state.get().tasks.len(), 3);
+        assert_eq!(http_stream.proxy_task_state.tasks.len(), 3);
 
         // Try to write all tasks - this should timeout while writing the second body chunk
         let result = http_stream.write_proxy_tasks().await;
@@ -3664,7 +3640,7 @@ mod test_proxy_tasks {
         // - Third task (second body "world") was removed and sent to BodyWriter, timed out mid-write
         // - The in-progress write state is tracked in current_writer, NOT in the queue
         assert_eq!(
-            http_stream.proxy_task_state.get().tasks.len(),
+            http_stream.proxy_task_state.tasks.len(),
             0,
             "Queue should be empty - tasks are owned by writers once sent"
         );
@@ -3672,7 +3648,7 @@ mod test_proxy_tasks {
         // The task being written should be tracked in current_writer
         assert!(
             matches!(
-                http_stream.proxy_task_state.get().current_writer,
+                http_stream.proxy_task_state.current_writer,
                 Some(ProxyTaskWriter::WritingBody(_))
             ),
             "Should be mid-write of body task - writer owns the 'world' task state"
