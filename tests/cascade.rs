@@ -169,7 +169,6 @@ async fn grace_resubscribe(kind: Kind, bind: Bind) {
 /// worker's stream (up to `id_wait`) to learn the id, then cancels. (A
 /// caller that resets instead ends the exchange before any id is known:
 /// another call shape, see `send_and_leave`.)
-
 async fn caller_leaves_before_first_event(kind: Kind, bind: Bind, text: &str, after: Duration) {
     let worker = Worker::start(kind).await;
     let gw = Gateway::in_front_of(&worker.url(), "").await;

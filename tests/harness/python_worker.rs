@@ -208,7 +208,6 @@ async fn card_answers(url: &str) -> bool {
     let probe = http::request("GET", url, "/.well-known/agent-card.json", &[], b"");
     matches!(
         tokio::time::timeout(super::scaled_secs(5), probe).await,
-
         Ok(resp) if resp.status == 200
     )
 }

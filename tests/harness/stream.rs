@@ -239,7 +239,6 @@ impl SseStream {
     pub async fn task_id(&mut self) -> String {
         for _ in 0..10 {
             let ev = self.next(super::scaled_secs(5)).await.expect("an event");
-
             if let Some(t) = super::worker::task_id_of(&ev) {
                 return t;
             }
