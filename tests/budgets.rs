@@ -843,7 +843,7 @@ async fn deadline_outlives_a_non_blocking_send() {
 
 /// A blocking `SendMessage` names its task only in its answer, so a child
 /// that settles first is not cancelled and its answer is left as is (the
-/// README says why budgets are best enforced on streams).
+/// `docs/behaviour.md` says why budgets are best enforced on streams).
 #[tokio::test]
 async fn blocking_send_answer_is_never_rewritten_when_nothing_was_cancelled() {
     let worker = Worker::start(Kind::Python).await;
