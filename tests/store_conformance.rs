@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use a2a_gateway::store::conformance::NEVER;
 use a2a_gateway::store::redis::{RedisStore, LIVE_TTL, SETTLED_RETENTION};
-use a2a_gateway::store::{Renewal, TaskKey, TaskStore, TaskUpdate};
+use a2a_gateway::store::{CancelTarget, Owing, Renewal, TaskKey, TaskStore, TaskUpdate};
 use policies::TaskState;
 
 use crate::harness::gateway::free_port;
@@ -54,7 +54,9 @@ async fn redis_store_conformance() {
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
-    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3 + 2);
+    // Records, leases, lapses, handed-back lapses; and the outbox's four
+    // tasks (a put writes the task's hash).
+    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3 + 2 + 4);
 }
 
 #[tokio::test]
@@ -526,4 +528,111 @@ async fn watchers_of_a_replica_count_while_it_lives() {
         .await
         .unwrap();
     assert_eq!(b.get(&k).await.unwrap().unwrap().watchers, 3);
+}
+
+/// The outbox across replicas: an owed cancel is claimed only once its
+/// holder's heartbeat key is gone, by exactly one of the replicas racing
+/// for it, with a token of its own; the former holder's token no longer
+/// holds it. A live holder's entry is looked at again only when its
+/// heartbeat could run out. The keys: `{ns}:outbox:{route}` and the
+/// `ob_*` fields of the task's hash, both gone once it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owed_cancels_are_claimed_once_their_holder_is_gone() {
+    let server = RedisServer::start().await;
+    let connect = |id: &'static str| {
+        let url = server.url();
+        async move { RedisStore::connect_as(&url, "ns", id).await.unwrap() }
+    };
+    let (a, b, c) = (connect("a").await, connect("b").await, connect("c").await);
+    let k = key("w", "acme", "t1");
+    let target = CancelTarget {
+        binding: a2a_gateway::a2a::Binding::JsonRpc,
+        path: "/".into(),
+    };
+    let routes: Vec<Arc<str>> = vec![Arc::from("w")];
+    let now = a.clock_ms();
+    let Owing::Mine(ta) = a.outbox_put(&k, &target, "caller_gone", now).await.unwrap() else {
+        panic!("not held by A");
+    };
+    let mut conn = raw(&server).await;
+    let task = a.task_key(&k);
+    let outbox = a.outbox_key("w");
+    assert_eq!(outbox, "ns:outbox:w");
+    let owner: String = redis::cmd("HGET")
+        .arg(&task)
+        .arg("ob_owner")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(owner, a.replica());
+    // First looked at when A's heartbeat could have run out.
+    let score: f64 = redis::cmd("ZSCORE")
+        .arg(&outbox)
+        .arg(&task)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ttl = a2a_gateway::store::redis::REPLICA_TTL.as_millis() as f64;
+    assert_eq!(score, now as f64 + ttl);
+
+    // A lives: B neither claims it nor writes its own.
+    let later = now + 60_000;
+    assert!(b.outbox_claim(later, 10, &routes).await.unwrap().is_empty());
+    assert_eq!(
+        b.outbox_put(&k, &target, "caller_gone", later)
+            .await
+            .unwrap(),
+        Owing::Elsewhere
+    );
+    // B's look re-scored it to when A's key would expire.
+    let score: f64 = redis::cmd("ZSCORE")
+        .arg(&outbox)
+        .arg(&task)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        score > later as f64 && score <= later as f64 + ttl,
+        "{score} vs {later}"
+    );
+
+    // A is gone: B and C race for it; exactly one wins.
+    a.replica_gone().await.unwrap();
+    let far = later + 60_000;
+    let (rb, rc) = tokio::join!(
+        b.outbox_claim(far, 10, &routes),
+        c.outbox_claim(far, 10, &routes)
+    );
+    let (rb, rc) = (rb.unwrap(), rc.unwrap());
+    assert_eq!(rb.len() + rc.len(), 1, "{rb:?} {rc:?}");
+    let (winner, won, other) = if rb.len() == 1 {
+        (&b, &rb[0], &c)
+    } else {
+        (&c, &rc[0], &b)
+    };
+    assert_eq!((&won.key, &won.target), (&k, &target));
+    assert_eq!(won.owner, winner.replica());
+    assert!(winner.outbox_owns(&k, &won.token).await.unwrap());
+    assert!(!a.outbox_owns(&k, &ta).await.unwrap(), "A's token is void");
+    assert!(!a.outbox_retry(&k, &ta, 0).await.unwrap());
+    assert!(other
+        .outbox_claim(far + 60_000, 10, &routes)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Delivered: nothing left in Redis.
+    winner.outbox_done(&k).await.unwrap();
+    let left: u64 = redis::cmd("ZCARD")
+        .arg(&outbox)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&task)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(fields.iter().all(|f| !f.starts_with("ob_")), "{fields:?}");
 }

@@ -22,6 +22,203 @@ pub async fn run(store: &dyn TaskStore) {
     records(store).await;
     leases(store).await;
     accounts(store).await;
+    outbox(store).await;
+}
+
+fn okey(id: &str) -> TaskKey {
+    TaskKey {
+        route: "ob".into(),
+        tenant: "acme".into(),
+        task_id: id.into(),
+    }
+}
+
+/// The routes an outbox claimer has: `okey`'s.
+fn ob_routes() -> Vec<Arc<str>> {
+    vec![Arc::from("ob")]
+}
+
+/// The token of a put that must have made this replica the holder.
+async fn put_mine(store: &dyn TaskStore, key: &TaskKey, target: &CancelTarget, now: u64) -> String {
+    match store
+        .outbox_put(key, target, "caller_gone", now)
+        .await
+        .unwrap()
+    {
+        Owing::Mine(token) => token,
+        other => panic!("{key}: {other:?}, not held"),
+    }
+}
+
+async fn outbox(store: &dyn TaskStore) {
+    let target = CancelTarget {
+        binding: Binding::Rest,
+        path: "/v1".into(),
+    };
+    let owns =
+        |k: &'static str, t: String| async move { store.outbox_owns(&okey(k), &t).await.unwrap() };
+    assert_eq!(store.outbox_get(&okey("o1")).await.unwrap(), None);
+
+    // Written before the first attempt, held by this replica with a token.
+    let t1 = put_mine(store, &okey("o1"), &target, 1_000).await;
+    let got = store.outbox_get(&okey("o1")).await.unwrap().expect("held");
+    assert_eq!(
+        (&got.target, got.cause.as_str(), got.token.as_str()),
+        (&target, "caller_gone", t1.as_str())
+    );
+    assert!(!got.owner.is_empty());
+    assert!(owns("o1", t1.clone()).await);
+    assert!(!owns("o1", "someone-else".into()).await);
+    assert!(!owns("o1", String::new()).await);
+    // Another stream's cascade of the same task: carried already.
+    assert_eq!(
+        store
+            .outbox_put(&okey("o1"), &target, "stream_lost", 1_001)
+            .await
+            .unwrap(),
+        Owing::Elsewhere
+    );
+    // Its holder lives: nobody claims it, however late.
+    assert!(store
+        .outbox_claim(NEVER, 100, &ob_routes())
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Every attempt failed: handed back (by its holder only), due at
+    // 40_000, claimed then once, by a claimer with its route, afresh.
+    assert!(!store
+        .outbox_retry(&okey("o1"), "stale", 40_000)
+        .await
+        .unwrap());
+    assert!(store.outbox_retry(&okey("o1"), &t1, 40_000).await.unwrap());
+    assert!(!owns("o1", t1.clone()).await);
+    assert_eq!(
+        store.outbox_get(&okey("o1")).await.unwrap().unwrap().owner,
+        ""
+    );
+    assert!(store
+        .outbox_claim(39_999, 100, &ob_routes())
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .outbox_claim(40_000, 100, &[Arc::from("elsewhere")])
+        .await
+        .unwrap()
+        .is_empty());
+    let c = store.outbox_claim(40_000, 100, &ob_routes()).await.unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (&c[0].key, &c[0].target, c[0].cause.as_str()),
+        (&okey("o1"), &target, "caller_gone")
+    );
+    assert_ne!(c[0].token, t1);
+    assert!(owns("o1", c[0].token.clone()).await);
+    assert!(store
+        .outbox_claim(NEVER, 100, &ob_routes())
+        .await
+        .unwrap()
+        .is_empty());
+    // The worker answered: removed, whoever holds it.
+    store.outbox_done(&okey("o1")).await.unwrap();
+    assert_eq!(store.outbox_get(&okey("o1")).await.unwrap(), None);
+    assert!(!owns("o1", c[0].token.clone()).await);
+    assert!(!store
+        .outbox_retry(&okey("o1"), &c[0].token, 1)
+        .await
+        .unwrap());
+    assert!(store
+        .outbox_claim(NEVER, 100, &ob_routes())
+        .await
+        .unwrap()
+        .is_empty());
+    // Nothing for a zero limit or no routes.
+    store
+        .outbox_put(&okey("o0"), &target, "caller_gone", 1)
+        .await
+        .unwrap();
+    let t0 = store.outbox_get(&okey("o0")).await.unwrap().unwrap().token;
+    store.outbox_retry(&okey("o0"), &t0, 1).await.unwrap();
+    assert!(store
+        .outbox_claim(NEVER, 0, &ob_routes())
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.outbox_claim(NEVER, 10, &[]).await.unwrap().is_empty());
+    store.outbox_done(&okey("o0")).await.unwrap();
+
+    // Writing it ends the task's lease: the outbox carries the cancel, not
+    // a lapse, so the reaper does not send it too.
+    let leases = store.lease_count().await.unwrap();
+    store
+        .lease_start(&okey("o2"), 1_000, None, 0)
+        .await
+        .unwrap();
+    let t2 = put_mine(store, &okey("o2"), &target, 500).await;
+    assert_eq!(store.get(&okey("o2")).await.unwrap().unwrap().lease, None);
+    assert_eq!(store.lease_count().await.unwrap(), leases);
+    assert!(claim(store, NEVER - 1, 100, NEVER, &ob_routes())
+        .await
+        .is_empty());
+    // The task settles: nothing is owed any more; its holder's next check
+    // says so.
+    store
+        .update(
+            &okey("o2"),
+            TaskUpdate {
+                state: Some(TaskState::Completed),
+                ..TaskUpdate::default()
+            },
+            600,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.outbox_get(&okey("o2")).await.unwrap(), None);
+    assert!(!owns("o2", t2).await);
+    assert_eq!(
+        store
+            .outbox_put(&okey("o2"), &target, "caller_gone", 700)
+            .await
+            .unwrap(),
+        Owing::Settled
+    );
+
+    // A lapse claim holds the task's lease (its cancel in flight): that
+    // claim delivers it, the cascade writes nothing.
+    store
+        .lease_start(&okey("o3"), 1_000, None, 0)
+        .await
+        .unwrap();
+    let lapsed = claim(store, 5_000, 100, 60_000, &ob_routes()).await;
+    assert_eq!(lapsed.len(), 1);
+    assert_eq!(
+        store
+            .outbox_put(&okey("o3"), &target, "caller_gone", 6_000)
+            .await
+            .unwrap(),
+        Owing::Elsewhere
+    );
+    assert_eq!(store.outbox_get(&okey("o3")).await.unwrap(), None);
+    // Past its hold (the claimer died mid-cancel) the outbox takes it over,
+    // and the lapse is not claimed again.
+    put_mine(store, &okey("o3"), &target, 60_001).await;
+    assert!(claim(store, NEVER - 1, 100, NEVER, &ob_routes())
+        .await
+        .is_empty());
+    // A new lease on a task whose cancel the outbox carries does not make
+    // the reaper send it as well.
+    store
+        .lease_start(&okey("o3"), 1_000, None, 70_000)
+        .await
+        .unwrap();
+    assert!(claim(store, 80_000, 100, NEVER, &ob_routes())
+        .await
+        .is_empty());
+    store.outbox_done(&okey("o3")).await.unwrap();
+    assert_eq!(store.get(&okey("o3")).await.unwrap().unwrap().lease, None);
+    assert_eq!(store.outbox_get(&okey("o3")).await.unwrap(), None);
+    assert_eq!(store.lease_count().await.unwrap(), leases);
 }
 
 /// An ask with a ticket of its own.

@@ -1,6 +1,6 @@
 //! The embedded store: one gateway process, no dependencies.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,8 +10,8 @@ use policies::budget::Account;
 use policies::lease::{self, Renewal};
 
 use super::{
-    AccountKey, AccountView, LeaseRecord, Reservation, Shortfall, StoreError, TaskKey, TaskRecord,
-    TaskStore, TaskUpdate,
+    AccountKey, AccountView, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation, Shortfall,
+    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, LOCAL_OWNER,
 };
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
@@ -61,6 +61,39 @@ impl Retries {
     }
 }
 
+/// The owed cancels of this process (its outbox): one per task. Nobody
+/// else can claim them: a process that dies loses them.
+#[derive(Debug, Default)]
+struct Outbox {
+    entries: HashMap<TaskKey, Owed>,
+    /// Handed-back entries by when they are due.
+    due: Retries,
+    tokens: u64,
+}
+
+#[derive(Debug)]
+struct Owed {
+    target: CancelTarget,
+    cause: String,
+    /// `""` once handed back.
+    token: String,
+    /// When it was written (Unix ms): given up after
+    /// [`super::OUTBOX_RETENTION`], as Redis lets the task's hash expire.
+    since_ms: u64,
+}
+
+impl Outbox {
+    fn token(&mut self) -> String {
+        self.tokens += 1;
+        format!("{LOCAL_OWNER}#{}", self.tokens)
+    }
+
+    fn remove(&mut self, key: &TaskKey) {
+        self.entries.remove(key);
+        self.due.remove(key);
+    }
+}
+
 #[derive(Debug)]
 pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,
@@ -74,6 +107,9 @@ pub struct MemoryStore {
     /// Tickets settled lately, as Redis keeps them
     /// ([`super::TICKET_TOMBSTONE`]).
     tombstones: Mutex<Tombstones>,
+    /// Owed cancels. Lock order: this one first, never taken while another
+    /// of the store's locks (or a cache entry's) is held.
+    outbox: Mutex<Outbox>,
 }
 
 /// Settled tickets, forgotten after [`super::TICKET_TOMBSTONE`].
@@ -133,7 +169,33 @@ impl MemoryStore {
             retries: Mutex::new(Retries::default()),
             accounts: Mutex::new(BTreeMap::new()),
             tombstones: Mutex::new(Tombstones::default()),
+            outbox: Mutex::new(Outbox::default()),
         }
+    }
+
+    fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.outbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends the task's lease (see [`TaskStore::lease_end`]).
+    fn end_lease(&self, key: &TaskKey) {
+        self.retries().remove(key);
+        // One atomic step on the entry (a read, then an insert, would undo an
+        // update or a new lease that came in between); a missing task stays
+        // missing.
+        self.tasks.entry_by_ref(key).and_compute_with(|old| {
+            let Some(entry) = old else {
+                return moka::ops::compute::Op::Nop;
+            };
+            let mut rec = entry.into_value();
+            match rec.lease.take() {
+                Some(l) => {
+                    self.index().remove(&(l.deadline_ms, key.clone()));
+                    moka::ops::compute::Op::Put(rec)
+                }
+                None => moka::ops::compute::Op::Nop,
+            }
+        });
     }
 
     fn retries(&self) -> std::sync::MutexGuard<'_, Retries> {
@@ -277,6 +339,7 @@ impl TaskStore for MemoryStore {
         update: TaskUpdate,
         now_ms: u64,
     ) -> Result<TaskRecord, StoreError> {
+        let settled = update.state.is_some_and(|s| s.is_settled());
         let (rec, ()) = self.modify(key, now_ms, |rec| {
             let before = rec.lease.as_ref().map(|l| l.deadline_ms);
             rec.apply(update, now_ms);
@@ -284,6 +347,10 @@ impl TaskStore for MemoryStore {
                 self.index().remove(&(d, key.clone()));
             }
         });
+        if settled {
+            // A settled task owes no cancel.
+            self.outbox().remove(key);
+        }
         Ok(rec)
     }
 
@@ -357,23 +424,7 @@ impl TaskStore for MemoryStore {
     }
 
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
-        self.retries().remove(key);
-        // One atomic step on the entry (a read, then an insert, would undo an
-        // update or a new lease that came in between); a missing task stays
-        // missing.
-        self.tasks.entry_by_ref(key).and_compute_with(|old| {
-            let Some(entry) = old else {
-                return moka::ops::compute::Op::Nop;
-            };
-            let mut rec = entry.into_value();
-            match rec.lease.take() {
-                Some(l) => {
-                    self.index().remove(&(l.deadline_ms, key.clone()));
-                    moka::ops::compute::Op::Put(rec)
-                }
-                None => moka::ops::compute::Op::Nop,
-            }
-        });
+        self.end_lease(key);
         Ok(())
     }
 
@@ -384,6 +435,9 @@ impl TaskStore for MemoryStore {
         hold_until_ms: u64,
         routes: &[Arc<str>],
     ) -> Result<Vec<TaskRecord>, StoreError> {
+        // Held throughout (it comes first in the lock order): a task whose
+        // cancel the outbox carries is not claimed for its lapse too.
+        let outbox = self.outbox();
         let claimed: Vec<(u64, TaskKey)> = {
             let mut index = self.index();
             let lapsed: Vec<(u64, TaskKey)> = index
@@ -399,6 +453,7 @@ impl TaskStore for MemoryStore {
         };
         let mut out: Vec<TaskRecord> = claimed
             .into_iter()
+            .filter(|(_, key)| !outbox.entries.contains_key(key))
             .filter_map(|(_, key)| self.tasks.get(&key))
             .collect();
         let mut retries = self.retries();
@@ -406,6 +461,7 @@ impl TaskStore for MemoryStore {
             let due = retries.take_due(now_ms, limit - out.len(), routes);
             out.extend(
                 due.into_iter()
+                    .filter(|key| !outbox.entries.contains_key(key))
                     .filter_map(|key| self.tasks.get(&key))
                     .filter(|rec| rec.lease.is_some()),
             );
@@ -425,6 +481,133 @@ impl TaskStore for MemoryStore {
 
     async fn lease_count(&self) -> Result<u64, StoreError> {
         Ok(self.index().len() as u64)
+    }
+
+    async fn outbox_put(
+        &self,
+        key: &TaskKey,
+        target: &CancelTarget,
+        cause: &str,
+        now_ms: u64,
+    ) -> Result<Owing, StoreError> {
+        let mut outbox = self.outbox();
+        if outbox.entries.get(key).is_some_and(|e| !e.token.is_empty()) {
+            return Ok(Owing::Elsewhere);
+        }
+        let rec = self.tasks.get(key);
+        if rec
+            .as_ref()
+            .and_then(|r| r.state)
+            .is_some_and(|s| s.is_settled())
+        {
+            return Ok(Owing::Settled);
+        }
+        // A lapse claim holds the task's lease (or handed it back for
+        // later): that claim delivers the cancel.
+        if rec.is_some_and(|r| r.lease.is_some())
+            && self.retries().at.get(key).is_some_and(|at| *at > now_ms)
+        {
+            return Ok(Owing::Elsewhere);
+        }
+        let token = outbox.token();
+        outbox.due.remove(key);
+        outbox.entries.insert(
+            key.clone(),
+            Owed {
+                target: target.clone(),
+                cause: cause.to_string(),
+                token: token.clone(),
+                since_ms: now_ms,
+            },
+        );
+        // The outbox carries the cancel now, not a lapse.
+        self.end_lease(key);
+        Ok(Owing::Mine(token))
+    }
+
+    async fn outbox_owns(&self, key: &TaskKey, token: &str) -> Result<bool, StoreError> {
+        Ok(!token.is_empty()
+            && self
+                .outbox()
+                .entries
+                .get(key)
+                .is_some_and(|e| e.token == token))
+    }
+
+    async fn outbox_done(&self, key: &TaskKey) -> Result<(), StoreError> {
+        let mut outbox = self.outbox();
+        outbox.remove(key);
+        self.end_lease(key);
+        Ok(())
+    }
+
+    async fn outbox_retry(
+        &self,
+        key: &TaskKey,
+        token: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let mut outbox = self.outbox();
+        match outbox.entries.get_mut(key) {
+            Some(e) if !token.is_empty() && e.token == token => {
+                e.token.clear();
+                outbox.due.set(key.clone(), at_ms);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn outbox_claim(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        routes: &[Arc<str>],
+    ) -> Result<Vec<OwedCancel>, StoreError> {
+        // This process holds every entry not handed back: only hand-backs
+        // that are due can be claimed.
+        let mut outbox = self.outbox();
+        let due = outbox.due.take_due(now_ms, limit, routes);
+        let retention = super::OUTBOX_RETENTION.as_millis() as u64;
+        let mut out = Vec::new();
+        for key in due {
+            let settled = self
+                .tasks
+                .get(&key)
+                .and_then(|r| r.state)
+                .is_some_and(|s| s.is_settled());
+            let token = outbox.token();
+            let Some(e) = outbox.entries.get_mut(&key) else {
+                continue;
+            };
+            if settled || e.since_ms.saturating_add(retention) < now_ms {
+                outbox.entries.remove(&key);
+                continue;
+            }
+            e.token.clone_from(&token);
+            out.push(OwedCancel {
+                key,
+                target: e.target.clone(),
+                cause: e.cause.clone(),
+                owner: LOCAL_OWNER.to_string(),
+                token,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn outbox_get(&self, key: &TaskKey) -> Result<Option<OwedCancel>, StoreError> {
+        Ok(self.outbox().entries.get(key).map(|e| OwedCancel {
+            key: key.clone(),
+            target: e.target.clone(),
+            cause: e.cause.clone(),
+            owner: if e.token.is_empty() {
+                String::new()
+            } else {
+                LOCAL_OWNER.to_string()
+            },
+            token: e.token.clone(),
+        }))
     }
 
     fn kind(&self) -> &'static str {

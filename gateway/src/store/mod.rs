@@ -153,6 +153,44 @@ pub struct AccountView {
     pub balance: policies::budget::Account,
 }
 
+/// A `CancelTask` the gateway owes a task, as the store's outbox holds it
+/// ([`TaskStore::outbox_put`]): from the decision until the worker answered
+/// it (canceled, not cancelable, not found) or the task is known settled.
+/// What the call needs besides the route's config: the binding and worker
+/// path the caller used, and why. Never the caller's headers: a cancel
+/// another replica claims carries only what the route's config gives
+/// ([`crate::cancel::cancel_headers`] with no caller headers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwedCancel {
+    pub key: TaskKey,
+    pub target: CancelTarget,
+    /// Why it is owed (`caller_gone`, `stream_lost`), for logs and metrics.
+    pub cause: String,
+    /// The replica process that holds it now (Redis: its heartbeat key's
+    /// `{id}`; memory: `"local"`), `""` once handed back for a later claim.
+    pub owner: String,
+    /// Proves who holds it: set afresh by each put and claim, cleared by a
+    /// hand-back ([`TaskStore::outbox_owns`]).
+    pub token: String,
+}
+
+/// What [`TaskStore::outbox_put`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Owing {
+    /// This replica owes the cancel now: the token proves it in
+    /// [`TaskStore::outbox_owns`] and [`TaskStore::outbox_retry`].
+    Mine(String),
+    /// The cancel is carried already: a live replica (this one included)
+    /// holds the task's owed cancel, or a lapse claim of its lease holds it
+    /// (or will try it again): that one delivers it.
+    Elsewhere,
+    /// The store knows the task settled: no cancel is owed.
+    Settled,
+}
+
+/// The claim-token owner a store only this process uses writes.
+pub const LOCAL_OWNER: &str = "local";
+
 /// A store that could not answer.
 #[derive(Debug)]
 pub struct StoreError(pub String);
@@ -258,6 +296,58 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// Up to `limit` account meters in live windows, for the admin endpoint.
     async fn account_list(&self, limit: usize) -> Result<Vec<AccountView>, StoreError>;
 
+    /// Writes the task's owed cancel to the outbox, held by this replica,
+    /// before its first attempt: `target` and `cause` are what another
+    /// replica needs to send it ([`OwedCancel`]). Atomic: an entry a live
+    /// replica holds, or a lease a lapse claim holds or handed back for
+    /// later, is left alone ([`Owing::Elsewhere`]: that one delivers it);
+    /// one handed back, or whose holder is gone, is taken over; a task the
+    /// store knows settled owes nothing ([`Owing::Settled`]). Taking it
+    /// ends the task's lease: from now on the outbox carries the cancel, not
+    /// a lapse, so the two never both send it. One round trip.
+    async fn outbox_put(
+        &self,
+        key: &TaskKey,
+        target: &CancelTarget,
+        cause: &str,
+        now_ms: u64,
+    ) -> Result<Owing, StoreError>;
+
+    /// Whether the task's owed cancel is still held with `token`: checked
+    /// before each retry, so that a replica stops once another claimed it or
+    /// it was removed (the task settled). One round trip.
+    async fn outbox_owns(&self, key: &TaskKey, token: &str) -> Result<bool, StoreError>;
+
+    /// The task's owed cancel is settled (the worker answered it, or the
+    /// task is known settled): removed, whoever holds it, and the task's
+    /// lease ended with it ([`TaskStore::lease_end`]). One round trip.
+    async fn outbox_done(&self, key: &TaskKey) -> Result<(), StoreError>;
+
+    /// Hands the task's owed cancel back, if still held with `token`, to be
+    /// claimed at `at_ms` by any replica with its route (its every attempt
+    /// failed); returns whether it was. One round trip.
+    async fn outbox_retry(
+        &self,
+        key: &TaskKey,
+        token: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Claims up to `limit` owed cancels of the `routes` given whose holder
+    /// is gone (its heartbeat key expired, or it stopped) or that were
+    /// handed back and are due by `now_ms`, each with a fresh token held by
+    /// this replica. Atomic: across every replica each is claimed by one.
+    /// Entries of tasks known settled are dropped. One round trip.
+    async fn outbox_claim(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        routes: &[Arc<str>],
+    ) -> Result<Vec<OwedCancel>, StoreError>;
+
+    /// The task's owed cancel, if the outbox holds one (tests, admin).
+    async fn outbox_get(&self, key: &TaskKey) -> Result<Option<OwedCancel>, StoreError>;
+
     /// Marks this replica alive for a few seconds (Redis:
     /// [`redis::REPLICA_TTL`]): the watchers it records count for other
     /// replicas only meanwhile, so that the streams of a replica that died
@@ -296,6 +386,13 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 /// need a Redis that does not evict (`maxmemory-policy noeviction`, the
 /// default).
 pub const TICKET_TOMBSTONE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// How long an owed cancel is kept at most ([`TaskStore::outbox_put`]),
+/// handed back and claimed again every
+/// [`crate::lease::RETRY_FAILED_CANCEL`] while its every attempt fails:
+/// Redis keeps it in the task's hash, which expires this long after the
+/// task's last write ([`redis::LIVE_TTL`]); the memory store drops it then.
+pub const OUTBOX_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// How often a replica tells the store it is alive
 /// ([`TaskStore::replica_alive`]).

@@ -8,6 +8,7 @@
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
 //! | `{ns}:leases:retry:{route}` | sorted set | the route's lapsed leases handed back for another claim (and the holds of claimed ones), score = when; claimed only by replicas that have the route; expires a day after its last hand-back |
 //! | `{ns}:leases:retry` | sorted set | the same for every route, as written before they were kept per route: still claimed, no longer written |
+//! | `{ns}:outbox:{route}` | sorted set | the route's owed cancels (member = a task key whose hash holds the `ob_*` fields), score = when a claimer next looks at it: the earliest its holder's heartbeat could run out, or when a hand-back is due; claimed only by replicas that have the route; expires a day after its last write |
 //! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
 //! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
@@ -17,7 +18,9 @@
 //! share a key. The hash has one field per record field: `route`, `tenant`,
 //! `task_id`, `context_id`, `state` (the wire name, `TASK_STATE_*`),
 //! `binding` (`jsonrpc`/`rest`) and `target_path`, `updated_ms`,
-//! `lease_ttl`, `lease_deadline`, `lease_holder`, and `w:{replica}`: the
+//! `lease_ttl`, `lease_deadline`, `lease_holder`, the owed cancel's
+//! `ob_owner` (the replica process holding it, `""` once handed back),
+//! `ob_token`, `ob_binding`, `ob_path` and `ob_cause`, and `w:{replica}`: the
 //! streams replica `{replica}` watches the task with. A missing or unreadable
 //! field reads as `None`/`0`; bad data never panics.
 //!
@@ -41,7 +44,12 @@
 //! (sent as `EVALSHA`), so Redis runs it without interleaving: `update`,
 //! `lease_start`, `lease_renew`, `lease_renew_many`, `lease_end`,
 //! `lease_claim_lapsed`, `account_reserve` (all of a child's reservations or
-//! none), `account_settle`. A claim takes each lease out of the index inside the
+//! none), `account_settle`, and the outbox's `outbox_put`, `outbox_done`,
+//! `outbox_retry`, `outbox_claim`. An owed cancel is claimed only once its
+//! holder's heartbeat key is gone (or it was handed back), inside the
+//! script that hands it a new token, so across replicas each is claimed by
+//! one; its former holder, if alive after all, finds its token gone before
+//! its next retry and stops. A claim takes each lease out of the index inside the
 //! script, so across replicas each lapsed lease goes to exactly one claimer,
 //! and a renewal that races a claim either renews (and the claim no longer
 //! sees a lapsed lease) or finds the lease gone (`NoLease`) — never both.
@@ -49,8 +57,13 @@
 //! # Round trips
 //!
 //! Each [`TaskStore`] call is exactly one round trip: one `EVALSHA` or one
-//! command (`ZCARD`, and the heartbeat's `SET` or `DEL`); none for an empty
-//! batch or a zero limit.
+//! command (`ZCARD`, the outbox's `HGET` and `HMGET`, and the heartbeat's
+//! `SET` or `DEL`); none for an empty batch or a zero limit. A cascade's
+//! cancel adds two (the outbox's put before the first attempt, its removal,
+//! which ends the task's lease too, after the answer: before the outbox the
+//! lease's end was one), plus one per retry (`outbox_owns`); none per
+//! streamed event. Each replica claims owed cancels once per lease tick (one
+//! `EVALSHA`).
 //! A task costs a constant number of calls over its lifetime (start, settle,
 //! lease start/renew/end), and none per streamed event. Only after Redis lost its script cache (a restart) does the first
 //! call of each script cost a second trip to load it (`SCRIPT LOAD`).
@@ -88,8 +101,8 @@ use redis::{Script, Value};
 
 use super::clock::{self, StoreClock};
 use super::{
-    AccountKey, AccountView, CancelTarget, LeaseRecord, Reservation, Shortfall, StoreError,
-    TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    AccountKey, AccountView, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation, Shortfall,
+    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
@@ -196,6 +209,31 @@ const ACCOUNT_RESERVE: &str = include_str!("lua/account_reserve.lua");
 /// was lost with a Redis restart) is still charged.
 const ACCOUNT_SETTLE: &str = include_str!("lua/account_settle.lua");
 
+/// KEYS: task, leases, lease retries (before retries were kept per route),
+/// the route's lease retries, the route's outbox. ARGV: now, route, tenant,
+/// task_id, owner (this replica), token, binding, path, cause, look again
+/// (ms). Returns 1 (written, held by owner), 0 (a live holder or a lapse
+/// claim carries it: nothing written) or 2 (the task is settled: nothing
+/// owed). Writing it ends the task's lease.
+const OUTBOX_PUT: &str = include_str!("lua/outbox_put.lua");
+
+/// KEYS: task, leases, lease retries (before retries were kept per route),
+/// the route's lease retries, the route's outbox. Removes the owed cancel
+/// and the task's lease.
+const OUTBOX_DONE: &str = include_str!("lua/outbox_done.lua");
+
+/// KEYS: task, the route's outbox. ARGV: token, retry at. Only while held
+/// with `token`: returns 1, else 0.
+const OUTBOX_RETRY: &str = include_str!("lua/outbox_retry.lua");
+
+/// KEYS: the outbox of each route the claimer has. ARGV: now, limit, owner
+/// (the claimer), token, look again (ms). Entries due by now: dropped when
+/// the task is settled or gone; re-scored to when the holder's heartbeat
+/// key would run out when it lives; else claimed (owner and token set, next
+/// look after `look again`). Returns `{route, tenant, task_id, binding,
+/// path, cause}` per claimed entry.
+const OUTBOX_CLAIM: &str = include_str!("lua/outbox_claim.lua");
+
 #[derive(Debug)]
 struct Scripts {
     account_reserve: Script,
@@ -209,6 +247,10 @@ struct Scripts {
     lease_retry: Script,
     list: Script,
     get: Script,
+    outbox_put: Script,
+    outbox_done: Script,
+    outbox_retry: Script,
+    outbox_claim: Script,
 }
 
 /// How long a route's set of handed-back leases lives after its last
@@ -293,6 +335,10 @@ impl Scripts {
             lease_retry: script(LEASE_RETRY),
             list: script(LIST),
             get: script(GET),
+            outbox_put: script(OUTBOX_PUT),
+            outbox_done: script(OUTBOX_DONE),
+            outbox_retry: script(OUTBOX_RETRY),
+            outbox_claim: script(OUTBOX_CLAIM),
         }
     }
 }
@@ -310,6 +356,10 @@ pub struct RedisStore {
     task_prefix: String,
     /// [`retry_prefix`] of the namespace.
     retry_prefix: String,
+    /// `{ns}:outbox:`, then the route as in task keys.
+    outbox_prefix: String,
+    /// Numbers this replica's outbox tokens.
+    tokens: std::sync::atomic::AtomicU64,
     /// This process's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
     replica_key: String,
     replica: String,
@@ -373,6 +423,8 @@ impl RedisStore {
             retries_key: format!("{namespace}:leases:retry"),
             task_prefix: task_prefix(namespace),
             retry_prefix: retry_prefix(namespace),
+            outbox_prefix: format!("{namespace}:outbox:"),
+            tokens: std::sync::atomic::AtomicU64::new(0),
             replica_key: format!("{namespace}:replica:{replica}"),
             replica,
             gone: tokio::sync::Mutex::new(false),
@@ -432,6 +484,36 @@ impl RedisStore {
     /// replicas that have the route).
     fn retry_key(&self, route: &str) -> String {
         format!("{}{}", self.retry_prefix, pct(route))
+    }
+
+    /// The Redis key of a route's owed cancels.
+    pub fn outbox_key(&self, route: &str) -> String {
+        format!("{}{}", self.outbox_prefix, pct(route))
+    }
+
+    /// This replica's process id as the outbox names holders (its
+    /// heartbeat key's `{id}`).
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// A token no other put or claim has used: this process's id and a
+    /// count.
+    fn token(&self) -> String {
+        let n = self
+            .tokens
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}#{n}", self.replica)
+    }
+
+    /// The keys `outbox_put` and `outbox_done` take: the task, the lease
+    /// index, both lease retry sets and the route's outbox.
+    fn outbox_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) {
+        inv.key(self.task_key(key))
+            .key(&self.leases_key)
+            .key(&self.retries_key)
+            .key(self.retry_key(&key.route))
+            .key(self.outbox_key(&key.route));
     }
 
     /// The Redis key of the lease deadline index.
@@ -505,6 +587,7 @@ impl TaskStore for RedisStore {
         let mut inv = self.scripts.update.prepare_invoke();
         inv.key(&k)
             .key(&self.leases_key)
+            .key(self.outbox_key(&key.route))
             .arg(now_ms.min(MAX_EXACT))
             .arg(&*key.route)
             .arg(&*key.tenant)
@@ -760,6 +843,181 @@ impl TaskStore for RedisStore {
         Ok(out)
     }
 
+    async fn outbox_put(
+        &self,
+        key: &TaskKey,
+        target: &CancelTarget,
+        cause: &str,
+        now_ms: u64,
+    ) -> Result<Owing, StoreError> {
+        let token = self.token();
+        let mut inv = self.scripts.outbox_put.prepare_invoke();
+        self.outbox_keys(&mut inv, key);
+        inv.arg(now_ms.min(MAX_EXACT))
+            .arg(&*key.route)
+            .arg(&*key.tenant)
+            .arg(&*key.task_id)
+            .arg(&self.replica)
+            .arg(&token)
+            .arg(target.binding.as_str())
+            .arg(&target.path)
+            .arg(cause)
+            .arg(REPLICA_TTL.as_millis() as u64);
+        let v: Value = self
+            .call("outbox_put", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        match int_of(&v) {
+            Some(1) => Ok(Owing::Mine(token)),
+            Some(0) => Ok(Owing::Elsewhere),
+            Some(2) => Ok(Owing::Settled),
+            _ => Err(StoreError(format!(
+                "redis outbox_put: unexpected answer {v:?}"
+            ))),
+        }
+    }
+
+    async fn outbox_owns(&self, key: &TaskKey, token: &str) -> Result<bool, StoreError> {
+        let k = self.task_key(key);
+        let v: Option<String> = self
+            .call("outbox_owns", |mut c| async move {
+                redis::cmd("HGET")
+                    .arg(&k)
+                    .arg("ob_token")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(!token.is_empty() && v.as_deref() == Some(token))
+    }
+
+    async fn outbox_done(&self, key: &TaskKey) -> Result<(), StoreError> {
+        let mut inv = self.scripts.outbox_done.prepare_invoke();
+        self.outbox_keys(&mut inv, key);
+        let _: Value = self
+            .call("outbox_done", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn outbox_retry(
+        &self,
+        key: &TaskKey,
+        token: &str,
+        at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let mut inv = self.scripts.outbox_retry.prepare_invoke();
+        inv.key(self.task_key(key))
+            .key(self.outbox_key(&key.route))
+            .arg(token)
+            .arg(at_ms.min(MAX_EXACT));
+        let v: Value = self
+            .call("outbox_retry", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(int_of(&v) == Some(1))
+    }
+
+    async fn outbox_claim(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        routes: &[Arc<str>],
+    ) -> Result<Vec<OwedCancel>, StoreError> {
+        if limit == 0 || routes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let token = self.token();
+        let mut inv = self.scripts.outbox_claim.prepare_invoke();
+        for route in routes {
+            inv.key(self.outbox_key(route));
+        }
+        inv.arg(now_ms.min(MAX_EXACT))
+            .arg(limit.min(MAX_EXACT as usize))
+            .arg(&self.replica)
+            .arg(&token)
+            .arg(REPLICA_TTL.as_millis() as u64);
+        let v: Value = self
+            .call("outbox_claim", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let bad = || StoreError(format!("redis outbox_claim: unexpected answer {v:?}"));
+        let entries = match &v {
+            Value::Nil => return Ok(Vec::new()),
+            Value::Array(items) => items,
+            _ => return Err(bad()),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Value::Array(f) = e else {
+                return Err(bad());
+            };
+            let f: Vec<String> = f.iter().map(|x| text_of(x).unwrap_or_default()).collect();
+            let [route, tenant, task_id, binding, path, cause] = &f[..] else {
+                return Err(bad());
+            };
+            let Some(binding) = binding_of(binding) else {
+                tracing::warn!(
+                    route,
+                    tenant,
+                    task_id,
+                    binding,
+                    "an owed cancel names no binding this gateway knows; dropped"
+                );
+                continue;
+            };
+            out.push(OwedCancel {
+                key: TaskKey {
+                    route: route.as_str().into(),
+                    tenant: tenant.as_str().into(),
+                    task_id: task_id.as_str().into(),
+                },
+                target: CancelTarget {
+                    binding,
+                    path: path.clone(),
+                },
+                cause: cause.clone(),
+                owner: self.replica.clone(),
+                token: token.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn outbox_get(&self, key: &TaskKey) -> Result<Option<OwedCancel>, StoreError> {
+        let k = self.task_key(key);
+        let v: Vec<Option<String>> = self
+            .call("outbox_get", |mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(&k)
+                    .arg(&["ob_owner", "ob_token", "ob_binding", "ob_path", "ob_cause"])
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let [Some(owner), token, binding, path, cause] = &v[..] else {
+            return Ok(None);
+        };
+        let Some(binding) = binding.as_deref().and_then(binding_of) else {
+            return Ok(None);
+        };
+        Ok(Some(OwedCancel {
+            key: key.clone(),
+            target: CancelTarget {
+                binding,
+                path: path.clone().unwrap_or_default(),
+            },
+            cause: cause.clone().unwrap_or_default(),
+            owner: owner.clone(),
+            token: token.clone().unwrap_or_default(),
+        }))
+    }
+
     async fn lease_count(&self) -> Result<u64, StoreError> {
         let z = self.leases_key.clone();
         let v: Value = self
@@ -897,6 +1155,13 @@ fn records_of(v: &Value) -> Result<Vec<TaskRecord>, String> {
     }
 }
 
+/// A binding as stored (`Binding::as_str`).
+fn binding_of(s: &str) -> Option<Binding> {
+    [Binding::JsonRpc, Binding::Rest, Binding::WebSocket]
+        .into_iter()
+        .find(|b| b.as_str() == s)
+}
+
 fn u64_of(s: Option<&String>) -> Option<u64> {
     let s = s?.trim();
     s.parse::<u64>().ok().or_else(|| {
@@ -916,12 +1181,7 @@ fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord
         tenant: field("tenant").into(),
         task_id: field("task_id").into(),
     });
-    let binding = match f.get("binding").map(String::as_str) {
-        Some("jsonrpc") => Some(Binding::JsonRpc),
-        Some("rest") => Some(Binding::Rest),
-        Some("websocket") => Some(Binding::WebSocket),
-        _ => None,
-    };
+    let binding = f.get("binding").and_then(|b| binding_of(b));
     let target = binding
         .zip(f.get("target_path"))
         .map(|(binding, path)| CancelTarget {

@@ -15,7 +15,7 @@ local out = {}
 for _, k in ipairs(ks) do
   redis.call('ZREM', z, k)
   local rec = record(k)
-  if #rec > 0 then
+  if #rec > 0 and redis.call('HEXISTS', k, 'ob_owner') == 0 then
     out[#out + 1] = rec
     hold_it(k)
   end
@@ -26,7 +26,7 @@ for i = 2, #KEYS do
   local rs = redis.call('ZRANGEBYSCORE', r, '-inf', ARGV[1], 'LIMIT', '0', tostring(limit - #out))
   for _, k in ipairs(rs) do
     redis.call('ZREM', r, k)
-    if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
+    if redis.call('HEXISTS', k, 'lease_ttl') == 1 and redis.call('HEXISTS', k, 'ob_owner') == 0 then
       out[#out + 1] = record(k)
       hold_it(k)
     end

@@ -8,6 +8,8 @@ if s ~= '' then
   if SETTLED[s] then
     redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
     redis.call('ZREM', z, k)
+    redis.call('HDEL', k, 'ob_owner', 'ob_token', 'ob_binding', 'ob_path', 'ob_cause')
+    redis.call('ZREM', KEYS[3], k)
   end
 end
 if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
