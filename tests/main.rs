@@ -8,6 +8,7 @@ mod cascade;
 mod gateway_basics;
 mod harness;
 mod leases;
+mod outbox;
 mod parent_selftest;
 mod python_selftest;
 mod shutdown;

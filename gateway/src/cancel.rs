@@ -23,7 +23,7 @@ use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::{observe, Binding};
 use crate::metrics;
 use crate::resolve::{WorkerAddr, WorkerAddrs};
-use crate::store::{CancelTarget, TaskKey};
+use crate::store::{CancelTarget, TaskKey, TaskStore};
 
 /// One owed cancel.
 #[derive(Clone, Debug)]
@@ -88,6 +88,21 @@ pub fn cancel_headers(route: &config::Route, caller: &[(String, String)]) -> Vec
     out
 }
 
+/// The label of a cause read back from the store's outbox: one of the
+/// gateway's own (`caller_gone`, `stream_lost`, `lease_lapsed`,
+/// `budget_exhausted`), else `outbox`.
+pub fn cause_label(cause: &str) -> &'static str {
+    [
+        "caller_gone",
+        "stream_lost",
+        "lease_lapsed",
+        "budget_exhausted",
+    ]
+    .into_iter()
+    .find(|c| *c == cause)
+    .unwrap_or("outbox")
+}
+
 /// How a cancel ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelOutcome {
@@ -100,6 +115,10 @@ pub enum CancelOutcome {
     NotFound,
     /// Every attempt failed, or the worker refused for good (e.g. 401).
     Failed,
+    /// Stopped between attempts: the store's outbox no longer holds the
+    /// cancel for this replica (another replica claimed it, or the task
+    /// settled).
+    NotOwed,
 }
 
 impl CancelOutcome {
@@ -109,12 +128,17 @@ impl CancelOutcome {
             CancelOutcome::NotCancelable => "not_cancelable",
             CancelOutcome::NotFound => "not_found",
             CancelOutcome::Failed => "failed",
+            CancelOutcome::NotOwed => "not_owed",
         }
     }
 
-    /// The task no longer runs on the gateway's account.
+    /// The worker answered: the task no longer runs on the gateway's
+    /// account.
     pub fn is_done(self) -> bool {
-        self != CancelOutcome::Failed
+        matches!(
+            self,
+            CancelOutcome::Canceled | CancelOutcome::NotCancelable | CancelOutcome::NotFound
+        )
     }
 }
 
@@ -198,6 +222,77 @@ impl Canceller {
 
     /// Cancels with retries and backoff; logs and counts the outcome.
     pub async fn cancel(&self, job: &CancelJob) -> CancelOutcome {
+        self.cancel_while(job, || std::future::ready(true)).await
+    }
+
+    /// Delivers a cancel the store's outbox holds for this replica with
+    /// `token` (`None`: the outbox could not be written; sent all the
+    /// same): [`Canceller::cancel`], asking the store before each retry
+    /// whether the outbox still holds it with `token` (another replica may
+    /// have claimed it, taking this one for dead, or the task settled), so
+    /// that it is not sent from two places. Then the outbox follows the
+    /// outcome: the worker answered, the entry is removed and the task's
+    /// lease ended with it; every attempt failed, it is handed back to be
+    /// claimed [`crate::lease::RETRY_FAILED_CANCEL`] later by any replica
+    /// with the route. Without a token a failed cancel leaves the task's
+    /// lease, if it has one, to the reaper, as before the outbox.
+    ///
+    /// Store calls: none before the first attempt, one before each retry,
+    /// one after the outcome.
+    pub async fn deliver(
+        &self,
+        store: &dyn TaskStore,
+        job: &CancelJob,
+        token: Option<&str>,
+    ) -> CancelOutcome {
+        let owned = || async {
+            let Some(token) = token else { return true };
+            match store.outbox_owns(&job.key, token).await {
+                Ok(owned) => owned,
+                Err(e) => {
+                    // Better a cancel sent twice than one not sent.
+                    metrics::STORE_ERRORS
+                        .with_label_values(&["outbox_owns"])
+                        .inc();
+                    tracing::warn!(task = %job.key, error = %e, "could not check the outbox before a retry; retrying");
+                    true
+                }
+            }
+        };
+        let outcome = self.cancel_while(job, owned).await;
+        if outcome.is_done() {
+            if let Err(e) = store.outbox_done(&job.key).await {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["outbox_done"])
+                    .inc();
+                tracing::warn!(task = %job.key, error = %e, "could not remove a delivered cancel from the outbox; a replica that claims it sends it again (answered as not cancelable)");
+            }
+        } else if let (CancelOutcome::Failed, Some(token)) = (outcome, token) {
+            let at = store.clock_ms() + crate::lease::RETRY_FAILED_CANCEL.as_millis() as u64;
+            match store.outbox_retry(&job.key, token, at).await {
+                Ok(true) => {
+                    tracing::info!(task = %job.key, "owed cancel handed back; it is tried again in {:?}", crate::lease::RETRY_FAILED_CANCEL);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    metrics::STORE_ERRORS
+                        .with_label_values(&["outbox_retry"])
+                        .inc();
+                    tracing::warn!(task = %job.key, error = %e, "could not hand back a failed cancel; it is claimed again once this replica is gone");
+                }
+            }
+        }
+        outcome
+    }
+
+    /// [`Canceller::cancel`], stopping before a retry when `still_owed`
+    /// says the cancel is no longer this replica's to send
+    /// ([`CancelOutcome::NotOwed`]).
+    pub async fn cancel_while<F, Fut>(&self, job: &CancelJob, mut still_owed: F) -> CancelOutcome
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
         let started = Instant::now();
         let route = &*job.key.route;
         let mut delay = self.cfg.backoff;
@@ -222,6 +317,10 @@ impl Canceller {
                 tracing::debug!(task = %job.key, attempt, error = %last_err, "CancelTask failed; retrying in {delay:?}");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(self.cfg.backoff_max);
+                if !still_owed().await {
+                    outcome = CancelOutcome::NotOwed;
+                    break;
+                }
             }
         }
         let elapsed = started.elapsed();
@@ -233,6 +332,8 @@ impl Canceller {
             .inc();
         if outcome.is_done() {
             tracing::info!(task = %job.key, cause = job.cause, outcome = outcome.as_str(), ms = elapsed.as_millis() as u64, "CancelTask sent");
+        } else if outcome == CancelOutcome::NotOwed {
+            tracing::info!(task = %job.key, cause = job.cause, error = %last_err, "CancelTask no longer owed here (claimed by another replica, or the task settled); stopped retrying");
         } else {
             tracing::warn!(task = %job.key, cause = job.cause, error = %last_err, "CancelTask failed; the child may still be running");
         }

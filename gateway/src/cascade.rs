@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
-use crate::store::{CancelTarget, TaskKey, TaskStore, TaskUpdate};
+use crate::store::{CancelTarget, Owing, TaskKey, TaskStore, TaskUpdate};
 
 /// Changes to the store, sent from the synchronous body filters.
 #[derive(Debug)]
@@ -251,12 +251,12 @@ impl Cascade {
                     let Some(key) = key else { return };
                     let headers = std::mem::take(&mut end.cancel_headers);
                     let job = job(&end, key, cause, headers);
-                    // A cancel that failed every attempt leaves the task's
-                    // lease, if it has one, for the reaper to try again when
-                    // it lapses.
-                    if Box::pin(self.canceller.cancel(&job)).await.is_done() {
-                        self.end_lease(&job.key).await;
-                    }
+                    // Written to the outbox before the first attempt, so
+                    // that another replica sends it if this one dies first.
+                    let Some(token) = self.owe(&job).await else {
+                        return;
+                    };
+                    Box::pin(self.canceller.deliver(&*self.store, &job, token.as_deref())).await;
                     return;
                 }
                 Decision::AwaitGrace(d) => {
@@ -284,6 +284,37 @@ impl Cascade {
                     tracing::warn!(route = %end.route, "the caller left before any event named its task; a child may be running that the gateway cannot cancel");
                     return;
                 }
+            }
+        }
+    }
+
+    /// Writes the job's cancel to the store's outbox (one round trip):
+    /// `Some(Some(token))` to send it as its holder; `Some(None)` to send it
+    /// without one (the store did not answer: the cancel is not held back
+    /// for it, and a failure leaves the task's lease to the reaper);
+    /// `None` when nothing is to be sent (another replica, or a lapse
+    /// claim, carries it already; or the store knows the task settled).
+    async fn owe(&self, job: &CancelJob) -> Option<Option<String>> {
+        let put = self
+            .store
+            .outbox_put(&job.key, &job.target, job.cause, self.store.clock_ms())
+            .await;
+        match put {
+            Ok(Owing::Mine(token)) => Some(Some(token)),
+            Ok(Owing::Elsewhere) => {
+                tracing::info!(task = %job.key, cause = job.cause, "a cancel is owed already (another stream's, another replica's or a lapse's); not sent again");
+                None
+            }
+            Ok(Owing::Settled) => {
+                tracing::debug!(task = %job.key, "the store knows the task settled; nothing to cancel");
+                None
+            }
+            Err(e) => {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["outbox_put"])
+                    .inc();
+                tracing::warn!(task = %job.key, error = %e, "could not write the owed cancel to the store; sending it without (lost if this replica dies before the worker answers)");
+                Some(None)
             }
         }
     }

@@ -7,6 +7,12 @@
 //!   failed every attempt is handed back to be claimed again later, one whose
 //!   route this replica lacks at once; either only by replicas that have its
 //!   route (never revived: renewals still fail).
+//! - **Outbox**: claims the owed cancels (the cascade writes one before its
+//!   first attempt) whose holder's replica is gone, or that were handed back
+//!   after every attempt failed, of the routes this replica has, and sends
+//!   them with the same retries and backoff (see
+//!   [`crate::cancel::Canceller::deliver`]): with the route's configured
+//!   headers only, the caller's are not stored.
 //! - **Renewer**: renews the gateway-held leases of callers connected to this
 //!   replica, every third of their TTL, in one store call per tick. When this
 //!   replica dies the renewals stop and another replica's reaper cancels.
@@ -254,6 +260,50 @@ impl Leases {
         }
     }
 
+    /// Claims owed cancels whose holder is gone (or handed back and due)
+    /// and delivers each; returns how many were claimed. One store call.
+    pub async fn claim_owed(&self, now: u64) -> usize {
+        let claimed = match self
+            .store
+            .outbox_claim(now, CLAIM_BATCH, &self.route_names)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["outbox_claim"])
+                    .inc();
+                tracing::warn!(error = %e, "could not look for owed cancels");
+                return 0;
+            }
+        };
+        let n = claimed.len();
+        for owed in claimed {
+            let Some(route) = self.routes.by_name(&owed.key.route) else {
+                // Claims are by route: not reached unless the config changed
+                // under the claim. Handed back for a replica with the route.
+                let at = self.store.clock_ms();
+                let _ = self.store.outbox_retry(&owed.key, &owed.token, at).await;
+                continue;
+            };
+            tracing::info!(task = %owed.key, cause = %owed.cause, "claimed an owed cancel (its replica is gone, or its last try failed); sending it");
+            let job = CancelJob {
+                key: owed.key,
+                worker: route.cfg.worker.clone(),
+                target: owed.target,
+                // Only what the config gives: the caller's headers were never
+                // stored.
+                headers: crate::cancel::cancel_headers(&route.cfg, &[]),
+                cause: crate::cancel::cause_label(&owed.cause),
+            };
+            let (canceller, store) = (self.canceller.clone(), self.store.clone());
+            crate::drain::spawn_work(async move {
+                canceller.deliver(&*store, &job, Some(&owed.token)).await;
+            });
+        }
+        n
+    }
+
     /// Makes a claimed lapse claimable again at `at` (store clock, ms).
     async fn retry(&self, key: &TaskKey, at: u64) {
         if let Err(e) = self.store.lease_retry(key, at).await {
@@ -269,11 +319,12 @@ impl Leases {
 impl BackgroundService for Leases {
     /// Renews and reaps every tick; beside it, on its own clock (a slow
     /// renewal must not delay it), tells the store the replica is alive
-    /// every [`crate::store::HEARTBEAT_EVERY`]. In a graceful shutdown it
-    /// keeps renewing the leases of streams still open (they drain for up to
-    /// `timeouts.drain`) and its heartbeat, but claims no more lapses: a
-    /// cancel it started could be cut with the process, and other replicas
-    /// claim them.
+    /// every [`crate::store::HEARTBEAT_EVERY`]. Each tick also claims owed
+    /// cancels ([`Leases::claim_owed`]). In a graceful shutdown it keeps
+    /// renewing the leases of streams still open (they drain for up to
+    /// `timeouts.drain`) and its heartbeat, but claims no more lapses or
+    /// owed cancels: a cancel it started could be cut with the process, and
+    /// other replicas claim them.
     async fn start(&self, shutdown: ShutdownWatch) {
         let store = self.store.clone();
         tokio::spawn(async move {
@@ -300,6 +351,7 @@ impl BackgroundService for Leases {
             }
             // Drain a backlog of lapses without waiting a tick per batch.
             while self.reap(self.store.clock_ms()).await == CLAIM_BATCH {}
+            while self.claim_owed(self.store.clock_ms()).await == CLAIM_BATCH {}
         }
     }
 }
