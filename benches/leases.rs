@@ -11,6 +11,13 @@
 //!   tells a client's round trip from a command run inside a script). The
 //!   reaper's per-tick claim, measured over an idle second first, is
 //!   reported on its own and taken out of the per-task figures.
+//! - Store round trips per cascade: N streams of `trickle:<n>:2` through
+//!   the same gateway whose caller leaves after reading 5 or 50 events: the
+//!   cascade cancels each child (no lease). The breakdown shows what the
+//!   outbox costs (`outbox_put` before the first attempt, `outbox_done`
+//!   after the answer, which ends the task's lease too: before the outbox
+//!   that was one `lease_end`), and the two event counts that nothing is
+//!   paid per event.
 //! - Lapse-to-cancel latency: 10,000 live leases with far deadlines put in
 //!   the deadline index directly, then 20 leased streams (TTL 1 s, never
 //!   renewed) through the gateway; for each, the time from its lapse to the
@@ -128,6 +135,15 @@ fn gateway_commands(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64
 
 /// The label of a replica's heartbeat (once a second, not per task).
 const HEARTBEAT: &str = "replica heartbeat (SET, with TIME)";
+/// The label of the outbox's claim (once a tick, not per task).
+const OUTBOX_CLAIM: &str = "outbox_claim";
+/// Streamed tasks whose caller leaves, per cascade variant.
+const CASCADES: usize = 200;
+/// What a cascaded child does: many updates 2 ms apart (it is cancelled
+/// long before the end).
+const CASCADE_TASK: &str = "trickle:100000:2";
+/// Background labels, per tick or per second, never per task.
+const BACKGROUND: [&str; 3] = ["lease_claim_lapsed", HEARTBEAT, OUTBOX_CLAIM];
 
 /// One client command as `MONITOR` shows it, with the commands its script
 /// ran (shown as `[0 lua]` right after it).
@@ -147,17 +163,24 @@ impl TopLevel {
                 "hgetall" => "get (HGETALL)".into(),
                 "set" | "del" if self.first_arg.contains(":replica:") => HEARTBEAT.into(),
                 "zcard" => "lease_count (ZCARD)".into(),
+                "hget" if self.inner.is_empty() => "outbox_owns (HGET)".into(),
                 other => other.to_uppercase(),
             };
         }
         let first = self.inner.first().map(String::as_str).unwrap_or("");
         let cmd = first.split(' ').next().unwrap_or("").to_ascii_uppercase();
         match cmd.as_str() {
+            "ZRANGEBYSCORE" if first.contains(":outbox:") => OUTBOX_CLAIM.into(),
             "ZRANGEBYSCORE" => "lease_claim_lapsed".into(),
             "HGETALL" => "get".into(),
+            "HGET" if first.contains("ob_owner") => "outbox_put".into(),
+            "HGET" if first.contains("ob_token") => "outbox_retry".into(),
             "HSET" if first.contains("lease_deadline") => "lease_start".into(),
             "HSET" => "update".into(),
+            "HDEL" if first.contains("ob_owner") => "outbox_done".into(),
             "HDEL" => "lease_end".into(),
+            // lease_start first drops an earlier lease's hand-back.
+            "ZREM" => "lease_start".into(),
             "ZSCORE" => "lease_renew".into(),
             "SCAN" => "list".into(),
             _ => format!("script {}", &self.first_arg[..self.first_arg.len().min(8)]),
@@ -363,20 +386,86 @@ async fn run_tasks(
     let ticks = start.elapsed().as_secs_f64() / TICK.as_secs_f64();
     let by_label = monitor.between(m0, m1);
     let n = TASKS as f64;
+    per_task(&by_label, bg, ticks, &before, &after, events, n)
+}
+
+/// Per-task figures from one run's round trips by label and command stats.
+fn per_task(
+    by_label: &BTreeMap<String, u64>,
+    bg: &Background,
+    ticks: f64,
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    events: usize,
+    n: f64,
+) -> PerTask {
     let all: u64 = by_label.values().sum();
-    let claims = by_label.get("lease_claim_lapsed").copied().unwrap_or(0)
-        + by_label.get(HEARTBEAT).copied().unwrap_or(0);
+    let claims: u64 = BACKGROUND
+        .iter()
+        .map(|l| by_label.get(*l).copied().unwrap_or(0))
+        .sum();
     PerTask {
         events: events as f64 / n,
         round_trips: (all - claims) as f64 / n,
         round_trips_rate: (all as f64 - bg.round_trips_per_tick * ticks) / n,
-        commands: (gateway_commands(&before, &after) as f64 - bg.commands_per_tick * ticks) / n,
+        commands: (gateway_commands(before, after) as f64 - bg.commands_per_tick * ticks) / n,
         breakdown: by_label
-            .into_iter()
-            .filter(|(k, _)| k != "lease_claim_lapsed" && k != HEARTBEAT)
-            .map(|(k, v)| (k, v as f64 / n))
+            .iter()
+            .filter(|(k, _)| !BACKGROUND.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), *v as f64 / n))
             .collect(),
     }
+}
+
+/// [`CASCADES`] streams of [`CASCADE_TASK`], one after another, each left
+/// by its caller after `leave_after` events: the gateway cancels each
+/// child. Waits until the worker counted every cancel.
+async fn run_cascades(
+    gw_url: &str,
+    worker: &RustWorker,
+    admin: &mut Admin,
+    monitor: &Monitor,
+    bg: &Background,
+    leave_after: usize,
+) -> PerTask {
+    let cancels = worker.cancels();
+    let before = admin.commandstats().await;
+    let m0 = monitor.mark(admin).await;
+    let start = Instant::now();
+    let mut events = 0;
+    for _ in 0..CASCADES {
+        let mut s = SseStream::open(gw_url, "/", &[], &stream_body(CASCADE_TASK, None)).await;
+        assert_eq!(s.status, 200, "stream refused");
+        for _ in 0..leave_after {
+            s.next(Duration::from_secs(10)).await.expect("an event");
+            events += 1;
+        }
+        s.close();
+    }
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while worker.cancels() < cancels + CASCADES {
+        assert!(
+            Instant::now() < give_up,
+            "{} of {CASCADES} children cancelled",
+            worker.cancels() - cancels
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Let the last cancels' removal from the outbox reach the store.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m1 = monitor.mark(admin).await;
+    let after = admin.commandstats().await;
+    let ticks = start.elapsed().as_secs_f64() / TICK.as_secs_f64();
+    let by_label = monitor.between(m0, m1);
+    per_task(
+        &by_label,
+        bg,
+        ticks,
+        &before,
+        &after,
+        events,
+        CASCADES as f64,
+    )
 }
 
 // ── Scenario 2: lapse to cancel ─────────────────────────────────────────────
@@ -505,6 +594,12 @@ fn main() {
                 stream_task(&gw.url, "burst:5", lease).await;
             }
         }
+        // And the outbox's scripts: a few cascades.
+        for _ in 0..5 {
+            let mut s = SseStream::open(&gw.url, "/", &[], &stream_body(CASCADE_TASK, None)).await;
+            s.next(Duration::from_secs(10)).await.expect("an event");
+            s.close();
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
 
         let bg = idle_background(&mut admin, &monitor).await;
@@ -514,6 +609,11 @@ fn main() {
                 let r = run_tasks(&gw.url, &mut admin, &monitor, &bg, burst, lease).await;
                 rows.push((burst, lease, r));
             }
+        }
+        let mut cascades = Vec::new();
+        for leave_after in [5, 50] {
+            let r = run_cascades(&gw.url, &worker, &mut admin, &monitor, &bg, leave_after).await;
+            cascades.push((leave_after, r));
         }
         drop(monitor);
 
@@ -541,6 +641,20 @@ fn main() {
                 r.events,
                 r.round_trips,
                 breakdown_cell(&r.breakdown),
+                r.round_trips_rate,
+                r.commands,
+                r.round_trips / r.events,
+            );
+        }
+        for (leave_after, r) in &cascades {
+            let outbox = r.breakdown.get("outbox_put").copied().unwrap_or(0.0)
+                + r.breakdown.get("outbox_done").copied().unwrap_or(0.0);
+            println!(
+                "| store round trips per cascade | redis | {CASCADES} x `{CASCADE_TASK}`, the caller leaves after {leave_after} events, the child cancelled ({:.0} events/task read) | **{:.2}** round trips/cascade ({}); the outbox's share {:.2} (`outbox_put` + `outbox_done`, which replaces the `lease_end` a cancel made before: +1 per cascade); rate-subtracted {:.2}; {:.1} Redis commands/cascade incl. inside scripts; {:.3} round trips/event |",
+                r.events,
+                r.round_trips,
+                breakdown_cell(&r.breakdown),
+                outbox,
                 r.round_trips_rate,
                 r.commands,
                 r.round_trips / r.events,
@@ -578,7 +692,7 @@ fn main() {
         println!();
         println!(
             "Round trips are client commands as Redis's MONITOR saw them (a Lua script is one EVALSHA, whatever it runs inside); \
-             the reaper's claims and the replica's heartbeat (one SET a second) are left out by name, and the rate-subtracted figure takes the idle rate x run time off instead. \
+             the reaper's claims, the outbox's claims (one EVALSHA a tick each) and the replica's heartbeat (one SET a second) are left out by name, and the rate-subtracted figure takes the idle rate x run time off instead. \
              Redis commands are the sum of `INFO commandstats` calls, which counts every command a script runs too, \
              minus the idle rate x run time. Events are SSE events the caller read. \
              Lapse is the first event's arrival + {LAPSE_TTL_MS} ms; CANCELED is polled on the worker every 5 ms, \
