@@ -924,12 +924,12 @@ async fn assert_capped(worker_url: &str, task_id: &str) {
     );
 }
 
-/// A grant whose key is written twice is read as a worker that keeps
-/// metadata as a JSON value reads it: the last copy. Before, the gateway
-/// could not read such a body and passed it on unchecked, and the a2a-rust
-/// worker ran with the second, uncapped grant.
+/// A grant whose key is written twice is ambiguous: a worker that keeps
+/// metadata as a JSON value takes the last copy, one that reads the tokens
+/// as they come may take the first. The budgeted route refuses it before the
+/// worker sees it (`tests/strict_reading.rs` has the other cases).
 #[tokio::test]
-async fn duplicate_grant_key_is_read_as_the_worker_reads_it() {
+async fn duplicate_grant_key_is_refused() {
     let worker = RustWorker::start(RustWorkerOptions::default()).await;
     let gw = Gateway::in_front_of(&worker.url(), CAP_100).await;
     let m = message("quick");
@@ -942,12 +942,11 @@ async fn duplicate_grant_key_is_read_as_the_worker_reads_it() {
     let v = request("POST", &gw.url, "/", &h, body.as_bytes())
         .await
         .json();
-    let id = v["result"]["task"]["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("a task: {v}"));
-    assert_capped(&worker.url(), id).await;
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(worker.tasks_started(), 0, "the worker started a task");
     assert_eq!(
-        gw.counter("a2agw_budget_clamps_total", &["field=\"tokens\""])
+        gw.counter("a2agw_refusals_total", &["reason=\"body_duplicate_key\""])
             .await,
         1.0
     );
@@ -1056,7 +1055,7 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
         "the worker started a task"
     );
     assert_eq!(
-        gw.counter("a2agw_refusals_total", &["reason=\"budget_unreadable\""])
+        gw.counter("a2agw_refusals_total", &["reason=\"body_not_utf8\""])
             .await,
         3.0
     );
@@ -1084,12 +1083,13 @@ async fn percent_encoded_rest_send_is_capped() {
 
 /// A v0.3 send name is not read as a send, so a budgeted route refuses it
 /// rather than pass it unadmitted to a worker that may still serve v0.3;
-/// elsewhere it reaches the worker, which (a2a-rust 0.15) answers -32601.
+/// on a route that checks nothing it reaches the worker, which (a2a-rust
+/// 0.15) answers -32601.
 #[tokio::test]
 async fn v03_send_is_refused_on_a_budgeted_route() {
     let worker = RustWorker::start(RustWorkerOptions::default()).await;
     let capped = Gateway::in_front_of(&worker.url(), CAP_100).await;
-    let plain = Gateway::in_front_of(&worker.url(), "").await;
+    let plain = Gateway::in_front_of(&worker.url(), "worker_leases = \"observe\"").await;
     let call = json!({"jsonrpc": "2.0", "id": "v3", "method": "message/send",
         "params": {"message": over_cap()}});
     let v = post_json(&capped.url, "/", &[], &call).await.json();
@@ -1097,7 +1097,7 @@ async fn v03_send_is_refused_on_a_budgeted_route() {
     assert_eq!(v["error"]["code"], -32004, "{v}");
     assert_eq!(
         capped
-            .counter("a2agw_refusals_total", &["reason=\"budget_v03_send\""])
+            .counter("a2agw_refusals_total", &["reason=\"v03_send\""])
             .await,
         1.0
     );

@@ -66,7 +66,9 @@ async fn prefix_routes_cards_and_cascade() {
 #[tokio::test]
 async fn unknown_traffic_passes_verbatim() {
     let worker = Worker::start(Kind::Rust).await;
-    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    // A route that checks nothing (a route that checks sends refuses what it
+    // cannot read: tests/strict_reading.rs).
+    let gw = Gateway::in_front_of(&worker.url(), "worker_leases = \"observe\"").await;
     let bodies: [&[u8]; 3] = [
         b"this is not json",
         b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"GetTask\",\"params\":{\"id\":\"x\"}}]",

@@ -14,6 +14,7 @@ mod python_selftest;
 mod shutdown;
 mod sse_recorded;
 mod store_conformance;
+mod strict_reading;
 mod timeouts;
 mod tls;
 mod upstream_connections;

@@ -28,6 +28,79 @@ pub struct RequestFacts {
     pub budget: Option<Result<SentGrant, BudgetRefusal>>,
     /// JSON-RPC only: the request id, echoed in an error the gateway answers.
     pub rpc_id: Option<serde_json::Value>,
+    /// A member policy reads (`jsonrpc`, `method`, `id`, `params`,
+    /// `tenant`, `message`, `taskId`, `metadata`, a grant) that appears twice
+    /// in its object: read last-wins here, as `serde_json::Value` does, but a
+    /// worker that takes the first, or reads the tokens as they come, would
+    /// run another call. A route that checks sends refuses such a body.
+    pub duplicate: Option<&'static str>,
+}
+
+/// Notes a member of an object; the first member seen twice is kept in `dup`.
+fn once(seen: &mut bool, name: &'static str, dup: &mut Option<&'static str>) {
+    if std::mem::replace(seen, true) && dup.is_none() {
+        *dup = Some(name);
+    }
+}
+
+/// Why a body the reader could not read is unreadable, for a route that
+/// refuses it (counted by this reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyFault {
+    /// Not UTF-8: a byte order mark, UTF-16 or UTF-32 (RFC 8259 §8.1: JSON
+    /// exchanged between systems is UTF-8; Python's `json.loads` reads the
+    /// others, so the gateway cannot pass them unread).
+    NotUtf8,
+    /// A JSON value followed by more than whitespace (Go's `json.Decoder`
+    /// reads the first value and ignores the rest).
+    TrailingBytes,
+    /// A number no 64-bit float holds (`1e999`; Python reads `inf`).
+    NumberOutOfRange,
+    /// Anything else that is not JSON.
+    NotJson,
+    /// A member policy reads appears twice.
+    DuplicateKey(&'static str),
+}
+
+impl BodyFault {
+    /// The metric label and log reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            BodyFault::NotUtf8 => "body_not_utf8",
+            BodyFault::TrailingBytes => "body_trailing_bytes",
+            BodyFault::NumberOutOfRange => "body_number_out_of_range",
+            BodyFault::NotJson => "body_not_json",
+            BodyFault::DuplicateKey(_) => "body_duplicate_key",
+        }
+    }
+}
+
+/// Why the reader could not read `body`: `None` when it is plain JSON after
+/// all (a value that is no request, such as an object without `method`,
+/// which no worker runs as a call).
+pub fn diagnose(body: &[u8]) -> Option<BodyFault> {
+    let utf16_or_32 = body.len() >= 2 && (body[0] == 0 || body[1] == 0);
+    if body.starts_with(&[0xEF, 0xBB, 0xBF])
+        || body.starts_with(&[0xFE, 0xFF])
+        || body.starts_with(&[0xFF, 0xFE])
+        || utf16_or_32
+    {
+        return Some(BodyFault::NotUtf8);
+    }
+    // A `Value`, not `IgnoredAny`: only a parsed number is checked for range.
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(_) => None,
+        Err(e) => {
+            let why = e.to_string();
+            Some(if why.starts_with("trailing characters") {
+                BodyFault::TrailingBytes
+            } else if why.starts_with("number out of range") {
+                BodyFault::NumberOutOfRange
+            } else {
+                BodyFault::NotJson
+            })
+        }
+    }
 }
 
 /// The metadata key of a lease grant.
@@ -148,6 +221,8 @@ struct ParamsRaw<'a> {
     task: Option<&'a [u8]>,
     lease: Option<&'a [u8]>,
     budget: Option<&'a [u8]>,
+    /// The first member policy reads seen twice (in any object read).
+    dup: Option<&'static str>,
 }
 
 /// Reads the `params` object `rest` starts with into `p` (a later `params`
@@ -156,25 +231,49 @@ struct ParamsRaw<'a> {
 /// carries nothing: the worker refuses the first, and holds no grant in the
 /// second.
 fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
-    *p = ParamsRaw::default();
+    let dup = p.dup;
+    *p = ParamsRaw {
+        dup,
+        ..ParamsRaw::default()
+    };
+    let (mut tenant, mut id, mut message) = (false, false, false);
     json::object(rest, |k, v| match k {
-        b"tenant" => json::take(v, &mut p.tenant),
-        b"id" => json::take(v, &mut p.id),
+        b"tenant" => {
+            once(&mut tenant, "tenant", &mut p.dup);
+            json::take(v, &mut p.tenant)
+        }
+        b"id" => {
+            once(&mut id, "params.id", &mut p.dup);
+            json::take(v, &mut p.id)
+        }
         b"message" => {
+            once(&mut message, "message", &mut p.dup);
             (p.task, p.lease, p.budget) = (None, None, None);
             if !json::is_object(v) {
                 return json::skip(v);
             }
+            let (mut task, mut metadata) = (false, false);
             json::object(v, |k, v| match k {
-                b"taskId" => json::take(v, &mut p.task),
+                b"taskId" => {
+                    once(&mut task, "taskId", &mut p.dup);
+                    json::take(v, &mut p.task)
+                }
                 b"metadata" => {
+                    once(&mut metadata, "metadata", &mut p.dup);
                     (p.lease, p.budget) = (None, None);
                     if !json::is_object(v) {
                         return json::skip(v);
                     }
+                    let (mut lease, mut budget) = (false, false);
                     json::object(v, |k, v| match k {
-                        k if k == LEASE_KEY.as_bytes() => json::take(v, &mut p.lease),
-                        k if k == BUDGET_KEY.as_bytes() => json::take(v, &mut p.budget),
+                        k if k == LEASE_KEY.as_bytes() => {
+                            once(&mut lease, LEASE_KEY, &mut p.dup);
+                            json::take(v, &mut p.lease)
+                        }
+                        k if k == BUDGET_KEY.as_bytes() => {
+                            once(&mut budget, BUDGET_KEY, &mut p.dup);
+                            json::take(v, &mut p.budget)
+                        }
                         _ => json::skip(v),
                     })
                 }
@@ -200,6 +299,7 @@ impl ParamsRaw<'_> {
             lease: lease.map(|v| lease_grant(&v)),
             budget: budget.map(|v| budget_grant(&v)),
             rpc_id: None,
+            duplicate: self.dup,
         })
     }
 }
@@ -210,14 +310,33 @@ impl ParamsRaw<'_> {
 pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     let (mut id, mut method) = (None, None);
     let mut params = ParamsRaw::default();
+    let mut seen = [false; 4];
+    let mut dup = None;
     let end = json::object(body, |k, v| match k {
-        b"id" => json::take(v, &mut id),
-        b"method" => json::take(v, &mut method),
-        // Params that are not an object: the worker refuses the call.
-        b"params" if json::is_object(v) => read_params(v, &mut params),
-        b"params" => {
-            params = ParamsRaw::default();
+        b"id" => {
+            once(&mut seen[0], "id", &mut dup);
+            json::take(v, &mut id)
+        }
+        b"method" => {
+            once(&mut seen[1], "method", &mut dup);
+            json::take(v, &mut method)
+        }
+        b"jsonrpc" => {
+            once(&mut seen[2], "jsonrpc", &mut dup);
             json::skip(v)
+        }
+        // Params that are not an object: the worker refuses the call.
+        b"params" => {
+            once(&mut seen[3], "params", &mut dup);
+            if json::is_object(v) {
+                read_params(v, &mut params)
+            } else {
+                params = ParamsRaw {
+                    dup: params.dup,
+                    ..ParamsRaw::default()
+                };
+                json::skip(v)
+            }
         }
         _ => json::skip(v),
     })?;
@@ -226,6 +345,7 @@ pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     }
     let name = json::string(method?)?;
     let mut facts = params.facts(A2aMethod::from_jsonrpc(&name), true)?;
+    facts.duplicate = dup.or(facts.duplicate);
     facts.v03_send = matches!(&*name, "message/send" | "message/stream");
     facts.rpc_id = match id {
         None => None,
@@ -510,6 +630,8 @@ mod tests {
             lease: grant(LEASE_KEY).map(lease_grant),
             budget: grant(BUDGET_KEY).map(budget_grant),
             rpc_id: obj.get("id").filter(|v| !v.is_null()).cloned(),
+            // Compared apart: `serde_json::Value` keeps no trace of them.
+            duplicate: None,
         })
     }
 
@@ -634,14 +756,81 @@ mod tests {
             g.object(0, &mut doc);
             let want = reference(doc.as_bytes());
             read += usize::from(want.is_some());
-            assert_eq!(jsonrpc_facts(doc.as_bytes()), want, "{doc}");
+            let read_last_wins = |b: &[u8]| {
+                jsonrpc_facts(b).map(|f| RequestFacts {
+                    duplicate: None,
+                    ..f
+                })
+            };
+            assert_eq!(read_last_wins(doc.as_bytes()), want, "{doc}");
             let cut = (g.next() as usize) % (doc.len() + 1);
             let prefix = &doc.as_bytes()[..cut];
             if let Some(want) = reference(prefix) {
-                assert_eq!(jsonrpc_facts(prefix), Some(want), "{doc}");
+                assert_eq!(read_last_wins(prefix), Some(want), "{doc}");
             }
         }
         assert!(read > 1_000, "only {read} documents were requests");
+    }
+
+    #[test]
+    fn duplicate_policy_members_are_named() {
+        #[rustfmt::skip]
+        let table: &[(&str, Option<&str>)] = &[
+            (r#"{"method":"SendMessage","params":{"message":{"metadata":{}}}}"#, None),
+            (r#"{"method":"SendMessage","method":"GetTask"}"#, Some("method")),
+            (r#"{"method":"GetTask","id":1,"id":2}"#, Some("id")),
+            (r#"{"jsonrpc":"2.0","jsonrpc":"2.0","method":"GetTask"}"#, Some("jsonrpc")),
+            (r#"{"method":"SendMessage","params":{},"params":{}}"#, Some("params")),
+            (r#"{"method":"SendMessage","params":{"tenant":"a","tenant":"b"}}"#, Some("tenant")),
+            (r#"{"method":"SendMessage","params":{"message":{},"message":{}}}"#, Some("message")),
+            (r#"{"method":"SendMessage","params":{"message":{"metadata":{},"metadata":{}}}}"#, Some("metadata")),
+            (r#"{"method":"SendMessage","params":{"message":{"taskId":"a","taskId":"a"}}}"#, Some("taskId")),
+            (r#"{"method":"SendMessage","params":{"message":{"metadata":{"a2a-rust.com/lease":null,"a2a-rust.com/lease":{"ttlMs":2000}}}}}"#, Some("a2a-rust.com/lease")),
+            // An escaped key is the same key.
+            (r#"{"method":"SendMessage","m\u0065thod":"GetTask"}"#, Some("method")),
+            // Members policy does not read may repeat.
+            (r#"{"method":"SendMessage","x":1,"x":2,"params":{"message":{"parts":[],"parts":[]}}}"#, None),
+        ];
+        for (body, want) in table {
+            let f = jsonrpc_facts(body.as_bytes()).expect("a request");
+            assert_eq!(f.duplicate, *want, "{body}");
+        }
+        let f = rest_facts(br#"{"message":{"metadata":{}},"message":{}}"#).expect("a body");
+        assert_eq!(f.duplicate, Some("message"));
+    }
+
+    #[test]
+    fn unreadable_bodies_are_told_apart() {
+        let text = r#"{"method":"SendMessage","params":{"message":{"metadata":{"a2a-rust.com/lease":{"ttlMs":500}}}}}"#;
+        let mut bom = vec![0xEF, 0xBB, 0xBF];
+        bom.extend(text.as_bytes());
+        let mut utf16 = vec![0xFF, 0xFE];
+        utf16.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+        let utf16_no_bom: Vec<u8> = text.encode_utf16().flat_map(u16::to_be_bytes).collect();
+        #[rustfmt::skip]
+        let table: Vec<(Vec<u8>, Option<BodyFault>)> = vec![
+            (bom, Some(BodyFault::NotUtf8)),
+            (utf16, Some(BodyFault::NotUtf8)),
+            (utf16_no_bom, Some(BodyFault::NotUtf8)),
+            (format!("{text}garbage").into_bytes(), Some(BodyFault::TrailingBytes)),
+            (text.replace("500", "1e999").into_bytes(), Some(BodyFault::NumberOutOfRange)),
+            (text.replace("500", "-1e999").into_bytes(), Some(BodyFault::NumberOutOfRange)),
+            (b"not json".to_vec(), Some(BodyFault::NotJson)),
+            (b"{\"a\":".to_vec(), Some(BodyFault::NotJson)),
+            (vec![b'{', b'"', 0xFF, b'"', b':', b'1', b'}'], Some(BodyFault::NotJson)),
+            // JSON, only no request: nothing to refuse.
+            (br#"{"foo":1}"#.to_vec(), None),
+            (b"[]".to_vec(), None),
+        ];
+        for (body, want) in table {
+            assert_eq!(
+                jsonrpc_facts(&body),
+                None,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            assert_eq!(diagnose(&body), want, "{}", String::from_utf8_lossy(&body));
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Stage 3, admit: `policies`' verdicts on what the body carried, in this
-//! order: a v0.3 send on a budgeted route; the lease grant's bounds (where
+//! order: a v0.3 send on a route that checks sends; the lease grant's bounds (where
 //! the gateway enforces grants); the store's health for a send whose lease
 //! the gateway must hold (`on_store_error`); the budget (admitted,
 //! reserved, its grant written into the message). The first refusal wins.
@@ -25,8 +25,7 @@ impl Gateway {
         let Some(route) = ctx.route.clone() else {
             return;
         };
-        let budgeted = route.cfg.budget.is_active();
-        if budgeted && grants.v03_send {
+        if grants.v03_send && route.checks_sends() {
             return ctx.refuse(Refusal::V03Send);
         }
         // Grants are checked only where the gateway enforces them; a worker

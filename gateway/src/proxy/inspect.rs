@@ -16,7 +16,10 @@ use policies::track::{BatchCall, SendChecks};
 use super::ctx::{shape_of, Ctx, RequestBody};
 use super::refusal::Refusal;
 use super::{expects_continue, stop_awaiting_id, Gateway, PRE_READ_LIMIT};
-use crate::a2a::request::{jsonrpc_batch, jsonrpc_facts, rest_facts, RequestFacts, SentGrant};
+use crate::a2a::json;
+use crate::a2a::request::{
+    diagnose, jsonrpc_batch, jsonrpc_facts, rest_facts, BodyFault, RequestFacts, SentGrant,
+};
 use crate::a2a::{Binding, Call};
 use crate::metrics::Untracked;
 
@@ -35,19 +38,27 @@ pub struct Grants {
 type Inspected = std::result::Result<Option<Grants>, Refusal>;
 
 /// Reads the facts out of a whole body into the context; the grants are
-/// left for admission.
+/// left for admission. On a route that checks sends (`Route::checks_sends`)
+/// a body is read completely and unambiguously or refused: not UTF-8 JSON,
+/// trailing bytes, a number out of range, a member policy reads given twice
+/// ([`BodyFault`]). Elsewhere what cannot be read passes untracked.
 fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
-    let budgeted = ctx.route.as_ref().is_some_and(|r| r.cfg.budget.is_active());
+    let strict = ctx.route.as_ref().is_some_and(|r| r.checks_sends());
     let facts: RequestFacts = match ctx.call {
         Call::JsonRpcCandidate => match jsonrpc_facts(buf) {
             Some(f) => f,
             None => {
                 if let Some(calls) = jsonrpc_batch(buf) {
-                    return inspect_batch(ctx, &calls, budgeted).map(|()| None);
+                    return inspect_batch(ctx, &calls, strict).map(|()| None);
                 }
-                if budgeted {
+                // A body that is JSON after all (no `method`, not an
+                // object) is no call any worker runs: it passes.
+                let fault = (strict && !json::is_blank(buf))
+                    .then(|| diagnose(buf))
+                    .flatten();
+                if let Some(fault) = fault {
                     ctx.req.binding = Some(Binding::JsonRpc);
-                    return Err(Refusal::Unreadable);
+                    return Err(Refusal::Unreadable(fault));
                 }
                 Untracked::NotJsonrpc.count();
                 return Ok(None);
@@ -55,7 +66,11 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
         },
         Call::Rest { .. } => match rest_facts(buf) {
             Some(f) => f,
-            None if budgeted => return Err(Refusal::Unreadable),
+            None if strict => {
+                return Err(Refusal::Unreadable(
+                    diagnose(buf).unwrap_or(BodyFault::NotJson),
+                ))
+            }
             None => RequestFacts::default(),
         },
         _ => return Ok(None),
@@ -64,6 +79,9 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
         ctx.req.binding = Some(Binding::JsonRpc);
         ctx.req.method = facts.method;
         ctx.req.rpc_id = facts.rpc_id;
+    }
+    if let (true, Some(key)) = (strict, facts.duplicate) {
+        return Err(Refusal::Unreadable(BodyFault::DuplicateKey(key)));
     }
     if ctx.req.tenant.is_none() {
         ctx.req.tenant = facts.tenant;
@@ -86,14 +104,17 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
 fn inspect_batch(
     ctx: &mut Ctx,
     calls: &[Option<RequestFacts>],
-    budgeted: bool,
+    strict: bool,
 ) -> std::result::Result<(), Refusal> {
     ctx.req.binding = Some(Binding::JsonRpc);
     let Some(route) = &ctx.route else {
         return Ok(());
     };
+    if let (true, Some(key)) = (strict, calls.iter().flatten().find_map(|f| f.duplicate)) {
+        return Err(Refusal::Unreadable(BodyFault::DuplicateKey(key)));
+    }
     let checks = SendChecks {
-        budgeted,
+        budgeted: route.cfg.budget.is_active(),
         enforces_grants: route.gateway_enforces_leases(),
         imposes: route.cfg.lease.impose_ttl.is_some(),
     };
@@ -236,6 +257,12 @@ impl Gateway {
                 if let Some(chunk) = body.as_ref() {
                     if buf.len() + chunk.len() > limit {
                         ctx.body = RequestBody::Pass;
+                        if ctx.route.as_ref().is_some_and(|r| r.checks_sends()) {
+                            // What went ahead is not a whole request: the
+                            // worker never receives this one whole.
+                            *body = None;
+                            return Err(too_large(ctx, limit));
+                        }
                         Untracked::RequestBodyTooLarge.count();
                         stop_awaiting_id(session, ctx);
                         return Ok(());
@@ -248,8 +275,7 @@ impl Gateway {
                 if let Some(chunk) = body.take() {
                     if buf.len() + chunk.len() > limit {
                         ctx.body = RequestBody::Pass;
-                        ctx.refuse(Refusal::BudgetBodyTooLarge { limit });
-                        return Err(refused(413));
+                        return Err(too_large(ctx, limit));
                     }
                     buf.extend_from_slice(&chunk);
                 }
@@ -281,6 +307,16 @@ impl Gateway {
         }
         Ok(())
     }
+}
+
+/// Refuses a body over the limit; a JSON-RPC candidate is answered as one
+/// (its id unread: `null`).
+fn too_large(ctx: &mut Ctx, limit: usize) -> pingora::BError {
+    if matches!(ctx.call, Call::JsonRpcCandidate) {
+        ctx.req.binding = Some(Binding::JsonRpc);
+    }
+    ctx.refuse(Refusal::BodyTooLarge { limit });
+    refused(413)
 }
 
 /// The error that makes pingora abort a refused request; `fail_to_proxy`

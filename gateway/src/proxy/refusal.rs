@@ -18,6 +18,7 @@ use policies::budget::BudgetRefusal;
 use policies::lease::LeaseRefusal;
 use serde_json::{json, Value};
 
+use crate::a2a::request::BodyFault;
 use crate::a2a::Binding;
 use crate::budget::BudgetError;
 use crate::metrics;
@@ -27,12 +28,14 @@ use crate::metrics;
 pub enum Refusal {
     /// No route matches the request's host and path.
     NoRoute { host: String, path: String },
-    /// A route that checks every send could not read this body as one
-    /// JSON request. A worker may read it all the same (the Python SDK
-    /// takes UTF-16 and a UTF-8 BOM), so it is not passed.
-    Unreadable,
-    /// A v0.3 send name on a budgeted route: not read as a send, so never
-    /// admitted; refused rather than passed to a worker that may serve it.
+    /// A route that checks sends could not read this body completely and
+    /// unambiguously. A worker may read it all the same (the Python SDK
+    /// takes UTF-16 and a UTF-8 BOM, Go ignores trailing bytes, a worker may
+    /// take the first of two `method`s), so it is not passed.
+    Unreadable(BodyFault),
+    /// A v0.3 send name on a route that checks sends: not read as a send,
+    /// so never admitted; refused rather than passed to a worker that may
+    /// serve it.
     V03Send,
     /// A JSON-RPC batch holding a send this route checks; `ids` are the
     /// calls' ids, one error each (`Null` for an element that is no request).
@@ -46,8 +49,8 @@ pub enum Refusal {
     Budget(BudgetError),
     /// The admitted grant could not be written into the message.
     BudgetNotAttached,
-    /// A budgeted route's body over `limits.max_inspect_body`.
-    BudgetBodyTooLarge { limit: usize },
+    /// A body over `limits.max_inspect_body` on a route that checks sends.
+    BodyTooLarge { limit: usize },
     /// A WebSocket upgrade on a budgeted route.
     BudgetWebSocket,
     /// The worker's host name did not resolve.
@@ -77,8 +80,8 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::NoRoute { .. } => "no_route",
-            Refusal::Unreadable => "budget_unreadable",
-            Refusal::V03Send => "budget_v03_send",
+            Refusal::Unreadable(fault) => fault.reason(),
+            Refusal::V03Send => "v03_send",
             Refusal::BatchSend { .. } => "batch_send",
             Refusal::Lease(LeaseRefusal::OutOfBounds { .. }) => "lease_out_of_bounds",
             Refusal::Lease(LeaseRefusal::Malformed(_)) => "lease_malformed",
@@ -90,7 +93,7 @@ impl Refusal {
             Refusal::Budget(BudgetError::Exhausted { .. }) => "budget_account_exhausted",
             Refusal::Budget(BudgetError::StoreUnavailable(_)) => "store_unavailable",
             Refusal::BudgetNotAttached => "budget_unreadable",
-            Refusal::BudgetBodyTooLarge { .. } => "budget_body_too_large",
+            Refusal::BodyTooLarge { .. } => "body_too_large",
             Refusal::BudgetWebSocket => "budget_websocket",
             Refusal::WorkerUnresolvable(_) => "worker_unresolvable",
             Refusal::WorkerFailed { status: 504, .. } => "worker_timeout",
@@ -126,15 +129,29 @@ impl Refusal {
                 (404, "NOT_FOUND"),
                 format!("no route for host {host:?} and path {path:?}"),
             ),
-            Refusal::Unreadable => parts(
-                -32700,
-                INVALID_ARGUMENT,
-                "this route enforces budgets and checks every call it passes: the body could not be read as a JSON request (UTF-8 JSON, one object)".into(),
-            ),
+            Refusal::Unreadable(fault) => {
+                let why = match fault {
+                    BodyFault::NotUtf8 => "it is not UTF-8 (a byte order mark, UTF-16 or UTF-32); send UTF-8 JSON without a byte order mark (RFC 8259, section 8.1)".into(),
+                    BodyFault::TrailingBytes => "more than whitespace follows the JSON value".into(),
+                    BodyFault::NumberOutOfRange => "a number is out of the range of a 64-bit float".into(),
+                    BodyFault::NotJson => "it is not JSON".into(),
+                    BodyFault::DuplicateKey(key) => format!("the member {key:?} appears twice in its object"),
+                };
+                let code = if matches!(fault, BodyFault::DuplicateKey(_)) {
+                    -32600
+                } else {
+                    -32700
+                };
+                parts(
+                    code,
+                    INVALID_ARGUMENT,
+                    format!("this route checks every send it passes and could not read this request unambiguously: {why}"),
+                )
+            }
             Refusal::V03Send => parts(
                 -32004,
                 INVALID_ARGUMENT,
-                "this route enforces budgets on A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names".into(),
+                "this route checks A2A v1.0 sends: use SendMessage or SendStreamingMessage, not the v0.3 method names".into(),
             ),
             Refusal::BatchSend { .. } => parts(
                 -32004,
@@ -183,10 +200,10 @@ impl Refusal {
                 INVALID_ARGUMENT,
                 "the message could not be read to attach its budget".into(),
             ),
-            Refusal::BudgetBodyTooLarge { limit } => parts(
+            Refusal::BodyTooLarge { limit } => parts(
                 -32600,
                 (413, "INVALID_ARGUMENT"),
-                format!("the request body is over {limit} bytes (limits.max_inspect_body): a budgeted route must read a message whole to check its grant"),
+                format!("the request body is over {limit} bytes (limits.max_inspect_body): this route checks every send and must read a request whole"),
             ),
             Refusal::BudgetWebSocket => parts(
                 -32004,
@@ -303,7 +320,11 @@ mod tests {
                 host: "h".into(),
                 path: "/p".into(),
             },
-            Refusal::Unreadable,
+            Refusal::Unreadable(BodyFault::NotUtf8),
+            Refusal::Unreadable(BodyFault::TrailingBytes),
+            Refusal::Unreadable(BodyFault::NumberOutOfRange),
+            Refusal::Unreadable(BodyFault::NotJson),
+            Refusal::Unreadable(BodyFault::DuplicateKey("method")),
             Refusal::V03Send,
             Refusal::BatchSend {
                 ids: vec![json!(1), Value::Null],
@@ -316,7 +337,7 @@ mod tests {
             Refusal::LeaseStoreUnavailable,
             Refusal::Budget(BudgetError::StoreUnavailable("down".into())),
             Refusal::BudgetNotAttached,
-            Refusal::BudgetBodyTooLarge { limit: 1 },
+            Refusal::BodyTooLarge { limit: 1 },
             Refusal::BudgetWebSocket,
             Refusal::WorkerUnresolvable("no such host".into()),
             Refusal::WorkerFailed {

@@ -41,6 +41,15 @@ impl Route {
         }
     }
 
+    /// Whether the gateway enforces anything for this route's sends (lease
+    /// grants, an imposed lease, a budget): then it must read every call it
+    /// passes completely and unambiguously, and refuses what it cannot.
+    pub fn checks_sends(&self) -> bool {
+        self.cfg.budget.is_active()
+            || self.cfg.lease.impose_ttl.is_some()
+            || self.gateway_enforces_leases()
+    }
+
     /// Whether the gateway enforces lease grants for this route's worker.
     pub fn gateway_enforces_leases(&self) -> bool {
         match self.cfg.lease.worker_leases {
