@@ -5,7 +5,6 @@
 //! `policies::cascade::decide`. Failures the gateway answers itself
 //! (`fail_to_proxy`) are mapped here too.
 
-use pingora::http::ResponseHeader;
 use pingora::proxy::{FailToProxy, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 use policies::cascade::Event;
@@ -197,12 +196,6 @@ fn worker_failure(e: &Error) -> String {
 /// Writes an error answer unless a response was already written (then the
 /// connection is only closed); the caller's connection is not reused.
 async fn write_error(session: &mut Session, answer: super::refusal::Answer) -> pingora::Result<()> {
-    let body = bytes::Bytes::from(answer.body.to_string());
-    let mut resp = ResponseHeader::build(answer.status, Some(4))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    if let Some(s) = answer.retry_after {
-        resp.insert_header("retry-after", s.to_string())?;
-    }
+    let (resp, body) = answer.parts()?;
     session.write_error_response(resp, body).await
 }

@@ -296,8 +296,8 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// Writes the answer; the caller's connection is not reused after it.
-    pub async fn write(self, session: &mut Session) -> pingora::Result<()> {
+    /// The answer's head and body, as written.
+    pub fn parts(self) -> pingora::Result<(ResponseHeader, Bytes)> {
         let body = Bytes::from(self.body.to_string());
         let mut resp = ResponseHeader::build(self.status, Some(4))?;
         resp.insert_header("content-type", "application/json")?;
@@ -305,6 +305,12 @@ impl Answer {
         if let Some(s) = self.retry_after {
             resp.insert_header("retry-after", s.to_string())?;
         }
+        Ok((resp, body))
+    }
+
+    /// Writes the answer in place of the worker's.
+    pub async fn write(self, session: &mut Session) -> pingora::Result<()> {
+        let (resp, body) = self.parts()?;
         session.write_response_header(Box::new(resp), false).await?;
         session.write_response_body(Some(body), true).await
     }
