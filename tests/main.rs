@@ -3,13 +3,16 @@
 //!
 //! One test binary; `harness` holds the helpers that start each peer.
 
+mod blocking_send;
 mod budgets;
 mod cascade;
 mod gateway_basics;
 mod harness;
+mod http1;
 mod leases;
 mod outbox;
 mod parent_selftest;
+mod poll_lease;
 mod python_selftest;
 mod shutdown;
 mod sse_recorded;
