@@ -1,7 +1,8 @@
 //! Stage 1, classify: from the request head alone, the route, the A2A call
 //! (binding, method, tenant, task), the worker's path, what a cancel would
 //! repeat of the caller's headers, and how the request is watched (the id
-//! wait, the read timeout, the lease extension).
+//! wait, the read timeout, the lease extension). First the head is held to
+//! HTTP/1's rules ([`http1`](super::http1)).
 
 use std::time::Instant;
 
@@ -9,6 +10,7 @@ use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 
 use super::ctx::Ctx;
+use super::http1;
 use super::inject::activates_lease;
 use super::refusal::Refusal;
 use super::route::{host_without_port, Matched};
@@ -29,11 +31,15 @@ pub enum Next {
 impl Gateway {
     /// Classifies the request into the context, or says why it is refused.
     pub(super) fn classify(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Next, Refusal> {
+        let fault = http1::conform(session).err();
         let req = session.req_header();
         let host = request_host(req).map(host_without_port);
         let full_path = req.uri.path();
         let Some(Matched { route, prefix, rel }) = self.routes.find(host, full_path) else {
             ctx.req.binding = Some(Binding::Rest);
+            if let Some(fault) = fault {
+                return Err(Refusal::Http1(fault));
+            }
             return Err(Refusal::NoRoute {
                 host: host.unwrap_or("").to_owned(),
                 path: full_path.to_owned(),
@@ -41,6 +47,17 @@ impl Gateway {
         };
         let route = route.clone();
         let call = classify(&req.method, rel, req.uri.query(), session.is_upgrade_req());
+        if let Some(fault) = fault {
+            // Refused before the body is read: a call to the JSON-RPC
+            // endpoint gets a JSON-RPC error (its id unknown), others the
+            // REST shape; HTTP 400 either way.
+            ctx.req.binding = Some(match call {
+                Call::JsonRpcCandidate => Binding::JsonRpc,
+                _ => Binding::Rest,
+            });
+            ctx.route = Some(route);
+            return Err(Refusal::Http1(fault));
+        }
         ctx.req.received_ms = now_ms();
         if let Some(h) = &route.cfg.budget.caller_header {
             ctx.req.caller = req

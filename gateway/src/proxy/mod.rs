@@ -23,6 +23,7 @@ mod card;
 mod classify;
 mod ctx;
 mod end;
+pub mod http1;
 mod inject;
 mod inspect;
 mod observe;

@@ -18,6 +18,7 @@ use policies::budget::BudgetRefusal;
 use policies::lease::LeaseRefusal;
 use serde_json::{json, Value};
 
+use super::http1::Http1Fault;
 use crate::a2a::request::BodyFault;
 use crate::a2a::Binding;
 use crate::budget::BudgetError;
@@ -28,6 +29,10 @@ use crate::metrics;
 pub enum Refusal {
     /// No route matches the request's host and path.
     NoRoute { host: String, path: String },
+    /// A request head HTTP/1 says must be refused (400 whatever the
+    /// binding): an HTTP/1.1 request without `Host`, `Content-Length`
+    /// values that cannot be collapsed into one.
+    Http1(Http1Fault),
     /// A route that checks sends could not read this body completely and
     /// unambiguously. A worker may read it all the same (the Python SDK
     /// takes UTF-16 and a UTF-8 BOM, Go ignores trailing bytes, a worker may
@@ -80,6 +85,8 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::NoRoute { .. } => "no_route",
+            Refusal::Http1(Http1Fault::MissingHost) => "http_missing_host",
+            Refusal::Http1(Http1Fault::ContentLength) => "http_content_length",
             Refusal::Unreadable(fault) => fault.reason(),
             Refusal::V03Send => "v03_send",
             Refusal::BatchSend { .. } => "batch_send",
@@ -115,6 +122,12 @@ impl Refusal {
         )
     }
 
+    /// Answered with its HTTP status in every binding: a failed worker's
+    /// 502 or 504, and HTTP/1's 400 for a head it requires be refused.
+    fn keeps_status(&self) -> bool {
+        self.is_worker_failure() || matches!(self, Refusal::Http1(_))
+    }
+
     fn parts(&self) -> Parts {
         let parts = |code, http, message: String| Parts {
             code,
@@ -128,6 +141,17 @@ impl Refusal {
                 -32601,
                 (404, "NOT_FOUND"),
                 format!("no route for host {host:?} and path {path:?}"),
+            ),
+            Refusal::Http1(Http1Fault::MissingHost) => parts(
+                -32600,
+                (400, "INVALID_ARGUMENT"),
+                "an HTTP/1.1 request must carry a Host header (RFC 9112, section 3.2)".into(),
+            ),
+            Refusal::Http1(Http1Fault::ContentLength) => parts(
+                -32600,
+                (400, "INVALID_ARGUMENT"),
+                "the Content-Length values differ or are not numbers (RFC 9110, section 8.6)"
+                    .into(),
             ),
             Refusal::Unreadable(fault) => {
                 let why = match fault {
@@ -222,14 +246,17 @@ impl Refusal {
         }
     }
 
-    /// Counts and logs the refusal, once, where it is answered.
+    /// Counts and logs the refusal, once, where it is answered. A policy
+    /// refusal of a request that matched no route (an HTTP/1 fault) is
+    /// counted with an empty `route`.
     pub fn count(&self, route: Option<&str>) {
         let reason = self.reason();
         match (self, route) {
             (Refusal::NoRoute { .. }, _) => {
                 metrics::NO_ROUTE.with_label_values(&["proxy"]).inc();
             }
-            (_, Some(route)) if self.is_policy() => {
+            (_, route) if self.is_policy() => {
+                let route = route.unwrap_or("");
                 metrics::REFUSALS.with_label_values(&[route, reason]).inc();
                 tracing::info!(route, reason, "request refused: {}", self.parts().message);
             }
@@ -273,12 +300,9 @@ impl Refusal {
         // A policy refusal is an application error: HTTP 200, as A2A
         // JSON-RPC servers answer errors. A failed worker keeps its 502 or
         // 504, as any proxy answers it, so logs, load balancers and retries
-        // see it; the body is what the caller's SDK reads.
-        let status = if self.is_worker_failure() {
-            p.http.0
-        } else {
-            200
-        };
+        // see it, and HTTP/1's faults their 400; the body is what the
+        // caller's SDK reads.
+        let status = if self.keeps_status() { p.http.0 } else { 200 };
         Answer {
             status,
             body,
@@ -326,6 +350,8 @@ mod tests {
                 host: "h".into(),
                 path: "/p".into(),
             },
+            Refusal::Http1(Http1Fault::MissingHost),
+            Refusal::Http1(Http1Fault::ContentLength),
             Refusal::Unreadable(BodyFault::NotUtf8),
             Refusal::Unreadable(BodyFault::TrailingBytes),
             Refusal::Unreadable(BodyFault::NumberOutOfRange),
@@ -361,7 +387,7 @@ mod tests {
     fn jsonrpc_callers_always_get_a_jsonrpc_error() {
         for r in every() {
             let a = r.render(Some(Binding::JsonRpc), Some(&json!(7)));
-            let status = if r.is_worker_failure() {
+            let status = if r.keeps_status() {
                 r.parts().http.0
             } else {
                 200
@@ -400,6 +426,21 @@ mod tests {
             assert_eq!(r.render(None, None).status, status);
             assert_eq!(r.render(Some(Binding::Rest), None).status, status);
             assert_eq!(r.reason(), reason);
+        }
+    }
+
+    #[test]
+    fn http1_faults_are_400_in_every_binding() {
+        for fault in [Http1Fault::MissingHost, Http1Fault::ContentLength] {
+            let r = Refusal::Http1(fault);
+            let rpc = r.render(Some(Binding::JsonRpc), None);
+            assert_eq!(rpc.status, 400, "{r:?}");
+            assert_eq!(rpc.body["error"]["code"], -32600, "{r:?}");
+            assert_eq!(rpc.body["id"], Value::Null, "{r:?}");
+            let rest = r.render(Some(Binding::Rest), None);
+            assert_eq!(rest.status, 400, "{r:?}");
+            assert_eq!(rest.body["error"]["status"], "INVALID_ARGUMENT", "{r:?}");
+            assert!(r.is_policy(), "{r:?}: counted");
         }
     }
 
