@@ -421,6 +421,11 @@ pub struct LeasePolicy {
     /// task whose caller granted none, renewed by the replica holding the
     /// caller's connection for as long as it lives.
     pub impose_ttl: Option<Duration>,
+    /// `poll_lease = "30s"`: the task of a non-blocking `SendMessage`
+    /// (`returnImmediately`) is cancelled when no `GetTask` or
+    /// `SubscribeToTask` for it came through the gateway for this long.
+    /// Off (`None`) by default.
+    pub poll_ttl: Option<Duration>,
     pub worker_leases: WorkerLeases,
 }
 
@@ -429,6 +434,7 @@ impl Default for LeasePolicy {
         LeasePolicy {
             max_ttl: Duration::from_secs(3600),
             impose_ttl: None,
+            poll_ttl: None,
             worker_leases: WorkerLeases::Auto,
         }
     }

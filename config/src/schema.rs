@@ -154,9 +154,19 @@ fn lease_policy(r: &mut Reader<'_>, d: &Defaults) -> LeasePolicy {
         None
     };
     sub.finish();
+    let poll_ttl = r.opt("poll_lease", duration);
+    if poll_ttl.is_some_and(|t| !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&t)) {
+        let at = r.pos("poll_lease");
+        r.report_at(
+            at,
+            "poll_lease",
+            "must be between 1s and 12h (a lease must lapse while the store still keeps its task)",
+        );
+    }
     LeasePolicy {
         max_ttl,
         impose_ttl,
+        poll_ttl,
         worker_leases,
     }
 }
@@ -452,6 +462,14 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         }
     }
     let lease = lease_policy(r, defaults);
+    if lease.poll_ttl.is_some() && cascade.mode == CascadeMode::Detach {
+        let at = r.pos("poll_lease");
+        r.report_at(
+            at,
+            "poll_lease",
+            "cancels the tasks whose callers stopped polling, which cascade = \"detach\" never does: set cascade = \"cancel\" on this route, or remove poll_lease",
+        );
+    }
     let headers = header_policy(r);
     let budget = budget_policy(r);
     r.finish();

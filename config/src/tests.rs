@@ -83,6 +83,7 @@ fn examples_parse() {
             lease: LeasePolicy {
                 max_ttl: 600 * S,
                 impose_ttl: Some(30 * S),
+                poll_ttl: None,
                 worker_leases: WorkerLeases::Auto,
             },
             headers: HeaderPolicy {
@@ -534,6 +535,11 @@ fn single_errors() {
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nlease = { }", "4:9: routes[0].lease.ttl: missing required key"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\nworker_leases = \"sometimes\"", "4:17: routes[0].worker_leases: expected one of \"auto\", \"enforce\", \"observe\", found \"sometimes\""),
         ("[leases]\ntick = \"5s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"", "2:8: leases.tick: must be between 10ms and 1s (a lapse is acted on within one tick)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npoll_lease = \"500ms\"", "4:14: routes[0].poll_lease: must be between 1s and 12h (a lease must lapse while the store still keeps its task)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npoll_lease = \"13h\"", "4:14: routes[0].poll_lease: must be between 1s and 12h (a lease must lapse while the store still keeps its task)"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\npoll_lease = 30", "4:14: routes[0].poll_lease: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 30"),
+        ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ncascade = \"detach\"\npoll_lease = \"30s\"", "5:14: routes[0].poll_lease: cancels the tasks whose callers stopped polling, which cascade = \"detach\" never does: set cascade = \"cancel\" on this route, or remove poll_lease"),
+        ("[defaults]\ncascade = \"detach\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"\npoll_lease = \"30s\"", "6:14: routes[0].poll_lease: cancels the tasks whose callers stopped polling, which cascade = \"detach\" never does: set cascade = \"cancel\" on this route, or remove poll_lease"),
         // TOML syntax
         ("[server\nthreads = 2", "1:8: invalid TOML: invalid table header; expected `.`, `]`"),
         ("a = \n", "1:5: invalid TOML: invalid string; expected `\"`, `'`"),
@@ -549,7 +555,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -715,7 +721,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ]
     );
 }

@@ -3,7 +3,9 @@
 //! Two background duties, run by every replica on one tick:
 //! - **Reaper**: claims lapsed leases from the store's deadline index (an
 //!   atomic claim, so exactly one replica acts on each) and sends
-//!   `CancelTask` with the route's worker credential. A lease whose cancel
+//!   `CancelTask` with the route's worker credential; a poll lease's task
+//!   is asked for first (`GetTask`), and left alone if it settled between
+//!   polls ([`lease::at_lapse`]). A lease whose cancel
 //!   failed every attempt is handed back to be claimed again later, one whose
 //!   route this replica lacks at once; either only by replicas that have its
 //!   route (never revived: renewals still fail).
@@ -24,12 +26,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use policies::lease;
+use policies::lease::{self, AtLapse};
 
-use crate::cancel::{CancelJob, Canceller};
+use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
 use crate::proxy::route::Routes;
-use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore};
+use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
@@ -203,7 +205,9 @@ impl Leases {
         };
         let n = lapsed.len();
         for rec in lapsed {
-            if rec.state.is_some_and(|s| s.is_settled()) {
+            let holder = rec.lease.as_ref().and_then(|l| l.holder.as_deref());
+            let at = lease::at_lapse(rec.state, holder);
+            if at == AtLapse::End {
                 self.end(&rec.key).await;
                 continue;
             }
@@ -217,10 +221,6 @@ impl Leases {
                 self.end(&rec.key).await;
                 continue;
             };
-            metrics::LEASES_LAPSED
-                .with_label_values(&[&rec.key.route])
-                .inc();
-            tracing::info!(task = %rec.key, "lease lapsed; cancelling the task");
             let job = CancelJob {
                 key: rec.key.clone(),
                 worker: route.cfg.worker.clone(),
@@ -230,6 +230,14 @@ impl Leases {
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
             crate::drain::spawn_work(async move {
+                if at == AtLapse::Probe && !probe_says_cancel(&canceller, &*store, &job, hold).await
+                {
+                    return;
+                }
+                metrics::LEASES_LAPSED
+                    .with_label_values(&[&job.key.route])
+                    .inc();
+                tracing::info!(task = %job.key, "lease lapsed; cancelling the task");
                 // Done: the lease ends (else its claim's hold would bring it
                 // back). Every attempt failed (the worker down, say): it goes
                 // back to be claimed and cancelled again, by any replica.
@@ -354,6 +362,61 @@ impl BackgroundService for Leases {
             while self.claim_owed(self.store.clock_ms()).await == CLAIM_BATCH {}
         }
     }
+}
+
+/// The longest the probe of a lapsed poll lease's task (`GetTask`, see
+/// [`lease::AtLapse::Probe`]) is waited for (the route's cancel timeout,
+/// if shorter); its claim is held this much longer than other lapses'.
+pub const POLL_PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// Asks the worker for the state of a task whose poll lease lapsed
+/// (claimed, held until `hold`): whether to cancel it. A task that settled
+/// between polls, unseen (done, or handed back for input), is left alone:
+/// its state is recorded and its lease ended. The claim is held
+/// [`POLL_PROBE_WAIT`] longer first, so that no other replica claims it
+/// again while this one probes and cancels.
+async fn probe_says_cancel(
+    canceller: &Canceller,
+    store: &dyn TaskStore,
+    job: &CancelJob,
+    hold: u64,
+) -> bool {
+    let wait = POLL_PROBE_WAIT.as_millis() as u64;
+    if let Err(e) = store.lease_retry(&job.key, hold + wait).await {
+        metrics::STORE_ERRORS
+            .with_label_values(&["lease_retry"])
+            .inc();
+        tracing::warn!(task = %job.key, error = %e, "could not extend the claim of a lapsed poll lease for its probe");
+    }
+    let probed = tokio::time::timeout(POLL_PROBE_WAIT, canceller.task_state(job))
+        .await
+        .unwrap_or(Probed::Unknown);
+    let (found, state) = match probed {
+        Probed::State(s) => (true, Some(s)),
+        Probed::NotFound => (false, None),
+        Probed::Unknown => (true, None),
+    };
+    if lease::cancel_after_probe(found, state) {
+        return true;
+    }
+    tracing::info!(task = %job.key, state = ?state.map(|s| s.as_wire()), "poll lease lapsed on a task that settled, or that the worker does not know; not cancelled");
+    if let Some(s) = state {
+        let update = TaskUpdate {
+            state: Some(s),
+            ..TaskUpdate::default()
+        };
+        if let Err(e) = store.update(&job.key, update, store.clock_ms()).await {
+            metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
+            tracing::warn!(task = %job.key, error = %e, "could not record the state a lapsed poll lease's probe found");
+        }
+    }
+    if let Err(e) = store.lease_end(&job.key).await {
+        metrics::STORE_ERRORS
+            .with_label_values(&["lease_end"])
+            .inc();
+        tracing::warn!(task = %job.key, error = %e, "could not end a lapsed poll lease; it is claimed again after its hold");
+    }
+    false
 }
 
 /// A default replica id: host name, process id, start time.

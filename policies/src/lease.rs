@@ -3,6 +3,14 @@
 //! Mirrors the a2a-rust SDK's lease extension (ADR 0020): a grant names a
 //! time to live; each renewal moves the deadline to `now + ttl`; a lease is
 //! lapsed once `now > deadline`. Times are Unix milliseconds.
+//!
+//! The gateway starts three kinds of lease (`track::LeaseStart`): a
+//! caller's grant, a lease the route imposes on streams, and a route's poll
+//! lease on the task of a non-blocking send. They share this arithmetic,
+//! the store and the reaper; a lapsed poll lease is probed before its
+//! cancel ([`at_lapse`]).
+
+use crate::TaskState;
 
 /// `https://a2a-rust.com/extensions/lease/v1`.
 pub const LEASE_EXTENSION_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
@@ -58,6 +66,47 @@ pub fn is_lapsed(now_ms: u64, deadline_ms: u64) -> bool {
 /// `Renewal` does, so two renewals may fail before the lease lapses.
 pub fn renew_every_ms(ttl_ms: u64) -> u64 {
     (ttl_ms / 3).max(1)
+}
+
+/// The holder a poll lease is stored with (`lease_holder`): no replica
+/// renews it, its caller's polls do. Not a replica id (those have no
+/// spaces), so a lapse can tell a poll lease from the others.
+pub const POLL_HOLDER: &str = "caller polls";
+
+/// What a replica that claimed a lapsed lease does with its task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtLapse {
+    /// The store knows the task settled: end the lease, send nothing.
+    End,
+    /// A poll lease: the gateway sees a polled task's states only in the
+    /// answers it does not read, so the task may have finished, or handed
+    /// back (input-required), between polls. Ask the worker (`GetTask`)
+    /// first, then [`cancel_after_probe`].
+    Probe,
+    /// Send `CancelTask`.
+    Cancel,
+}
+
+/// Decides what a lapsed lease calls for, from the task's stored state and
+/// the lease's holder.
+pub fn at_lapse(state: Option<TaskState>, holder: Option<&str>) -> AtLapse {
+    if state.is_some_and(TaskState::is_settled) {
+        AtLapse::End
+    } else if holder == Some(POLL_HOLDER) {
+        AtLapse::Probe
+    } else {
+        AtLapse::Cancel
+    }
+}
+
+/// After [`AtLapse::Probe`]: whether the task is cancelled. `found`: the
+/// worker knows the task (or could not be asked); `state`: what it said,
+/// `None` when it could not be asked. A settled task (terminal, or
+/// input-required, auth-required) is never cancelled, nor one the worker
+/// does not know; one whose state could not be learnt is, as a lapse
+/// without a probe would be.
+pub fn cancel_after_probe(found: bool, state: Option<TaskState>) -> bool {
+    found && !state.is_some_and(TaskState::is_settled)
 }
 
 /// The outcome of a renewal, decided in one atomic step by the store.
@@ -141,6 +190,50 @@ mod tests {
         ];
         for (now, lease, want) in table {
             assert_eq!(renew(now, lease), want, "{now} {lease:?}");
+        }
+    }
+
+    #[test]
+    fn lapse_table() {
+        use TaskState::*;
+        let poll = Some(POLL_HOLDER);
+        #[rustfmt::skip]
+        let table = [
+            (Some(Completed), poll, AtLapse::End),
+            (Some(InputRequired), None, AtLapse::End),
+            (Some(Canceled), Some("replica-1"), AtLapse::End),
+            (Some(Working), poll, AtLapse::Probe),
+            (None, poll, AtLapse::Probe),
+            (Some(Working), None, AtLapse::Cancel),
+            (Some(Submitted), Some("replica-1"), AtLapse::Cancel),
+            (None, Some("caller"), AtLapse::Cancel),
+        ];
+        for (state, holder, want) in table {
+            assert_eq!(at_lapse(state, holder), want, "{state:?} {holder:?}");
+        }
+        assert!(!POLL_HOLDER.is_empty() && POLL_HOLDER.contains(' '));
+    }
+
+    #[test]
+    fn after_probe_table() {
+        use TaskState::*;
+        #[rustfmt::skip]
+        let table = [
+            (true, Some(Working), true),
+            (true, Some(Submitted), true),
+            // The probe failed: cancelled, as a lapse is.
+            (true, None, true),
+            (true, Some(Completed), false),
+            (true, Some(Failed), false),
+            (true, Some(Canceled), false),
+            (true, Some(Rejected), false),
+            (true, Some(InputRequired), false),
+            (true, Some(AuthRequired), false),
+            // The worker does not know it: nothing to cancel.
+            (false, None, false),
+        ];
+        for (found, state, want) in table {
+            assert_eq!(cancel_after_probe(found, state), want, "{found} {state:?}");
         }
     }
 

@@ -39,6 +39,9 @@ pub struct LeaseRules {
     pub enforces_grants: bool,
     /// The lease imposed on streams whose caller granted none (ms).
     pub impose_ttl_ms: Option<u64>,
+    /// `poll_lease` (ms): a non-blocking send's unsettled task is cancelled
+    /// when no `GetTask` or `SubscribeToTask` for it came for this long.
+    pub poll_ttl_ms: Option<u64>,
     pub cascade: CascadeMode,
 }
 
@@ -49,6 +52,20 @@ pub enum LeaseStart {
     Granted { ttl_ms: u64 },
     /// The route's lease, held by this replica while the stream lives.
     Imposed { ttl_ms: u64 },
+    /// The route's `poll_lease` on the task of a non-blocking send: renewed
+    /// by every `GetTask` or `SubscribeToTask` for the task, on any replica.
+    Poll { ttl_ms: u64 },
+}
+
+impl LeaseStart {
+    /// The `kind` label of `a2agw_leases_started_total`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            LeaseStart::Granted { .. } => "granted",
+            LeaseStart::Imposed { .. } => "imposed",
+            LeaseStart::Poll { .. } => "poll",
+        }
+    }
 }
 
 /// What the first sight of a task on a request (or socket) calls for.
@@ -78,6 +95,20 @@ pub fn first_sight(
     grant_ms: Option<u64>,
     rules: &LeaseRules,
 ) -> FirstSight {
+    first_sight_polled(shape, state, grant_ms, None, rules)
+}
+
+/// [`first_sight`] of a call that may be a non-blocking send on a route
+/// with `poll_lease`: `poll_ms` is what [`poll_lease`] decided for it. The
+/// task such a send's answer names unsettled gets a poll lease, unless the
+/// caller's grant, which the gateway enforces, is its lease already.
+pub fn first_sight_polled(
+    shape: Shape,
+    state: Option<TaskState>,
+    grant_ms: Option<u64>,
+    poll_ms: Option<u64>,
+    rules: &LeaseRules,
+) -> FirstSight {
     let settled = state.is_some_and(TaskState::is_settled);
     // A poll only updates a task the call already has.
     if shape == Shape::Poll {
@@ -103,13 +134,76 @@ pub fn first_sight(
         sight.lease = Some(LeaseStart::Granted { ttl_ms });
         return sight;
     }
-    if let (Some(ttl_ms), true, CascadeMode::Cancel) = (rules.impose_ttl_ms, watch, rules.cascade) {
-        if shape == Shape::Stream {
-            sight.lease = Some(LeaseStart::Imposed { ttl_ms });
-        }
-        sight.hold_ms = Some(ttl_ms);
+    if rules.cascade == CascadeMode::Detach {
+        return sight;
     }
+    if let (Some(ttl_ms), Shape::Send) = (poll_ms, shape) {
+        sight.lease = Some(LeaseStart::Poll { ttl_ms });
+        return sight;
+    }
+    if let (Some(ttl_ms), Shape::Stream) = (rules.impose_ttl_ms, shape) {
+        sight.lease = Some(LeaseStart::Imposed { ttl_ms });
+    }
+    // Any stream of the task keeps its gateway lease alive while it lasts:
+    // a resubscribe holds a poll lease too (its caller watches the task;
+    // no poll is needed meanwhile). Renewed at the shorter TTL's pace.
+    let poll_hold = rules.poll_ttl_ms.filter(|_| shape == Shape::Resubscribe);
+    sight.hold_ms = match (rules.impose_ttl_ms.filter(|_| watch), poll_hold) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     sight
+}
+
+/// The poll lease (TTL in ms) a send's task gets if its answer names it
+/// unsettled: on a route with `poll_lease` (`poll_ttl_ms`), for a
+/// `SendMessage` that asked `returnImmediately` (a blocking send's answer
+/// comes when the task settled; a stream is the cascade's), unless the
+/// caller's lease grant, enforced by the gateway, leases it already
+/// (`enforced_grant`). Never on a detached route.
+pub fn poll_lease(
+    shape: Option<Shape>,
+    return_immediately: bool,
+    enforced_grant: bool,
+    rules: &LeaseRules,
+) -> Option<u64> {
+    let non_blocking_send = shape == Some(Shape::Send) && return_immediately;
+    if !non_blocking_send || enforced_grant || rules.cascade == CascadeMode::Detach {
+        return None;
+    }
+    rules.poll_ttl_ms
+}
+
+/// Which lease renewal a request naming a task makes at the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewBy {
+    /// A `GetTask` activating the lease extension (the SDK's renewal).
+    GetTask,
+    /// A `GetTask` or `SubscribeToTask` on a route with `poll_lease`.
+    Poll,
+}
+
+impl RenewBy {
+    /// The `source` label of `a2agw_lease_renewals_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RenewBy::GetTask => "get_task",
+            RenewBy::Poll => "poll",
+        }
+    }
+}
+
+/// Whether a request of `shape` naming a task renews the task's lease: a
+/// `GetTask` with the lease extension active always (as the SDK's lease
+/// store does); on a route with `poll_lease` every `GetTask` and
+/// `SubscribeToTask` (a poll of the task renews its poll lease, and
+/// whatever lease the task holds). One renewal per request.
+pub fn renews(shape: Option<Shape>, extension: bool, route_polls: bool) -> Option<RenewBy> {
+    match shape? {
+        Shape::Poll if extension => Some(RenewBy::GetTask),
+        Shape::Poll | Shape::Resubscribe if route_polls => Some(RenewBy::Poll),
+        _ => None,
+    }
 }
 
 /// A later state of a task already seen: whether the store must learn it
@@ -120,12 +214,13 @@ pub fn records_settling(was_settled: bool, state: Option<TaskState>) -> bool {
 
 /// Whether the gateway reads the answer to a call of `shape`. A stream or
 /// subscription is always read (cascade, leases); a `SendMessage` answer
-/// only when its child holds a lease or a budget: no policy acts on a plain
-/// one, and parsing it would cost every request.
-pub fn reads_answer(shape: Shape, lease_grant: bool, budget: bool) -> bool {
+/// only when its child gets a lease (`leased`: the caller's grant, or a
+/// poll lease) or holds a budget: no policy acts on a plain one, and
+/// parsing it would cost every request.
+pub fn reads_answer(shape: Shape, leased: bool, budget: bool) -> bool {
     match shape {
         Shape::Stream | Shape::Resubscribe => true,
-        Shape::Send => lease_grant || budget,
+        Shape::Send => leased || budget,
         Shape::Poll => false,
     }
 }
@@ -136,6 +231,8 @@ pub struct BatchCall {
     pub shape: Option<Shape>,
     /// The call's message carries a lease grant (valid or not).
     pub lease_grant: bool,
+    /// A send asking `returnImmediately` (a non-blocking send).
+    pub return_immediately: bool,
 }
 
 /// What a route checks on every send.
@@ -147,6 +244,8 @@ pub struct SendChecks {
     pub enforces_grants: bool,
     /// The route imposes a lease on streams without a grant.
     pub imposes: bool,
+    /// The route has `poll_lease`: non-blocking sends get a poll lease.
+    pub polls: bool,
 }
 
 /// Whether a JSON-RPC batch holds a send this route must check. The gateway
@@ -155,7 +254,11 @@ pub struct SendChecks {
 /// past the checks; any other batch passes untracked.
 pub fn batch_must_be_read(calls: &[BatchCall], checks: &SendChecks) -> bool {
     calls.iter().any(|c| match c.shape {
-        Some(Shape::Send) => checks.budgeted || (checks.enforces_grants && c.lease_grant),
+        Some(Shape::Send) => {
+            checks.budgeted
+                || (checks.enforces_grants && c.lease_grant)
+                || (checks.polls && c.return_immediately)
+        }
         Some(Shape::Stream) => {
             checks.budgeted || (checks.enforces_grants && (c.lease_grant || checks.imposes))
         }
@@ -175,15 +278,17 @@ pub enum StoreOutage {
 }
 
 /// A send needs the store when the gateway must hold a lease for it: a
-/// grant it enforces, or a stream the route imposes a lease on.
+/// grant it enforces, a non-blocking send that gets a poll lease
+/// (`polls`), or a stream the route imposes a lease on.
 pub fn store_outage(
     shape: Option<Shape>,
     enforced_grant: bool,
+    polls: bool,
     imposes: bool,
     store_healthy: bool,
     fail_closed: bool,
 ) -> StoreOutage {
-    let needs_store = enforced_grant || (imposes && shape == Some(Shape::Stream));
+    let needs_store = enforced_grant || polls || (imposes && shape == Some(Shape::Stream));
     match (needs_store && !store_healthy, fail_closed) {
         (false, _) => StoreOutage::Proceed,
         (true, true) => StoreOutage::Refuse,
@@ -199,11 +304,13 @@ mod tests {
     const ENFORCE: LeaseRules = LeaseRules {
         enforces_grants: true,
         impose_ttl_ms: None,
+        poll_ttl_ms: None,
         cascade: CascadeMode::Cancel,
     };
     const IMPOSE: LeaseRules = LeaseRules {
         enforces_grants: true,
         impose_ttl_ms: Some(30_000),
+        poll_ttl_ms: None,
         cascade: CascadeMode::Cancel,
     };
     const IMPOSE_DETACH: LeaseRules = LeaseRules {
@@ -213,6 +320,18 @@ mod tests {
     const WORKER_ENFORCES: LeaseRules = LeaseRules {
         enforces_grants: false,
         ..IMPOSE
+    };
+    const POLLS: LeaseRules = LeaseRules {
+        poll_ttl_ms: Some(2_000),
+        ..ENFORCE
+    };
+    const POLLS_IMPOSE: LeaseRules = LeaseRules {
+        poll_ttl_ms: Some(2_000),
+        ..IMPOSE
+    };
+    const POLLS_DETACH: LeaseRules = LeaseRules {
+        cascade: CascadeMode::Detach,
+        ..POLLS
     };
 
     fn sight(
@@ -282,6 +401,112 @@ mod tests {
         }
     }
 
+    /// Shape, state, grant, poll lease decided for the send, rules.
+    type PolledRow = (
+        Shape,
+        Option<TaskState>,
+        Option<u64>,
+        Option<u64>,
+        LeaseRules,
+        FirstSight,
+    );
+
+    #[test]
+    fn poll_lease_first_sight_table() {
+        let poll = Some(LeaseStart::Poll { ttl_ms: 2_000 });
+        let granted = Some(LeaseStart::Granted { ttl_ms: 5_000 });
+        let nothing = FirstSight::default();
+        #[rustfmt::skip]
+        let table: &[PolledRow] = &[
+            // A non-blocking send answered running: a poll lease.
+            (Shape::Send, Some(Submitted), None, Some(2_000), POLLS, sight(true, false, poll, None)),
+            (Shape::Send, Some(Working), None, Some(2_000), POLLS, sight(true, false, poll, None)),
+            (Shape::Send, None, None, Some(2_000), POLLS, sight(true, false, poll, None)),
+            // Answered settled (input-required included): nothing to lease.
+            (Shape::Send, Some(Completed), None, Some(2_000), POLLS, nothing),
+            (Shape::Send, Some(InputRequired), None, Some(2_000), POLLS, nothing),
+            (Shape::Send, Some(AuthRequired), None, Some(2_000), POLLS, nothing),
+            // A blocking send (no poll lease decided): as before.
+            (Shape::Send, Some(Working), None, None, POLLS, sight(true, false, None, None)),
+            // The caller's enforced grant is the lease.
+            (Shape::Send, Some(Working), Some(5_000), Some(2_000), POLLS, sight(true, false, granted, None)),
+            // A detached route leases nothing.
+            (Shape::Send, Some(Working), None, Some(2_000), POLLS_DETACH, sight(true, false, None, None)),
+            // A resubscribe holds the poll lease while it lasts, at the
+            // shorter TTL's pace when the route imposes one too.
+            (Shape::Resubscribe, Some(Working), None, None, POLLS, sight(true, true, None, Some(2_000))),
+            (Shape::Resubscribe, None, None, None, POLLS, sight(true, true, None, Some(2_000))),
+            (Shape::Resubscribe, Some(Working), None, None, POLLS_IMPOSE, sight(true, true, None, Some(2_000))),
+            (Shape::Resubscribe, Some(InputRequired), None, None, POLLS, sight(true, true, None, None)),
+            (Shape::Resubscribe, Some(Working), None, None, POLLS_DETACH, sight(true, true, None, None)),
+            // A stream is the cascade's: imposed or not, never polled.
+            (Shape::Stream, Some(Working), None, None, POLLS, sight(true, true, None, None)),
+            (Shape::Stream, Some(Working), None, None, POLLS_IMPOSE, sight(true, true, Some(LeaseStart::Imposed { ttl_ms: 30_000 }), Some(30_000))),
+            // A poll never creates.
+            (Shape::Poll, Some(Working), None, Some(2_000), POLLS, nothing),
+        ];
+        for (i, (shape, state, grant, poll_ms, rules, want)) in table.iter().enumerate() {
+            assert_eq!(
+                first_sight_polled(*shape, *state, *grant, *poll_ms, rules),
+                *want,
+                "row {i}: {shape:?} {state:?} grant {grant:?} poll {poll_ms:?}"
+            );
+        }
+        assert_eq!(LeaseStart::Poll { ttl_ms: 1 }.kind(), "poll");
+        assert_eq!(LeaseStart::Granted { ttl_ms: 1 }.kind(), "granted");
+        assert_eq!(LeaseStart::Imposed { ttl_ms: 1 }.kind(), "imposed");
+    }
+
+    #[test]
+    fn which_sends_get_a_poll_lease() {
+        #[rustfmt::skip]
+        let table = [
+            // shape, returnImmediately, enforced grant, rules, poll lease
+            (Some(Shape::Send), true, false, POLLS, Some(2_000)),
+            (Some(Shape::Send), false, false, POLLS, None),
+            (Some(Shape::Send), true, true, POLLS, None),
+            (Some(Shape::Send), true, false, ENFORCE, None),
+            (Some(Shape::Send), true, false, POLLS_DETACH, None),
+            (Some(Shape::Stream), true, false, POLLS, None),
+            (Some(Shape::Poll), true, false, POLLS, None),
+            (None, true, false, POLLS, None),
+        ];
+        for (shape, ri, grant, rules, want) in table {
+            assert_eq!(
+                poll_lease(shape, ri, grant, &rules),
+                want,
+                "{shape:?} returnImmediately {ri} grant {grant} {rules:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn which_requests_renew() {
+        use RenewBy::*;
+        #[rustfmt::skip]
+        let table = [
+            // shape, lease extension active, route polls
+            (Some(Shape::Poll), true, false, Some(GetTask)),
+            (Some(Shape::Poll), true, true, Some(GetTask)),
+            (Some(Shape::Poll), false, false, None),
+            (Some(Shape::Poll), false, true, Some(Poll)),
+            (Some(Shape::Resubscribe), false, true, Some(Poll)),
+            (Some(Shape::Resubscribe), true, false, None),
+            (Some(Shape::Send), true, true, None),
+            (Some(Shape::Stream), true, true, None),
+            (None, true, true, None),
+        ];
+        for (shape, ext, polls, want) in table {
+            assert_eq!(
+                renews(shape, ext, polls),
+                want,
+                "{shape:?} ext {ext} polls {polls}"
+            );
+        }
+        assert_eq!(Poll.as_str(), "poll");
+        assert_eq!(GetTask.as_str(), "get_task");
+    }
+
     #[test]
     fn settling_is_recorded_once() {
         assert!(records_settling(false, Some(Completed)));
@@ -316,19 +541,31 @@ mod tests {
         let send = |lease_grant| BatchCall {
             shape: Some(Shape::Send),
             lease_grant,
+            return_immediately: false,
+        };
+        let non_blocking = BatchCall {
+            return_immediately: true,
+            ..send(false)
         };
         let stream = |lease_grant| BatchCall {
             shape: Some(Shape::Stream),
             lease_grant,
+            return_immediately: false,
         };
         let poll = BatchCall {
             shape: Some(Shape::Poll),
             lease_grant: true,
+            return_immediately: true,
         };
         let checks = |budgeted, enforces_grants, imposes| SendChecks {
             budgeted,
             enforces_grants,
             imposes,
+            polls: false,
+        };
+        let polls = SendChecks {
+            polls: true,
+            ..checks(false, true, false)
         };
         #[rustfmt::skip]
         let table: &[(&[BatchCall], SendChecks, bool)] = &[
@@ -340,6 +577,12 @@ mod tests {
             (&[stream(false)], checks(false, true, false), false),
             (&[stream(false)], checks(false, false, true), false),
             (&[poll, poll], checks(true, true, true), false),
+            // A non-blocking send on a route with poll_lease; a blocking
+            // one there, and a non-blocking one elsewhere, pass.
+            (&[poll, non_blocking], polls, true),
+            (&[send(false)], polls, false),
+            (&[non_blocking], checks(false, true, true), false),
+            (&[poll], polls, false),
             (&[], checks(true, true, true), false),
         ];
         for (i, (calls, c, want)) in table.iter().enumerate() {
@@ -352,21 +595,24 @@ mod tests {
         use StoreOutage::*;
         #[rustfmt::skip]
         let table = [
-            // shape, enforced grant, imposes, healthy, fail_closed
-            (Some(Shape::Send), true, false, true, true, Proceed),
-            (Some(Shape::Send), true, false, false, true, Refuse),
-            (Some(Shape::Send), true, false, false, false, ProceedUntracked),
-            (Some(Shape::Send), false, true, false, true, Proceed),
-            (Some(Shape::Stream), false, true, false, true, Refuse),
-            (Some(Shape::Stream), false, false, false, true, Proceed),
-            (Some(Shape::Poll), false, true, false, true, Proceed),
-            (None, false, true, false, true, Proceed),
+            // shape, enforced grant, poll lease, imposes, healthy, fail_closed
+            (Some(Shape::Send), true, false, false, true, true, Proceed),
+            (Some(Shape::Send), true, false, false, false, true, Refuse),
+            (Some(Shape::Send), true, false, false, false, false, ProceedUntracked),
+            (Some(Shape::Send), false, false, true, false, true, Proceed),
+            (Some(Shape::Send), false, true, false, false, true, Refuse),
+            (Some(Shape::Send), false, true, false, false, false, ProceedUntracked),
+            (Some(Shape::Send), false, true, false, true, true, Proceed),
+            (Some(Shape::Stream), false, false, true, false, true, Refuse),
+            (Some(Shape::Stream), false, false, false, false, true, Proceed),
+            (Some(Shape::Poll), false, false, true, false, true, Proceed),
+            (None, false, false, true, false, true, Proceed),
         ];
-        for (shape, grant, imposes, healthy, closed, want) in table {
+        for (shape, grant, polls, imposes, healthy, closed, want) in table {
             assert_eq!(
-                store_outage(shape, grant, imposes, healthy, closed),
+                store_outage(shape, grant, polls, imposes, healthy, closed),
                 want,
-                "{shape:?} grant {grant} imposes {imposes} healthy {healthy} closed {closed}"
+                "{shape:?} grant {grant} polls {polls} imposes {imposes} healthy {healthy} closed {closed}"
             );
         }
     }

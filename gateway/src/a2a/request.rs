@@ -28,8 +28,12 @@ pub struct RequestFacts {
     pub budget: Option<Result<SentGrant, BudgetRefusal>>,
     /// JSON-RPC only: the request id, echoed in an error the gateway answers.
     pub rpc_id: Option<serde_json::Value>,
+    /// `configuration.returnImmediately` is `true`: a non-blocking send
+    /// (answered at once with the task, which the caller then polls).
+    pub return_immediately: bool,
     /// A member policy reads (`jsonrpc`, `method`, `id`, `params`,
-    /// `tenant`, `message`, `taskId`, `metadata`, a grant) that appears twice
+    /// `tenant`, `message`, `taskId`, `metadata`, a grant, `configuration`,
+    /// `returnImmediately`) that appears twice
     /// in its object: read last-wins here, as `serde_json::Value` does, but a
     /// worker that takes the first, or reads the tokens as they come, would
     /// run another call. A route that checks sends refuses such a body.
@@ -221,6 +225,8 @@ struct ParamsRaw<'a> {
     task: Option<&'a [u8]>,
     lease: Option<&'a [u8]>,
     budget: Option<&'a [u8]>,
+    /// `configuration.returnImmediately`.
+    return_immediately: Option<&'a [u8]>,
     /// The first member policy reads seen twice (in any object read).
     dup: Option<&'static str>,
 }
@@ -236,8 +242,23 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
         dup,
         ..ParamsRaw::default()
     };
-    let (mut tenant, mut id, mut message) = (false, false, false);
+    let (mut tenant, mut id, mut message, mut configuration) = (false, false, false, false);
     json::object(rest, |k, v| match k {
+        b"configuration" => {
+            once(&mut configuration, "configuration", &mut p.dup);
+            p.return_immediately = None;
+            if !json::is_object(v) {
+                return json::skip(v);
+            }
+            let mut seen = false;
+            json::object(v, |k, v| match k {
+                b"returnImmediately" => {
+                    once(&mut seen, "returnImmediately", &mut p.dup);
+                    json::take(v, &mut p.return_immediately)
+                }
+                _ => json::skip(v),
+            })
+        }
         b"tenant" => {
             once(&mut tenant, "tenant", &mut p.dup);
             json::take(v, &mut p.tenant)
@@ -299,6 +320,9 @@ impl ParamsRaw<'_> {
             lease: lease.map(|v| lease_grant(&v)),
             budget: budget.map(|v| budget_grant(&v)),
             rpc_id: None,
+            // Only the literal `true`: anything else is a blocking send to
+            // the SDKs (or refused by them).
+            return_immediately: self.return_immediately == Some(b"true".as_slice()),
             duplicate: self.dup,
         })
     }
@@ -630,6 +654,11 @@ mod tests {
             lease: grant(LEASE_KEY).map(lease_grant),
             budget: grant(BUDGET_KEY).map(budget_grant),
             rpc_id: obj.get("id").filter(|v| !v.is_null()).cloned(),
+            return_immediately: p
+                .and_then(|p| p.get("configuration"))
+                .and_then(Value::as_object)
+                .and_then(|c| c.get("returnImmediately"))
+                == Some(&Value::Bool(true)),
             // Compared apart: `serde_json::Value` keeps no trace of them.
             duplicate: None,
         })
@@ -670,7 +699,13 @@ mod tests {
                         r#""id""#,
                         r#""configuration""#,
                     ],
-                    2 => &[r#""metadata""#, r#""taskId""#, r#""parts""#, r#""role""#],
+                    2 => &[
+                        r#""metadata""#,
+                        r#""taskId""#,
+                        r#""parts""#,
+                        r#""role""#,
+                        r#""returnImmediately""#,
+                    ],
                     3 => &[
                         r#""a2a-rust.com/lease""#,
                         r#""a2a-rust.com/budget""#,
@@ -738,7 +773,10 @@ mod tests {
                     out.push_str(self.ws());
                     // The members policy descends into are mostly objects,
                     // so that nested duplicates and replacements are common.
-                    let nests = matches!(key, r#""params""# | r#""message""# | r#""metadata""#);
+                    let nests = matches!(
+                        key,
+                        r#""params""# | r#""message""# | r#""metadata""# | r#""configuration""#
+                    );
                     if nests && !self.next().is_multiple_of(4) {
                         self.object(depth + 1, out);
                     } else {
@@ -772,6 +810,33 @@ mod tests {
         assert!(read > 1_000, "only {read} documents were requests");
     }
 
+    /// `configuration.returnImmediately`: only `true` makes a send
+    /// non-blocking, on either binding; the last member wins.
+    #[test]
+    fn non_blocking_sends() {
+        #[rustfmt::skip]
+        let table: &[(&str, bool)] = &[
+            (r#"{"message":{},"configuration":{"returnImmediately":true}}"#, true),
+            (r#"{"configuration":{"historyLength":2, "returnImmediately" : true },"message":{}}"#, true),
+            (r#"{"message":{},"configuration":{"returnImmediately":false}}"#, false),
+            (r#"{"message":{},"configuration":{"returnImmediately":"true"}}"#, false),
+            (r#"{"message":{},"configuration":{"returnImmediately":1}}"#, false),
+            (r#"{"message":{},"configuration":{"blocking":false}}"#, false),
+            (r#"{"message":{},"configuration":true}"#, false),
+            (r#"{"message":{"returnImmediately":true}}"#, false),
+            (r#"{"message":{}}"#, false),
+            (r#"{"configuration":{"returnImmediately":true},"configuration":{}}"#, false),
+        ];
+        for (params, want) in table {
+            let rest = rest_facts(params.as_bytes()).expect("a body");
+            assert_eq!(rest.return_immediately, *want, "REST {params}");
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{params}}}"#);
+            let rpc = jsonrpc_facts(body.as_bytes()).expect("a request");
+            assert_eq!(rpc.return_immediately, *want, "JSON-RPC {params}");
+        }
+    }
+
     #[test]
     fn duplicate_policy_members_are_named() {
         #[rustfmt::skip]
@@ -786,6 +851,8 @@ mod tests {
             (r#"{"method":"SendMessage","params":{"message":{"metadata":{},"metadata":{}}}}"#, Some("metadata")),
             (r#"{"method":"SendMessage","params":{"message":{"taskId":"a","taskId":"a"}}}"#, Some("taskId")),
             (r#"{"method":"SendMessage","params":{"message":{"metadata":{"a2a-rust.com/lease":null,"a2a-rust.com/lease":{"ttlMs":2000}}}}}"#, Some("a2a-rust.com/lease")),
+            (r#"{"method":"SendMessage","params":{"configuration":{},"configuration":{"returnImmediately":true}}}"#, Some("configuration")),
+            (r#"{"method":"SendMessage","params":{"configuration":{"returnImmediately":false,"returnImmediately":true}}}"#, Some("returnImmediately")),
             // An escaped key is the same key.
             (r#"{"method":"SendMessage","m\u0065thod":"GetTask"}"#, Some("method")),
             // Members policy does not read may repeat.

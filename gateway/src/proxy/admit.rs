@@ -3,17 +3,19 @@
 //! the gateway enforces grants); the store's health for a send whose lease
 //! the gateway must hold (`on_store_error`); the budget (admitted,
 //! reserved, its grant written into the message). The first refusal wins.
-//! Lease renewals (`GetTask` with the lease extension active) are applied
-//! here too.
+//! Lease renewals (`GetTask` with the lease extension active; on a route
+//! with `poll_lease`, every `GetTask` and `SubscribeToTask`) are applied
+//! here too, and the poll lease a non-blocking send's task will get is
+//! decided.
 
 use bytes::Bytes;
-use policies::track::StoreOutage;
+use policies::track::{RenewBy, StoreOutage};
 
 use super::ctx::{Budget, Ctx, RequestBody};
 use super::inspect::Grants;
 use super::refusal::Refusal;
 use super::Gateway;
-use crate::a2a::{A2aMethod, Binding};
+use crate::a2a::Binding;
 use crate::metrics::{self, Untracked};
 use crate::store::{Renewal, TaskKey};
 
@@ -41,9 +43,16 @@ impl Gateway {
                 Err(refusal) => return ctx.refuse(Refusal::Lease(refusal)),
             }
         }
+        ctx.lease.poll_ms = policies::track::poll_lease(
+            ctx.req.shape(),
+            ctx.req.return_immediately,
+            ctx.lease.grant.is_some(),
+            &super::observe::lease_rules(&route),
+        );
         let outage = policies::track::store_outage(
             ctx.req.shape(),
             ctx.lease.grant.is_some(),
+            ctx.lease.poll_ms.is_some(),
             route.cfg.lease.impose_ttl.is_some(),
             self.health.is_healthy(),
             self.on_store_error == config::OnStoreError::FailClosed,
@@ -101,18 +110,31 @@ impl Gateway {
     }
 
     /// A `GetTask` whose request activates the lease extension renews the
-    /// task's lease (as the SDK's lease store does); a plain one renews nothing.
+    /// task's lease (as the SDK's lease store does); a plain one renews
+    /// nothing, except on a route with `poll_lease`, where every `GetTask`
+    /// and `SubscribeToTask` renews (`policies::track::renews`). Before the
+    /// worker is asked: a poll that comes in time is never too late for
+    /// its lease because the worker was slow to answer it.
     pub(super) async fn renew_if_asked(&self, ctx: &Ctx) {
-        if !ctx.lease.extension || ctx.req.method != Some(A2aMethod::GetTask) {
+        let Some(route) = &ctx.route else { return };
+        let Some(by) = policies::track::renews(ctx.req.shape(), ctx.lease.extension, route.polls())
+        else {
             return;
-        }
+        };
         if let Some(id) = &ctx.req.task_id {
-            self.renew(ctx, ctx.req.tenant.as_deref(), id).await;
+            self.renew_by(ctx, ctx.req.tenant.as_deref(), id, by).await;
         }
     }
 
-    /// Renews the lease on (route, tenant, task), counting the outcome.
+    /// Renews the lease on (route, tenant, task) for a `GetTask` with the
+    /// lease extension, counting the outcome.
     pub(super) async fn renew(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str) {
+        self.renew_by(ctx, tenant, task_id, RenewBy::GetTask).await;
+    }
+
+    /// Renews the lease on (route, tenant, task), counting the outcome
+    /// under `by`'s source label.
+    async fn renew_by(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str, by: RenewBy) {
         let Some(route) = &ctx.route else { return };
         let key = TaskKey::new(&route.name, tenant, task_id);
         let outcome = match self.store.lease_renew(&key, self.store.clock_ms()).await {
@@ -128,7 +150,7 @@ impl Gateway {
             }
         };
         metrics::LEASE_RENEWALS
-            .with_label_values(&[&route.name, "get_task", outcome])
+            .with_label_values(&[&route.name, by.as_str(), outcome])
             .inc();
     }
 }

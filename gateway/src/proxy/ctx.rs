@@ -87,6 +87,8 @@ pub struct Request {
     /// The gateway answered the caller's `Expect: 100-continue` itself
     /// (it reads the body before the worker is asked).
     pub continued: bool,
+    /// A send's `configuration.returnImmediately` is `true` (non-blocking).
+    pub return_immediately: bool,
 }
 
 impl Request {
@@ -169,6 +171,9 @@ pub struct Lease {
     pub grant: Option<u64>,
     /// A gateway-held lease this connection keeps renewing.
     pub held: Option<Box<TaskKey>>,
+    /// The poll lease (TTL in ms) the task of this non-blocking send gets
+    /// if its answer names it unsettled (the route's `poll_lease`).
+    pub poll_ms: Option<u64>,
 }
 
 /// A child's budget and what its answer needs.
@@ -213,7 +218,7 @@ impl Ctx {
     /// `policies::track::reads_answer`).
     pub fn tracked_shape(&self) -> Option<Shape> {
         let shape = self.req.shape()?;
-        policies::track::reads_answer(shape, self.lease.grant.is_some(), self.budget.is_some())
-            .then_some(shape)
+        let leased = self.lease.grant.is_some() || self.lease.poll_ms.is_some();
+        policies::track::reads_answer(shape, leased, self.budget.is_some()).then_some(shape)
     }
 }

@@ -90,6 +90,7 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
         ctx.req.task_id = facts.task_id;
     }
     let is_send = ctx.req.is_send();
+    ctx.req.return_immediately = facts.return_immediately && is_send;
     Ok(Some(Grants {
         lease: facts.lease.filter(|_| is_send),
         budget: facts.budget.filter(|_| is_send),
@@ -117,6 +118,7 @@ fn inspect_batch(
         budgeted: route.cfg.budget.is_active(),
         enforces_grants: route.gateway_enforces_leases(),
         imposes: route.cfg.lease.impose_ttl.is_some(),
+        polls: route.cfg.lease.poll_ttl.is_some(),
     };
     let read: Vec<BatchCall> = calls
         .iter()
@@ -124,6 +126,7 @@ fn inspect_batch(
         .map(|f| BatchCall {
             shape: f.method.and_then(shape_of),
             lease_grant: f.lease.is_some(),
+            return_immediately: f.return_immediately,
         })
         .collect();
     if !policies::track::batch_must_be_read(&read, &checks) {

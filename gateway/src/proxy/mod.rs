@@ -150,8 +150,13 @@ impl ProxyHttp for Gateway {
         if ctx.refusal.is_some() {
             return self.answer_refusal(session, ctx).await;
         }
-        // REST GetTask: everything is in the head.
-        if matches!(ctx.call, Call::Rest { .. }) && ctx.req.method == Some(A2aMethod::GetTask) {
+        // REST GetTask and SubscribeToTask: everything is in the head.
+        if matches!(ctx.call, Call::Rest { .. })
+            && matches!(
+                ctx.req.method,
+                Some(A2aMethod::GetTask | A2aMethod::SubscribeToTask)
+            )
+        {
             self.renew_if_asked(ctx).await;
         }
         Ok(false)

@@ -4,7 +4,8 @@
 //! events, one JSON document, a budgeted child's answer held whole, an
 //! agent card to rewrite, or WebSocket frames. Every reader turns what it
 //! reads into the same [`Observation`]; what follows from one (record the
-//! task, count a watcher, start or hold a lease, tell the budget) is decided
+//! task, count a watcher, start or hold a lease, a poll lease for a
+//! non-blocking send's task included, tell the budget) is decided
 //! by `policies::track` and applied by [`Gateway::first_sight`] and
 //! [`Gateway::settled`], for HTTP and WebSocket alike. Synchronous: store
 //! updates go to the tracker's queue, nothing here awaits.
@@ -33,6 +34,7 @@ pub fn lease_rules(route: &Route) -> LeaseRules {
     LeaseRules {
         enforces_grants: route.gateway_enforces_leases(),
         impose_ttl_ms: route.cfg.lease.impose_ttl.map(|t| t.as_millis() as u64),
+        poll_ttl_ms: route.cfg.lease.poll_ttl.map(|t| t.as_millis() as u64),
         cascade: route.cfg.cascade.mode,
     }
 }
@@ -63,21 +65,22 @@ impl Gateway {
                 },
             );
         }
-        match sight.lease {
-            Some(LeaseStart::Granted { ttl_ms }) => {
-                metrics::LEASES_STARTED
-                    .with_label_values(&[&route.name, "granted"])
-                    .inc();
-                tracker.lease_start(key.clone(), ttl_ms, None);
-            }
-            Some(LeaseStart::Imposed { ttl_ms }) => {
-                metrics::LEASES_STARTED
-                    .with_label_values(&[&route.name, "imposed"])
-                    .inc();
-                let replica = self.leases.replica_id().to_string();
-                tracker.lease_start(key.clone(), ttl_ms, Some(replica));
-            }
-            None => {}
+        if let Some(start) = sight.lease {
+            metrics::LEASES_STARTED
+                .with_label_values(&[&route.name, start.kind()])
+                .inc();
+            let (ttl_ms, holder) = match start {
+                LeaseStart::Granted { ttl_ms } => (ttl_ms, None),
+                LeaseStart::Imposed { ttl_ms } => {
+                    (ttl_ms, Some(self.leases.replica_id().to_string()))
+                }
+                // Renewed by the caller's polls on any replica; marked so
+                // that its lapse is probed before the cancel.
+                LeaseStart::Poll { ttl_ms } => {
+                    (ttl_ms, Some(policies::lease::POLL_HOLDER.to_string()))
+                }
+            };
+            tracker.lease_start(key.clone(), ttl_ms, holder);
         }
         if let Some(ttl) = sight.hold_ms {
             self.leases.hold(key.clone(), ttl);
@@ -284,10 +287,11 @@ impl Gateway {
                 t.task_id = Some(id.clone());
                 t.seen.id_known = true;
                 let shape = t.shape.unwrap_or(Shape::Send);
-                let sight = policies::track::first_sight(
+                let sight = policies::track::first_sight_polled(
                     shape,
                     t.seen.state,
                     ctx.lease.grant,
+                    ctx.lease.poll_ms,
                     &lease_rules(&route),
                 );
                 let settled = t.seen.is_settled();

@@ -42,12 +42,20 @@ impl Route {
     }
 
     /// Whether the gateway enforces anything for this route's sends (lease
-    /// grants, an imposed lease, a budget): then it must read every call it
-    /// passes completely and unambiguously, and refuses what it cannot.
+    /// grants, an imposed lease, a poll lease, a budget): then it must read
+    /// every call it passes completely and unambiguously, and refuses what
+    /// it cannot.
     pub fn checks_sends(&self) -> bool {
         self.cfg.budget.is_active()
             || self.cfg.lease.impose_ttl.is_some()
+            || self.polls()
             || self.gateway_enforces_leases()
+    }
+
+    /// The route has `poll_lease`: non-blocking sends' tasks are cancelled
+    /// when their callers stop polling.
+    pub fn polls(&self) -> bool {
+        self.cfg.lease.poll_ttl.is_some()
     }
 
     /// Whether the gateway enforces lease grants for this route's worker.
