@@ -1,2 +1,275 @@
 //! Blocking sends carried as streams: a blocking `SendMessage` whose caller
-//! leaves has its child cancelled (issue: "No orphan in any call shape").
+//! leaves has its child cancelled; one whose caller stays gets what the
+//! worker would have answered (issue: "No orphan in any call shape").
+//!
+//! Against both real workers (a2a-rust 0.15, Python a2a-sdk 1.3.0), both
+//! bindings, with and without a tenant; outcomes read from the worker.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::harness::gateway::Gateway;
+use crate::harness::http::{post_json, split_url, Response};
+use crate::harness::worker::{message, Bind, Kind, Worker};
+use crate::harness::{scaled_count, scaled_ms, scaled_secs, scenarios};
+
+const CANCELED: &str = "TASK_STATE_CANCELED";
+const WORKING: &str = "TASK_STATE_WORKING";
+
+/// The path and body of a blocking send of `text`.
+fn blocking_send(bind: Bind, tenant: Option<&str>, text: &str, conf: Value) -> (String, Value) {
+    let msg = message(text);
+    match bind {
+        Bind::JsonRpc => {
+            let mut params = json!({ "message": msg, "configuration": conf });
+            if let Some(t) = tenant {
+                params["tenant"] = json!(t);
+            }
+            (
+                "/".into(),
+                json!({"jsonrpc": "2.0", "id": 11, "method": "SendMessage", "params": params}),
+            )
+        }
+        Bind::Rest => {
+            let path = match tenant {
+                Some(t) => format!("/{t}/message:send"),
+                None => "/message:send".into(),
+            };
+            (path, json!({ "message": msg, "configuration": conf }))
+        }
+    }
+}
+
+/// Every task id the worker holds in `tenant` (JSON-RPC `ListTasks`, to the
+/// worker itself).
+async fn worker_tasks(worker: &Worker, tenant: Option<&str>) -> Vec<String> {
+    let mut params = json!({});
+    if let Some(t) = tenant {
+        params["tenant"] = json!(t);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": "list", "method": "ListTasks", "params": params});
+    let v = post_json(&worker.url(), "/", &[], &body).await.json();
+    v["result"]["tasks"]
+        .as_array()
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| t["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits for the worker to hold exactly one task in `tenant`; its id.
+async fn the_one_task(worker: &Worker, tenant: Option<&str>) -> String {
+    for _ in 0..scaled_count(200) {
+        let ids = worker_tasks(worker, tenant).await;
+        assert!(ids.len() <= 1, "more than one task: {ids:?}");
+        if let Some(id) = ids.into_iter().next() {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the worker started no task");
+}
+
+/// A blocking send whose caller leaves (FIN, or RST) after 1 s: the child
+/// is CANCELED within 1 s of it, by exactly one CancelTask.
+async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (path, body) = blocking_send(bind, tenant, "work:30000", json!({}));
+    let (authority, _) = split_url(&gw.url);
+    let mut sock = TcpStream::connect(&authority).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    sock.write_all(body.as_bytes()).await.unwrap();
+    let id = the_one_task(&worker, tenant).await;
+    worker
+        .wait_state(tenant, &id, WORKING, scaled_secs(5))
+        .await
+        .expect("the task runs");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if reset {
+        #[allow(deprecated)]
+        let _ = sock.set_linger(Some(Duration::ZERO));
+    } else {
+        let _ = sock.shutdown().await;
+    }
+    drop(sock);
+    let left = Instant::now();
+    worker
+        .wait_state(tenant, &id, CANCELED, scaled_secs(1))
+        .await
+        .unwrap_or_else(|last| {
+            panic!(
+                "not canceled within {:?} (state {last:?}); gateway log:\n{}",
+                scaled_secs(1),
+                gw.log_text()
+            )
+        });
+    eprintln!(
+        "{kind:?}/{bind:?}/{tenant:?}/reset={reset}: canceled {:?} after the caller left",
+        left.elapsed()
+    );
+    assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
+    assert_eq!(
+        gw.counter("a2agw_blocking_sends_total", &["outcome=\"carried\""])
+            .await,
+        1.0
+    );
+}
+
+/// What is left of an answer once the values that differ between two runs
+/// of the same send (ids, times) are blanked.
+fn normalized(mut v: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    if matches!(
+                        k.as_str(),
+                        "id" | "taskId" | "contextId" | "messageId" | "timestamp" | "artifactId"
+                    ) && x.is_string()
+                    {
+                        *x = json!("…");
+                    } else {
+                        walk(x);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
+
+/// The same blocking send straight to the worker and through the gateway:
+/// the same status, content type and answer (ids and times aside), no
+/// CancelTask, and the gateway did carry it as a stream.
+async fn caller_stays(kind: Kind, bind: Bind, tenant: Option<&str>, text: &str, conf: Value) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (path, direct_body) = blocking_send(bind, tenant, text, conf.clone());
+    let direct = post_json(&worker.url(), &path, &[], &direct_body).await;
+    let (path, body) = blocking_send(bind, tenant, text, conf);
+    let through = post_json(&gw.url, &path, &[], &body).await;
+    compare(&direct, &through);
+    assert_eq!(
+        gw.counter("a2agw_blocking_sends_total", &["outcome=\"carried\""])
+            .await,
+        1.0,
+        "not carried; gateway log:\n{}",
+        gw.log_text()
+    );
+    // Whatever state the send ended in, nobody cancels it.
+    tokio::time::sleep(scaled_ms(700)).await;
+    assert_eq!(worker.cancels().await, 0, "a CancelTask reached the worker");
+    let task = &through.json();
+    let task = task.get("result").unwrap_or(task)["task"].clone();
+    if let Some(id) = task["id"].as_str() {
+        assert_eq!(
+            worker.state(tenant, id).await.as_deref(),
+            task["status"]["state"].as_str(),
+            "the worker's task moved on"
+        );
+    }
+}
+
+fn compare(direct: &Response, through: &Response) {
+    assert_eq!(through.status, direct.status, "{}", through.text());
+    let ct = |r: &Response| {
+        r.header("content-type")
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    };
+    assert_eq!(ct(through), ct(direct));
+    assert_eq!(
+        normalized(through.json()),
+        normalized(direct.json()),
+        "direct: {}\nthrough: {}",
+        direct.text(),
+        through.text()
+    );
+}
+
+/// A blocking send the worker refuses (a v1.0 send without a message): the
+/// same error, status and envelope as straight from the worker.
+async fn refused(kind: Kind, bind: Bind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (path, body) = match bind {
+        Bind::JsonRpc => (
+            "/",
+            json!({"jsonrpc": "2.0", "id": 5, "method": "SendMessage", "params": {"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}}),
+        ),
+        Bind::Rest => (
+            "/message:send",
+            json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}),
+        ),
+    };
+    let direct = post_json(&worker.url(), path, &[], &body).await;
+    let through = post_json(&gw.url, path, &[], &body).await;
+    compare(&direct, &through);
+    assert!(
+        direct.status >= 400 || direct.json().get("error").is_some(),
+        "the worker accepted the send: {}",
+        direct.text()
+    );
+}
+
+/// `blocking_sends = "pass"`: the send passes as it came (not carried).
+async fn passed_when_configured(kind: Kind) {
+    let worker = Worker::start(kind).await;
+    let gw = Gateway::in_front_of(&worker.url(), "blocking_sends = \"pass\"").await;
+    let (path, body) = blocking_send(Bind::JsonRpc, None, "work:10", json!({}));
+    let r = post_json(&gw.url, &path, &[], &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.json()["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert_eq!(
+        gw.counter("a2agw_blocking_sends_total", &["outcome=\"configured\""])
+            .await,
+        1.0
+    );
+}
+
+scenarios! {
+    rust_jsonrpc_fin => caller_leaves(Kind::Rust, Bind::JsonRpc, None, false);
+    rust_rest_rst => caller_leaves(Kind::Rust, Bind::Rest, None, true);
+    rust_rest_tenant_fin => caller_leaves(Kind::Rust, Bind::Rest, Some("acme"), false);
+    rust_jsonrpc_tenant_rst => caller_leaves(Kind::Rust, Bind::JsonRpc, Some("acme"), true);
+    python_jsonrpc_fin => caller_leaves(Kind::Python, Bind::JsonRpc, None, false);
+    python_jsonrpc_rst => caller_leaves(Kind::Python, Bind::JsonRpc, None, true);
+    python_rest_fin => caller_leaves(Kind::Python, Bind::Rest, None, false);
+    python_rest_rst => caller_leaves(Kind::Python, Bind::Rest, None, true);
+    python_rest_tenant_rst => caller_leaves(Kind::Python, Bind::Rest, Some("acme"), true);
+    python_jsonrpc_tenant_fin => caller_leaves(Kind::Python, Bind::JsonRpc, Some("acme"), false);
+
+    rust_jsonrpc_stays => caller_stays(Kind::Rust, Bind::JsonRpc, None, "work:200", json!({}));
+    rust_rest_stays_history => caller_stays(Kind::Rust, Bind::Rest, None, "work:200", json!({"historyLength": 1}));
+    rust_rest_tenant_stays => caller_stays(Kind::Rust, Bind::Rest, Some("acme"), "work:200", json!({}));
+    python_jsonrpc_stays => caller_stays(Kind::Python, Bind::JsonRpc, None, "work:200", json!({}));
+    python_jsonrpc_stays_history => caller_stays(Kind::Python, Bind::JsonRpc, None, "work:200", json!({"historyLength": 1}));
+    python_rest_tenant_stays => caller_stays(Kind::Python, Bind::Rest, Some("acme"), "work:200", json!({}));
+    rust_jsonrpc_input_required => caller_stays(Kind::Rust, Bind::JsonRpc, None, "ask", json!({}));
+    python_rest_input_required => caller_stays(Kind::Python, Bind::Rest, None, "ask", json!({}));
+
+    rust_jsonrpc_refused => refused(Kind::Rust, Bind::JsonRpc);
+    python_rest_refused => refused(Kind::Python, Bind::Rest);
+    rust_passed_when_configured => passed_when_configured(Kind::Rust);
+}

@@ -95,14 +95,15 @@ async fn unknown_traffic_passes_verbatim() {
     let via = request("GET", &gw.url, "/no/such/path", &[], b"").await;
     assert_eq!(via.status, direct.status);
     assert_eq!(via.body, direct.body);
-    // A unary SendMessage goes through; with no lease or budget on it no
-    // policy needs its answer, which passes unread.
-    let send = json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"message": crate::harness::worker::message("quick")}});
-    let resp = post_json(&gw.url, "/", &[], &send).await;
-    assert_eq!(
-        resp.json()["result"]["task"]["status"]["state"],
-        "TASK_STATE_COMPLETED"
-    );
+    // A GetTask goes through; no policy needs its answer, which passes
+    // unread. (A blocking SendMessage is carried as a stream and tracked:
+    // tests/blocking_send.rs.)
+    let get =
+        json!({"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": {"id": "no-such-task"}});
+    let direct = post_json(&worker.url(), "/", &[], &get).await;
+    let via = post_json(&gw.url, "/", &[], &get).await;
+    assert_eq!(via.status, direct.status);
+    assert_eq!(via.body, direct.body);
     assert!(gw.counter("a2agw_untracked_total", &["not_jsonrpc"]).await >= 1.0);
     assert_eq!(gw.counter("a2agw_tasks_tracked_total", &[]).await, 0.0);
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use policies::budget::{is_meter_name, Caps, OverCap, MAX_METERS, MAX_METER_NAME_LEN};
+use policies::carry::BlockingSends;
 use policies::cascade::{CascadeMode, CascadePolicy};
 use toml_edit::Item;
 
@@ -316,6 +317,15 @@ fn cascade(r: &mut Reader<'_>, d: CascadePolicy) -> CascadePolicy {
         mode: r.or("cascade", d.mode, cascade_mode),
         disconnect_grace: r.or("disconnect_grace", d.disconnect_grace, duration),
         id_wait: r.or("id_wait", d.id_wait, duration),
+        blocking_sends: r.or(
+            "blocking_sends",
+            d.blocking_sends,
+            one_of(&[
+                ("auto", BlockingSends::Auto),
+                ("stream", BlockingSends::Stream),
+                ("pass", BlockingSends::Pass),
+            ]),
+        ),
     }
 }
 

@@ -76,6 +76,7 @@ fn examples_parse() {
                 mode: CascadeMode::Detach,
                 disconnect_grace: 2 * S,
                 id_wait: 5 * S,
+                ..CascadePolicy::default()
             },
             worker_credential: Some("Bearer abc".into()),
             worker_ca: None,
@@ -458,6 +459,7 @@ fn valid_files() {
                     mode: CascadeMode::Detach,
                     disconnect_grace: 3 * S,
                     id_wait: 5 * S,
+                    ..CascadePolicy::default()
                 }
         }),
         // a route's own keys override [defaults], key by key
@@ -469,6 +471,7 @@ fn valid_files() {
                         mode: CascadeMode::Cancel,
                         disconnect_grace: 60 * S,
                         id_wait: S,
+                        ..CascadePolicy::default()
                     }
             },
         ),
@@ -555,7 +558,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -721,7 +724,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
         ]
     );
 }

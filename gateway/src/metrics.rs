@@ -262,6 +262,18 @@ pub static PROXY_TIME: LazyLock<HistogramVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+/// Blocking `SendMessage` calls by what became of them: `carried` to the
+/// worker as a stream, or why they passed as they came (see
+/// `policies::carry::Passed`).
+pub static BLOCKING_SENDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "a2agw_blocking_sends_total",
+        "Blocking SendMessage calls: carried to the worker as a stream, or passed as they came (by reason).",
+        &["route", "outcome"]
+    )
+    .expect("metric registers once")
+});
+
 /// Streams being watched right now on this replica.
 pub static OPEN_STREAMS: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(

@@ -96,6 +96,9 @@ pub struct CascadePolicy {
     /// After the caller goes before any event named the task, how long the
     /// gateway keeps reading the worker's stream to learn the id.
     pub id_wait: Duration,
+    /// Whether a blocking `SendMessage` is carried to the worker as a stream,
+    /// so that its caller leaving can be acted on (`crate::carry`).
+    pub blocking_sends: crate::carry::BlockingSends,
 }
 
 impl Default for CascadePolicy {
@@ -104,6 +107,7 @@ impl Default for CascadePolicy {
             mode: CascadeMode::Cancel,
             disconnect_grace: Duration::ZERO,
             id_wait: DEFAULT_ID_WAIT,
+            blocking_sends: crate::carry::BlockingSends::Auto,
         }
     }
 }
@@ -237,6 +241,7 @@ mod tests {
             mode,
             disconnect_grace: grace,
             id_wait: 5 * S,
+            ..CascadePolicy::default()
         }
     }
 

@@ -7,6 +7,7 @@
 //! services) stay thin.
 
 pub mod budget;
+pub mod carry;
 pub mod cascade;
 pub mod failure;
 pub mod lease;

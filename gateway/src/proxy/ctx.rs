@@ -151,6 +151,9 @@ pub struct Tracking {
     pub worker_refused: bool,
     /// The task's context, kept for a budget's failure event.
     pub context_id: Option<String>,
+    /// A blocking send carried to the worker as a stream (`carry`): its
+    /// end is judged as a stream's.
+    pub carried: bool,
 }
 
 impl Tracking {

@@ -72,10 +72,11 @@ impl Gateway {
         imposed_lease: bool,
     ) -> Option<StreamEnd> {
         let route = ctx.route.clone()?;
-        let streaming_call = ctx
-            .req
-            .method
-            .is_some_and(crate::a2a::A2aMethod::is_streaming)
+        let streaming_call = (ctx.track.carried
+            || ctx
+                .req
+                .method
+                .is_some_and(crate::a2a::A2aMethod::is_streaming))
             && ctx.req.binding.is_some();
         let caller_left = e.is_some_and(|e| *e.esource() == ErrorSource::Downstream);
         if !streaming_call || (!ctx.track.streaming() && !caller_left) {

@@ -180,8 +180,13 @@ impl Gateway {
     /// now, before the worker is contacted, so a refused request never
     /// reaches it (pingora replays them upstream from its retry buffer);
     /// larger ones copied as they pass, or held whole where a budget may
-    /// re-write them.
-    pub(super) async fn read_body(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
+    /// re-write them. Returns a body read before the worker was asked, as
+    /// the worker is to get it (re-written if admission changed it).
+    pub(super) async fn read_body(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Bytes>> {
         let content_length = session
             .req_header()
             .headers
@@ -191,7 +196,7 @@ impl Gateway {
         let small =
             content_length.is_some_and(|n| n <= PRE_READ_LIMIT.min(self.limits.max_inspect_body));
         if small {
-            return self.pre_read(session, ctx).await;
+            return self.pre_read(session, ctx).await.map(Some);
         }
         let buf = Vec::with_capacity(
             content_length
@@ -203,11 +208,11 @@ impl Gateway {
         } else {
             RequestBody::Copy(buf)
         };
-        Ok(())
+        Ok(None)
     }
 
     /// Reads a small body before the worker is asked, and inspects it.
-    async fn pre_read(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
+    async fn pre_read(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Bytes> {
         // A caller that asked `Expect: 100-continue` waits for the go ahead
         // before it sends the body the gateway is about to read: give it
         // here (the worker, which would have, is not asked yet), and drop
@@ -231,9 +236,12 @@ impl Gateway {
                 }
             }
         }
-        let body: &[u8] = first.as_deref().unwrap_or(&joined);
-        self.inspect_and_admit(session, ctx, body, true).await;
-        Ok(())
+        let body = first.unwrap_or_else(|| Bytes::from(joined));
+        self.inspect_and_admit(session, ctx, &body, true).await;
+        Ok(match &ctx.body {
+            RequestBody::Replace(new) => new.clone(),
+            _ => body,
+        })
     }
 
     /// A body passing to the worker (`request_body_filter`): copied or held

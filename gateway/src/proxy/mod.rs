@@ -20,6 +20,7 @@
 mod admit;
 mod budget_answer;
 mod card;
+mod carry;
 mod classify;
 mod ctx;
 mod end;
@@ -66,6 +67,8 @@ pub struct Gateway {
     health: Arc<StoreHealth>,
     on_store_error: config::OnStoreError,
     budgets: Arc<Budgets>,
+    /// Blocking sends carried as streams: the gateway's own connections.
+    carrier: carry::Carrier,
 }
 
 /// Bodies up to this size are read before the worker is contacted, so that a
@@ -94,6 +97,7 @@ impl Gateway {
             health,
             on_store_error: cfg.store.on_store_error,
             budgets,
+            carrier: carry::Carrier::new(),
         }
     }
 
@@ -142,13 +146,18 @@ impl ProxyHttp for Gateway {
     /// asked.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         ctx.times.head();
+        let mut pre_read = None;
         match self.classify(session, ctx) {
             Err(r) => ctx.refuse(r),
             Ok(classify::Next::Forward) => {}
-            Ok(classify::Next::ReadBody) => self.read_body(session, ctx).await?,
+            Ok(classify::Next::ReadBody) => pre_read = self.read_body(session, ctx).await?,
         }
         if ctx.refusal.is_some() {
             return self.answer_refusal(session, ctx).await;
+        }
+        // A blocking send the gateway carries as a stream: answered here.
+        if let Some(plan) = self.carry_plan(ctx, pre_read.as_deref()).await {
+            return self.carry(session, ctx, plan).await;
         }
         // REST GetTask and SubscribeToTask: everything is in the head.
         if matches!(ctx.call, Call::Rest { .. })
