@@ -841,24 +841,25 @@ async fn deadline_outlives_a_non_blocking_send() {
     assert_eq!(worker.cancels().await, 1);
 }
 
-/// A blocking `SendMessage` names its task only in its answer, so a child
-/// that settles first is not cancelled and its answer is left as is (the
-/// `docs/behaviour.md` says why budgets are best enforced on streams).
+/// A blocking `SendMessage` is carried as a stream, so its deadline holds
+/// as a stream's does: the child is stopped when it passes, and the caller,
+/// who stayed, gets the budget-exhausted failure in place of the worker's
+/// CANCELED task.
 #[tokio::test]
-async fn blocking_send_answer_is_never_rewritten_when_nothing_was_cancelled() {
+async fn blocking_send_past_its_deadline_is_stopped() {
     let worker = Worker::start(Kind::Python).await;
     let gw = Gateway::in_front_of(&worker.url(), "[routes.budget]\nmax_deadline = \"300ms\"").await;
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
-        "params": {"message": budgeted("work:600", None), "configuration": {"returnImmediately": false}}});
+        "params": {"message": budgeted("work:3000", None), "configuration": {"returnImmediately": false}}});
     let v = post_json(&gw.url, "/", &[], &body).await.json();
     let task = &v["result"]["task"];
-    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{v}");
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{v}");
     let id = task["id"].as_str().unwrap();
     assert_eq!(
         worker.state(None, id).await.as_deref(),
-        Some("TASK_STATE_COMPLETED")
+        Some("TASK_STATE_CANCELED")
     );
-    assert_eq!(worker.cancels().await, 0);
+    assert_eq!(worker.cancels().await, 1);
 }
 
 /// Caps per caller, the caller named by a header: an API key as it is, a

@@ -91,11 +91,14 @@ impl Tap {
 }
 
 /// A gateway on its default route (leases checked: strict reading) in
-/// front of a tap in front of the worker.
+/// front of a tap in front of the worker. Blocking sends pass as they come
+/// (`blocking_sends = "pass"`), so the tap sees the caller's own requests,
+/// one for one, and not the gateway's own card read, stream and `GetTask`
+/// of a carried send (tests/blocking_send.rs).
 async fn setup(kind: Kind) -> (Worker, Tap, Gateway) {
     let worker = Worker::start(kind).await;
     let tap = Tap::start(&worker.url()).await;
-    let gw = Gateway::in_front_of(&tap.url(), "").await;
+    let gw = Gateway::in_front_of(&tap.url(), "blocking_sends = \"pass\"").await;
     (worker, tap, gw)
 }
 

@@ -43,8 +43,6 @@ pub struct BlockingSend {
     pub body_in_hand: bool,
     /// `configuration.returnImmediately` was set: not a blocking send.
     pub return_immediately: bool,
-    /// The route's budget holds this child's answer itself.
-    pub budgeted: bool,
     pub cascade: CascadeMode,
 }
 
@@ -57,10 +55,8 @@ pub enum Passed {
     Configured,
     /// The worker's card does not say it streams (or could not be read).
     WorkerDoesNotStream,
-    /// The body was over the pre-read limit.
-    BodyTooLarge,
-    /// A budgeted route reads the blocking answer itself.
-    Budgeted,
+    /// The body was over the pre-read limit, or not read unambiguously.
+    BodyNotRead,
 }
 
 impl Passed {
@@ -69,8 +65,7 @@ impl Passed {
             Passed::Detached => "detached",
             Passed::Configured => "configured",
             Passed::WorkerDoesNotStream => "worker_does_not_stream",
-            Passed::BodyTooLarge => "body_too_large",
-            Passed::Budgeted => "budgeted",
+            Passed::BodyNotRead => "body_not_read",
         }
     }
 }
@@ -89,10 +84,8 @@ pub fn carry(
         Err(Passed::Detached)
     } else if setting == BlockingSends::Pass {
         Err(Passed::Configured)
-    } else if send.budgeted {
-        Err(Passed::Budgeted)
     } else if !send.body_in_hand {
-        Err(Passed::BodyTooLarge)
+        Err(Passed::BodyNotRead)
     } else if setting == BlockingSends::Auto && worker != WorkerStreams::Yes {
         Err(Passed::WorkerDoesNotStream)
     } else {
@@ -117,7 +110,6 @@ mod tests {
         http_binding: true,
         body_in_hand: true,
         return_immediately: false,
-        budgeted: false,
         cascade: CascadeMode::Cancel,
     };
 
@@ -146,10 +138,6 @@ mod tests {
             body_in_hand: false,
             ..SEND
         };
-        let budgeted = BlockingSend {
-            budgeted: true,
-            ..SEND
-        };
         let cases: &[Case] = &[
             (Auto, SEND, Yes, Some(Ok(()))),
             (Auto, SEND, No, Some(Err(Passed::WorkerDoesNotStream))),
@@ -160,8 +148,7 @@ mod tests {
             (Auto, ws, Yes, None),
             (Stream, immediate, Yes, None),
             (Stream, detached, Yes, Some(Err(Passed::Detached))),
-            (Stream, large, Yes, Some(Err(Passed::BodyTooLarge))),
-            (Stream, budgeted, Yes, Some(Err(Passed::Budgeted))),
+            (Stream, large, Yes, Some(Err(Passed::BodyNotRead))),
         ];
         for (i, (setting, send, worker, want)) in cases.iter().enumerate() {
             assert_eq!(carry(*setting, send, *worker), *want, "case {i}");

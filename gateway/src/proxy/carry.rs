@@ -98,18 +98,14 @@ pub struct Plan {
     history_length: Option<u64>,
 }
 
-/// The parts of a send's body this stage reads (the body is at most the
-/// pre-read limit).
-fn send_config(v: &Value, binding: Binding) -> (bool, Option<u64>) {
+/// The send's `configuration.historyLength`, which the final `GetTask`
+/// repeats.
+fn history_length(v: &Value, binding: Binding) -> Option<u64> {
     let params = match binding {
         Binding::JsonRpc => &v["params"],
         _ => v,
     };
-    let conf = &params["configuration"];
-    (
-        conf["returnImmediately"].as_bool().unwrap_or(false),
-        conf["historyLength"].as_u64(),
-    )
+    params["configuration"]["historyLength"].as_u64()
 }
 
 impl Gateway {
@@ -134,14 +130,12 @@ impl Gateway {
         let parsed = body
             .filter(|b| unambiguous(b))
             .and_then(|b| serde_json::from_slice::<Value>(b).ok());
-        let (return_immediately, history_length) = parsed
-            .as_ref()
-            .map_or((false, None), |v| send_config(v, binding));
+        let history_length = parsed.as_ref().and_then(|v| history_length(v, binding));
         let send = BlockingSend {
             http_binding: matches!(binding, Binding::JsonRpc | Binding::Rest),
             body_in_hand: parsed.is_some(),
-            return_immediately,
-            budgeted: ctx.budget.is_some() || route.cfg.budget.is_active(),
+            // As the request reader read it (only a literal `true`).
+            return_immediately: ctx.req.return_immediately,
             cascade: route.cfg.cascade.mode,
         };
         let setting = route.cfg.cascade.blocking_sends;
@@ -465,7 +459,12 @@ impl Gateway {
         let status = got.status.as_u16();
         ctx.times.answer(&got);
         match final_answer(binding, ctx.req.rpc_id.as_ref(), status, &body) {
-            Some(answer) => {
+            Some(mut answer) => {
+                if ctx.budget.is_some() {
+                    // A child stopped for its budget is answered with the
+                    // budget-exhausted failure, as a held blocking answer is.
+                    answer = self.answer_held_json(ctx, answer);
+                }
                 write_answer(session, 200, Some(&got), Bytes::from(answer)).await?;
                 Ok(true)
             }
@@ -779,9 +778,9 @@ mod tests {
 
     #[test]
     fn send_configuration() {
-        let v: Value = serde_json::json!({"params": {"configuration": {"returnImmediately": true, "historyLength": 2}}});
-        assert_eq!(send_config(&v, Binding::JsonRpc), (true, Some(2)));
+        let v: Value = serde_json::json!({"params": {"configuration": {"historyLength": 2}}});
+        assert_eq!(history_length(&v, Binding::JsonRpc), Some(2));
         let v: Value = serde_json::json!({"message": {}});
-        assert_eq!(send_config(&v, Binding::Rest), (false, None));
+        assert_eq!(history_length(&v, Binding::Rest), None);
     }
 }
