@@ -10,6 +10,7 @@ mod gateway_basics;
 mod harness;
 mod http1;
 mod leases;
+mod leave_at_once;
 mod outbox;
 mod parent_selftest;
 mod poll_lease;

@@ -434,10 +434,16 @@ impl Budgets {
         }
     }
 
+    /// Sends a budget's cancel through the store's outbox, as the cascade's
+    /// are: written before the first attempt, so that another replica sends
+    /// it if this one dies first.
     fn send_cancel(&self, job: CancelJob) {
         let canceller = self.canceller.clone();
+        let store = self.store.clone();
         crate::drain::spawn_work(async move {
-            canceller.cancel(&job).await;
+            if let Some(token) = crate::cancel::owe(&*store, &job).await {
+                canceller.deliver(&*store, &job, token.as_deref()).await;
+            }
         });
     }
 

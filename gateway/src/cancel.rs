@@ -23,7 +23,7 @@ use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::{observe, Binding};
 use crate::metrics;
 use crate::resolve::{WorkerAddr, WorkerAddrs};
-use crate::store::{CancelTarget, TaskKey, TaskStore};
+use crate::store::{CancelTarget, Owing, TaskKey, TaskStore};
 
 /// One owed cancel.
 #[derive(Clone, Debug)]
@@ -86,6 +86,65 @@ pub fn cancel_headers(route: &config::Route, caller: &[(String, String)]) -> Vec
         out.push((k.clone(), v.clone()));
     }
     out
+}
+
+/// Writes the job's cancel to the store's outbox (one round trip), before
+/// its first attempt: `Some(Some(token))` to send it as its holder;
+/// `Some(None)` to send it without one (the store did not answer: the
+/// cancel is not held back for it, and a failure leaves the task's lease to
+/// the reaper); `None` when nothing is to be sent (another replica, or a
+/// lapse claim, carries it already; or the store knows the task settled).
+pub async fn owe(store: &dyn TaskStore, job: &CancelJob) -> Option<Option<String>> {
+    match store
+        .outbox_put(&job.key, &job.target, job.cause, store.clock_ms())
+        .await
+    {
+        Ok(Owing::Mine(token)) => Some(Some(token)),
+        Ok(Owing::Elsewhere) => {
+            tracing::info!(task = %job.key, cause = job.cause, "a cancel is owed already (another stream's, another replica's or a lapse's); not sent again");
+            None
+        }
+        Ok(Owing::Settled) => {
+            tracing::debug!(task = %job.key, "the store knows the task settled; nothing to cancel");
+            None
+        }
+        Err(e) => {
+            metrics::STORE_ERRORS
+                .with_label_values(&["outbox_put"])
+                .inc();
+            tracing::warn!(task = %job.key, error = %e, "could not write the owed cancel to the store; sending it without (lost if this replica dies before the worker answers)");
+            Some(None)
+        }
+    }
+}
+
+/// `statusTimestampAfter` for [`Call::List`]: [`LIST_LOOKBACK_MS`] ago,
+/// RFC 3339 in UTC.
+fn list_since() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let since = now.saturating_sub(LIST_LOOKBACK_MS);
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(since as i64)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The id of the task in a `ListTasks` answer whose history holds the
+/// message `message_id`.
+fn task_with_message(binding: Binding, body: &[u8], message_id: &str) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let list = match binding {
+        Binding::Rest => &v,
+        _ => &v["result"],
+    };
+    list["tasks"].as_array()?.iter().find_map(|t| {
+        let holds = t["history"]
+            .as_array()?
+            .iter()
+            .any(|m| m["messageId"].as_str() == Some(message_id));
+        holds.then(|| t["id"].as_str().map(str::to_owned)).flatten()
+    })
 }
 
 /// The label of a cause read back from the store's outbox: one of the
@@ -158,7 +217,14 @@ enum Call {
     Cancel,
     /// `GetTask`, to learn the state before a cancel ([`Canceller::task_state`]).
     Get,
+    /// `ListTasks` of the recently updated tasks, to find a child by its
+    /// message ([`Canceller::find_by_message`]).
+    List,
 }
+
+/// How far back `ListTasks` looks for a child by its message (by status
+/// time), allowing for the worker's clock being behind the gateway's.
+const LIST_LOOKBACK_MS: u64 = 5 * 60 * 1000;
 
 /// The longest answer to the gateway's own calls that is read whole (the
 /// task, a cancel's answer too, may carry large artifacts and history). A
@@ -380,6 +446,40 @@ impl Canceller {
         probed
     }
 
+    /// The task a send started, found by its message: one `ListTasks` (the
+    /// tasks whose status changed in the last minutes, within the cancel
+    /// timeout, in the cancel's binding, tenant and headers) and the task
+    /// whose history holds `message_id`. `Ok(None)`: not (yet) there.
+    pub async fn find_by_message(
+        &self,
+        worker: &config::WorkerUrl,
+        target: &CancelTarget,
+        route: &Arc<str>,
+        tenant: Option<&str>,
+        headers: &[(String, String)],
+        message_id: &str,
+    ) -> Result<Option<String>, String> {
+        let job = CancelJob {
+            key: TaskKey::new(route, tenant, ""),
+            worker: worker.clone(),
+            target: target.clone(),
+            headers: headers.to_vec(),
+            cause: "find",
+        };
+        match tokio::time::timeout(self.cfg.timeout, self.send(&job, Call::List)).await {
+            Ok(Ok((status, body))) if (200..300).contains(&status) => {
+                Ok(task_with_message(target.binding, &body, message_id))
+            }
+            Ok(Ok((status, body))) => Err(format!(
+                "ListTasks answered {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )),
+            Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => Err(e),
+            Ok(Err(Attempt::Final(_))) => Err("no answer".into()),
+            Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
+        }
+    }
+
     /// The path and JSON body of `call` for the job's task (REST `GetTask`:
     /// the body is unused).
     fn request(&self, job: &CancelJob, call: Call) -> (String, Value) {
@@ -396,6 +496,17 @@ impl Canceller {
                     Call::Get => {
                         params["historyLength"] = json!(0);
                         ("GetTask", "probe")
+                    }
+                    Call::List => {
+                        params = json!({
+                            "pageSize": 100,
+                            "historyLength": 100,
+                            "statusTimestampAfter": list_since(),
+                        });
+                        if let Some(t) = tenant {
+                            params["tenant"] = json!(t);
+                        }
+                        ("ListTasks", "list")
                     }
                 };
                 let n = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -420,11 +531,17 @@ impl Canceller {
                     path.push_str(&percent_encode_segment(t));
                     body["tenant"] = json!(t);
                 }
+                if call == Call::List {
+                    path.push_str("/tasks?pageSize=100&historyLength=100&statusTimestampAfter=");
+                    path.push_str(&list_since());
+                    return (path, body);
+                }
                 path.push_str("/tasks/");
                 path.push_str(&percent_encode_segment(id));
                 path.push_str(match call {
                     Call::Cancel => ":cancel",
                     Call::Get => "?historyLength=0",
+                    Call::List => unreachable!("returned above"),
                 });
                 (path, body)
             }
@@ -459,7 +576,7 @@ impl Canceller {
         }
         let (path, body) = self.request(job, call);
         let (method, body) = match call {
-            Call::Get if job.target.binding == Binding::Rest => ("GET", None),
+            Call::Get | Call::List if job.target.binding == Binding::Rest => ("GET", None),
             _ => ("POST", Some(Bytes::from(body.to_string()))),
         };
         let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
@@ -530,7 +647,7 @@ impl Canceller {
             .await;
         if !whole {
             return match call {
-                Call::Get => Err(Attempt::Refused(format!("GetTask answer over {cap} bytes"))),
+                Call::Get | Call::List => Err(Attempt::Refused(format!("answer over {cap} bytes"))),
                 // No error answer is that long: it is the cancelled task.
                 Call::Cancel if (200..300).contains(&status) => {
                     Err(Attempt::Final(CancelOutcome::Canceled))
@@ -579,7 +696,7 @@ impl Canceller {
         // A cancel's answer (the cancelled task) is read whole, up to
         // tungstenite's own limits; a probe's up to its cap.
         let limits = match call {
-            Call::Get => WebSocketConfig::default()
+            Call::Get | Call::List => WebSocketConfig::default()
                 .max_message_size(Some(ANSWER_CAP))
                 .max_frame_size(Some(ANSWER_CAP)),
             Call::Cancel => WebSocketConfig::default(),
@@ -690,6 +807,30 @@ fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn finds_the_task_holding_a_message() {
+        let rpc = br#"{"jsonrpc":"2.0","id":"l","result":{"tasks":[{"id":"a","history":[{"messageId":"m0"}]},{"id":"b"},{"id":"c","history":[{"messageId":"x"},{"messageId":"m1"}]}]}}"#;
+        assert_eq!(
+            super::task_with_message(super::Binding::JsonRpc, rpc, "m1").as_deref(),
+            Some("c")
+        );
+        assert_eq!(
+            super::task_with_message(super::Binding::JsonRpc, rpc, "m9"),
+            None
+        );
+        let rest = br#"{"tasks":[{"id":"r","history":[{"messageId":"m1"}]}],"nextPageToken":""}"#;
+        assert_eq!(
+            super::task_with_message(super::Binding::Rest, rest, "m1").as_deref(),
+            Some("r")
+        );
+        assert_eq!(
+            super::task_with_message(super::Binding::Rest, b"{}", "m1"),
+            None
+        );
+        let since = super::list_since();
+        assert!(since.ends_with('Z') && since.len() == 20, "{since}");
+    }
+
     use super::*;
 
     /// What a cancel carries, from the route's header policy and the

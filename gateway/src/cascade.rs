@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
-use crate::store::{CancelTarget, Owing, TaskKey, TaskStore, TaskUpdate};
+use crate::store::{CancelTarget, TaskKey, TaskStore, TaskUpdate};
 
 /// Changes to the store, sent from the synchronous body filters.
 #[derive(Debug)]
@@ -115,6 +115,9 @@ pub struct StreamEnd {
     pub target: CancelTarget,
     pub tenant: Option<String>,
     pub task_id: Option<Arc<str>>,
+    /// The sent message's id, for a send that started a new task: the task
+    /// is looked for by it when no event named it ([`Cascade::find_child`]).
+    pub message_id: Option<String>,
     pub seen: Seen,
     pub event: Event,
     /// This stream counted as a watcher in the store and must uncount.
@@ -165,7 +168,7 @@ impl Cascade {
 
     /// Decides and acts on a stream's end; returns once nothing more is owed.
     pub async fn stream_ended(&self, mut end: StreamEnd) {
-        let key = end
+        let mut key = end
             .task_id
             .as_ref()
             .map(|id| TaskKey::new(&end.route, end.tenant.as_deref(), id.clone()));
@@ -273,9 +276,18 @@ impl Cascade {
                     event = Event::GraceElapsed;
                     decision = decide(&end.policy, &end.seen, event, watchers);
                 }
-                Decision::AwaitId(_) => {
-                    // The worker's stream is gone with the caller's connection,
-                    // so no event can name the task any more.
+                Decision::AwaitId(wait) => {
+                    // The worker's stream is gone with the caller's
+                    // connection, so no event can name the task any more: it
+                    // is looked for by its message, for as long as the id
+                    // wait allows.
+                    if let Some(id) = self.find_child(&end, wait).await {
+                        key = Some(TaskKey::new(&end.route, end.tenant.as_deref(), id.clone()));
+                        end.task_id = Some(id);
+                        end.seen.id_known = true;
+                        decision = decide(&end.policy, &end.seen, event, 0);
+                        continue;
+                    }
                     event = Event::IdWaitElapsed;
                     decision = decide(&end.policy, &end.seen, event, 0);
                 }
@@ -288,6 +300,62 @@ impl Cascade {
         }
     }
 
+    /// Finds the task a send started whose caller left before any event
+    /// named it: the worker's `ListTasks` (the binding, tenant and headers a
+    /// cancel would use), the task whose history holds the sent message,
+    /// asked every 100 ms for at most `wait` (the route's `id_wait`): the
+    /// worker may not have created it yet. Counted by outcome.
+    async fn find_child(&self, end: &StreamEnd, wait: std::time::Duration) -> Option<Arc<str>> {
+        let message_id = end.message_id.as_deref()?;
+        if end.target.binding == crate::a2a::Binding::WebSocket {
+            return None;
+        }
+        let until = tokio::time::Instant::now() + wait;
+        let mut asked = 0u32;
+        let found = loop {
+            asked += 1;
+            match self
+                .canceller
+                .find_by_message(
+                    &end.worker,
+                    &end.target,
+                    &end.route,
+                    end.tenant.as_deref(),
+                    &end.cancel_headers,
+                    message_id,
+                )
+                .await
+            {
+                Ok(Some(id)) => break Some(id),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(route = %end.route, error = %e, "ListTasks to find a child failed");
+                }
+            }
+            if tokio::time::Instant::now() + std::time::Duration::from_millis(100) > until {
+                break None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        let outcome = if found.is_some() {
+            "found"
+        } else {
+            "not_found"
+        };
+        metrics::CHILDREN_LOOKED_UP
+            .with_label_values(&[&end.route, outcome])
+            .inc();
+        match &found {
+            Some(id) => {
+                tracing::info!(route = %end.route, task = %id, asked, "the caller left before any event named its task; found it by its message");
+            }
+            None => {
+                tracing::debug!(route = %end.route, asked, "no task holds the sent message");
+            }
+        }
+        found.map(Arc::from)
+    }
+
     /// Writes the job's cancel to the store's outbox (one round trip):
     /// `Some(Some(token))` to send it as its holder; `Some(None)` to send it
     /// without one (the store did not answer: the cancel is not held back
@@ -295,28 +363,7 @@ impl Cascade {
     /// `None` when nothing is to be sent (another replica, or a lapse
     /// claim, carries it already; or the store knows the task settled).
     async fn owe(&self, job: &CancelJob) -> Option<Option<String>> {
-        let put = self
-            .store
-            .outbox_put(&job.key, &job.target, job.cause, self.store.clock_ms())
-            .await;
-        match put {
-            Ok(Owing::Mine(token)) => Some(Some(token)),
-            Ok(Owing::Elsewhere) => {
-                tracing::info!(task = %job.key, cause = job.cause, "a cancel is owed already (another stream's, another replica's or a lapse's); not sent again");
-                None
-            }
-            Ok(Owing::Settled) => {
-                tracing::debug!(task = %job.key, "the store knows the task settled; nothing to cancel");
-                None
-            }
-            Err(e) => {
-                metrics::STORE_ERRORS
-                    .with_label_values(&["outbox_put"])
-                    .inc();
-                tracing::warn!(task = %job.key, error = %e, "could not write the owed cancel to the store; sending it without (lost if this replica dies before the worker answers)");
-                Some(None)
-            }
-        }
+        crate::cancel::owe(&*self.store, job).await
     }
 
     async fn end_lease(&self, key: &TaskKey) {

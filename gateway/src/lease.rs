@@ -294,6 +294,9 @@ impl Leases {
                 let _ = self.store.outbox_retry(&owed.key, &owed.token, at).await;
                 continue;
             };
+            metrics::OUTBOX_CLAIMS
+                .with_label_values(&[&route.name])
+                .inc();
             tracing::info!(task = %owed.key, cause = %owed.cause, "claimed an owed cancel (its replica is gone, or its last try failed); sending it");
             let job = CancelJob {
                 key: owed.key,

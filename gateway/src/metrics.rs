@@ -262,6 +262,30 @@ pub static PROXY_TIME: LazyLock<HistogramVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+/// Owed cancels this replica claimed from the store's outbox: their
+/// replica was gone (its heartbeat expired), or their last try failed and
+/// was handed back.
+pub static OUTBOX_CLAIMS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "a2agw_outbox_claims_total",
+        "Owed cancels claimed from the store's outbox (their replica was gone, or their last try failed).",
+        &["route"]
+    )
+    .expect("metric registers once")
+});
+
+/// Children whose caller left before any event named them, looked for by
+/// their message (`ListTasks`): `found` (then cancelled as any other), or
+/// `not_found` within `id_wait`.
+pub static CHILDREN_LOOKED_UP: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "a2agw_children_looked_up_total",
+        "Children whose caller left before any event named them, looked for with ListTasks, by outcome.",
+        &["route", "outcome"]
+    )
+    .expect("metric registers once")
+});
+
 /// Blocking `SendMessage` calls by what became of them: `carried` to the
 /// worker as a stream, or why they passed as they came (see
 /// `policies::carry::Passed`).

@@ -381,6 +381,36 @@ pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     Some(facts)
 }
 
+/// The sent message's `messageId` (JSON-RPC `params.message.messageId`, REST
+/// `message.messageId`): how the gateway finds a new task whose caller left
+/// before any event named it (`ListTasks`, then the task whose history holds
+/// the message). Read only for such sends; skips everything else unparsed.
+pub fn message_id(body: &[u8], jsonrpc: bool) -> Option<String> {
+    use std::borrow::Cow;
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        message: Option<Message<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(rename = "messageId", borrow)]
+        message_id: Option<Cow<'a, str>>,
+    }
+    let params = if jsonrpc {
+        serde_json::from_slice::<Envelope>(body).ok()?.params?
+    } else {
+        serde_json::from_slice::<Params>(body).ok()?
+    };
+    let id = params.message?.message_id?;
+    (!id.is_empty()).then(|| id.into_owned())
+}
+
 /// Reads a JSON-RPC batch (an array of calls), one entry per element: the
 /// call's facts, or `None` for an element that is no request. `None` when
 /// the body is not an array.
@@ -408,6 +438,19 @@ pub fn rest_facts(body: &[u8]) -> Option<RequestFacts> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn message_ids() {
+        let rpc = br#"{"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"message":{"parts":[{"text":"x"}],"messageId":"m-\u0031"}}}"#;
+        assert_eq!(message_id(rpc, true).as_deref(), Some("m-1"));
+        assert_eq!(
+            message_id(br#"{"message":{"messageId":"r"}}"#, false).as_deref(),
+            Some("r")
+        );
+        assert_eq!(message_id(br#"{"message":{"messageId":""}}"#, false), None);
+        assert_eq!(message_id(br#"{"message":{"messageId":7}}"#, false), None);
+        assert_eq!(message_id(b"garbage", true), None);
+    }
 
     #[test]
     fn jsonrpc_table() {

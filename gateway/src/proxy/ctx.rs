@@ -75,6 +75,9 @@ pub struct Request {
     /// The task id the request itself names (SubscribeToTask, GetTask, a
     /// continuation), used when the caller leaves before any event.
     pub task_id: Option<String>,
+    /// A send that starts a new task: its message's `messageId`, by which
+    /// the task is found if the caller leaves before any event names it.
+    pub message_id: Option<String>,
     /// The JSON-RPC request id, for errors the gateway answers itself.
     pub rpc_id: Option<serde_json::Value>,
     /// The caller's headers the gateway's own cancel repeats (its

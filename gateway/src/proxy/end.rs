@@ -104,6 +104,7 @@ impl Gateway {
             target,
             tenant: ctx.req.tenant.clone(),
             task_id: ctx.track.task_id.clone(),
+            message_id: ctx.req.message_id.take(),
             seen: ctx.track.seen,
             event,
             was_watching: ctx.track.watching,

@@ -89,6 +89,11 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
     if ctx.req.task_id.is_none() {
         ctx.req.task_id = facts.task_id;
     }
+    if ctx.req.task_id.is_none()
+        && ctx.req.method == Some(crate::a2a::A2aMethod::SendStreamingMessage)
+    {
+        ctx.req.message_id = crate::a2a::request::message_id(buf, facts.is_jsonrpc);
+    }
     let is_send = ctx.req.is_send();
     ctx.req.return_immediately = facts.return_immediately && is_send;
     Ok(Some(Grants {

@@ -382,6 +382,7 @@ impl Gateway {
             },
             tenant: t.tenant,
             task_id: Some(task_id),
+            message_id: None,
             seen: t.seen,
             event,
             was_watching: t.watching,
