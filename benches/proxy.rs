@@ -16,6 +16,13 @@
 //!   by re-executing itself with `--bare-pingora` (see that file for why).
 //! - gateway (memory), gateway (Redis): the real `a2a-gateway` binary, one
 //!   route, task tracking on; the second with `[store] url = "redis://…"`.
+//!   Both carry a blocking `SendMessage` to the worker as a stream (the
+//!   default `blocking_sends = "auto"`, the worker's card saying
+//!   `streaming`: `SendStreamingMessage` over the gateway's own connection,
+//!   then `GetTask`), so their SendMessage rows measure that path.
+//! - gateway (memory, blocking_sends = pass): the memory gateway with
+//!   blocking sends passed to the worker as they came, the like-for-like
+//!   pass-through that bare pingora and nginx do.
 //!
 //! Scenarios:
 //! - `SendMessage` (JSON-RPC, `quick` task, ~1 KB answer), driven by `wrk`
@@ -72,6 +79,9 @@ mod bare_pingora;
 
 #[path = "machine.rs"]
 mod machine;
+
+#[path = "canned.rs"]
+mod canned;
 use machine::{cpus, loadavg, machine_ticks, sh, steal_pct, utc_now};
 
 use std::path::{Path, PathBuf};
@@ -126,15 +136,25 @@ fn send_body(id: u64) -> String {
 }
 
 fn wrk_send(url: &str, seconds: u32) -> Option<Send> {
+    wrk_with(url, &send_body(1), 2, seconds)
+}
+
+/// `wrk -t{threads} -c32` posting `body` to `url`.
+fn wrk_with(url: &str, body: &str, threads: u32, seconds: u32) -> Option<Send> {
     let dir = scratch_dir("bench");
     let script = dir.join("send.lua");
-    let body = send_body(1);
     let lua = format!(
         "wrk.method = \"POST\"\nwrk.body = [[{body}]]\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.headers[\"A2A-Version\"] = \"1.0\"\n"
     );
     std::fs::write(&script, lua).ok()?;
     let out = Command::new("wrk")
-        .args(["-t2", "-c32", &format!("-d{seconds}s"), "--latency", "-s"])
+        .args([
+            &format!("-t{threads}"),
+            "-c32",
+            &format!("-d{seconds}s"),
+            "--latency",
+            "-s",
+        ])
         .arg(&script)
         .arg(format!("{url}/"))
         .output()
@@ -199,9 +219,18 @@ const FIXED_SLICE_SECONDS: f64 = 1.5;
 /// keep-alive connections, each sending on its own schedule; returns every
 /// request's latency.
 async fn fixed_rate(url: &str, rate: f64, seconds: f64) -> Result<Vec<Duration>, String> {
+    fixed_rate_body(url, &send_body(1), rate, seconds).await
+}
+
+/// [`fixed_rate`] posting `body`.
+async fn fixed_rate_body(
+    url: &str,
+    body: &str,
+    rate: f64,
+    seconds: f64,
+) -> Result<Vec<Duration>, String> {
     use tokio::io::AsyncWriteExt;
     let (authority, base) = harness::http::split_url(url);
-    let body = send_body(1);
     let req = format!(
         "POST {base}/ HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -655,10 +684,16 @@ fn ws_of(base: &str) -> String {
 }
 
 /// The two gateways a column needs (HTTP route, WebSocket route); `store` is
-/// a `[store]` table, or nothing for memory.
-async fn gateways(store: &str, http_up: &str, ws_up: &str) -> (Gateway, Gateway, Target) {
-    let route =
-        |worker: &str| format!("{store}\n[[routes]]\nname = \"w\"\nworker = \"{worker}\"\n");
+/// a `[store]` table, or nothing for memory; `route_extra`, more route keys.
+async fn gateways(
+    store: &str,
+    route_extra: &str,
+    http_up: &str,
+    ws_up: &str,
+) -> (Gateway, Gateway, Target) {
+    let route = |worker: &str| {
+        format!("{store}\n[[routes]]\nname = \"w\"\nworker = \"{worker}\"\n{route_extra}\n")
+    };
     let gw = Gateway::start(&route(http_up)).await;
     let gw_ws = Gateway::start(&route(ws_up)).await;
     let target = Target {
@@ -960,16 +995,18 @@ fn median_range(d: &[f64]) -> Option<(f64, f64, f64)> {
 type Cell = Result<Column, String>;
 
 fn print_table(cols: &[(&str, &Cell)]) {
-    let [direct, nginx, bare, mem, redis] = cols else {
-        unreachable!("five columns")
+    let [direct, nginx, bare, mem, redis, pass] = cols else {
+        unreachable!("six columns")
     };
     let mut header = String::from("| scenario |");
     for (name, _) in cols {
         header.push_str(&format!(" {name} |"));
     }
-    header.push_str(" gw mem / bare | gw Redis / bare | gw mem / direct | nginx / direct |");
+    header.push_str(
+        " gw mem / bare | gw Redis / bare | gw pass / bare | gw mem / nginx | gw pass / nginx | gw mem / direct | nginx / direct |",
+    );
     println!("{header}");
-    println!("|{}", "---|".repeat(cols.len() + 5));
+    println!("|{}", "---|".repeat(cols.len() + 8));
 
     type Get = fn(&Column) -> Option<f64>;
     // (label, figure, decimals, whether ratios of it mean anything)
@@ -1087,6 +1124,9 @@ fn print_table(cols: &[(&str, &Cell)]) {
         };
         line.push_str(&ratio(mem.1, bare.1));
         line.push_str(&ratio(redis.1, bare.1));
+        line.push_str(&ratio(pass.1, bare.1));
+        line.push_str(&ratio(mem.1, nginx.1));
+        line.push_str(&ratio(pass.1, nginx.1));
         line.push_str(&ratio(mem.1, direct.1));
         line.push_str(&ratio(nginx.1, direct.1));
         println!("{line}");
@@ -1175,6 +1215,10 @@ fn main() {
     if args.iter().any(|a| a == SERVE_FLAG) {
         serve();
     }
+    if args.iter().any(|a| a == canned::FLAG) {
+        canned::run();
+        return;
+    }
     if !args.iter().any(|a| a == "--bench") {
         println!("proxy bench: skipped (run `cargo bench -p a2a-gateway --bench proxy`)");
         return;
@@ -1257,10 +1301,15 @@ fn main() {
                 };
                 (p, t)
             });
-        let (mem_gw, mem_gw_ws, mem) = gateways("", &http_url, &ws_base).await;
+        let (mem_gw, mem_gw_ws, mem) = gateways("", "", &http_url, &ws_base).await;
+        // The memory gateway with blocking sends passed as they came, not
+        // carried as streams (`blocking_sends = "pass"`): the pass-through
+        // that bare pingora and nginx do.
+        let (pass_gw, pass_gw_ws, pass) =
+            gateways("", "blocking_sends = \"pass\"", &http_url, &ws_base).await;
         let mut redis = RedisServer::start().await;
         let store = format!("[store]\nurl = \"{}\"\n", redis.url());
-        let (red_gw, red_gw_ws, mut red) = gateways(&store, &http_url, &ws_base).await;
+        let (red_gw, red_gw_ws, mut red) = gateways(&store, "", &http_url, &ws_base).await;
         // The store's CPU is part of what the Redis column costs.
         red.procs.extend(redis.pid());
 
@@ -1284,6 +1333,7 @@ fn main() {
             bare.as_ref().ok().map(|(_, t)| t),
             Some(&mem),
             Some(&red),
+            Some(&pass),
         ];
         let (cols, fixed_steal) =
             run_rounds(&targets, bare_twin.as_ref().ok().map(|(_, t)| t)).await;
@@ -1291,10 +1341,10 @@ fn main() {
             (Ok((_, b)), Ok((_, p))) => published_rounds(b, p).await,
             _ => None,
         };
-        let Ok([d, n, b, m, r]) = <[Column; 5]>::try_from(cols) else {
+        let Ok([d, n, b, m, r, p]) = <[Column; 6]>::try_from(cols) else {
             unreachable!("a column per target")
         };
-        let cells: [Cell; 5] = [
+        let cells: [Cell; 6] = [
             Ok(d),
             match &nginx {
                 Ok(_) => Ok(n),
@@ -1306,6 +1356,7 @@ fn main() {
             },
             Ok(m),
             Ok(r),
+            Ok(p),
         ];
         let tracked = (
             mem_gw.counter("a2agw_tasks_tracked_total", &[]).await
@@ -1315,7 +1366,7 @@ fn main() {
         );
         drop((nginx, bare, bare_twin, published));
         // Killed and waited for, so no zombie outlives the bench.
-        for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws] {
+        for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws, pass_gw, pass_gw_ws] {
             gw.kill().await;
         }
         redis.kill().await;
@@ -1348,6 +1399,7 @@ fn main() {
         "bare pingora",
         "gateway (memory)",
         "gateway (Redis)",
+        "gateway (memory, blocking_sends = pass)",
     ];
     let cols: Vec<(&str, &Cell)> = names.iter().copied().zip(cells.iter()).collect();
     print_table(&cols);
@@ -1398,10 +1450,11 @@ fn main() {
     };
     let none = || "-".to_string();
     println!(
-        "time inside the proxy per SendMessage at the fixed rate (a2agw_proxy_seconds; the worker's time left out): a second bare pingora {}; gateway (memory) {}; gateway (Redis) {}",
+        "time inside the proxy per SendMessage at the fixed rate (a2agw_proxy_seconds; the worker's time left out): a second bare pingora {}; gateway (memory) {}; gateway (Redis) {}; gateway (memory, pass) {}",
         own(&cells[2]).unwrap_or_else(none),
         own(&cells[3]).unwrap_or_else(none),
         own(&cells[4]).unwrap_or_else(none),
+        own(&cells[5]).unwrap_or_else(none),
     );
     println!(
         "tasks tracked during the run: gateway (memory) {}, gateway (Redis) {}",
