@@ -11,6 +11,7 @@ mod harness;
 mod http1;
 mod leases;
 mod leave_at_once;
+mod logs;
 mod outbox;
 mod parent_selftest;
 mod poll_lease;

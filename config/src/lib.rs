@@ -78,6 +78,21 @@ pub struct Server {
     /// `[server.tls]`: listeners that terminate TLS for callers. `None`:
     /// plain HTTP only (`listen`).
     pub tls: Option<ServerTls>,
+    /// How log lines are written to stderr. Default [`LogFormat::Text`].
+    pub log_format: LogFormat,
+    /// One access-log line per request as it ends (target `a2agw::access`).
+    /// Default on.
+    pub access_log: bool,
+}
+
+/// `server.log_format`: the shape of the log lines on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event (ANSI colour only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `[server.tls]`: callers reach these listeners over TLS (HTTP/1.1); the
@@ -102,6 +117,8 @@ impl Default for Server {
             threads: 2,
             read_buffer: DEFAULT_READ_BUFFER,
             tls: None,
+            log_format: LogFormat::Text,
+            access_log: true,
         }
     }
 }

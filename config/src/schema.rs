@@ -17,8 +17,8 @@ use crate::read::{
 use crate::url::{split_url, UrlError};
 use crate::{
     AccountPolicy, AccountScope, BudgetPolicy, Cancel, ClientCert, Config, HeaderPolicy,
-    LeasePolicy, Leases, Limits, OnStoreError, Route, Server, ServerTls, Store, StoreKind,
-    Timeouts, WorkerCa, WorkerLeases, WorkerUrl,
+    LeasePolicy, Leases, Limits, LogFormat, OnStoreError, Route, Server, ServerTls, Store,
+    StoreKind, Timeouts, WorkerCa, WorkerLeases, WorkerUrl,
 };
 
 /// What the file refers to outside itself: environment variables
@@ -189,6 +189,12 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
     }
     let threads = r.or("threads", d.threads, int_in(1..=256));
     let read_buffer = r.or("read_buffer", d.read_buffer, size_in(0..=MIB));
+    let log_format = r.or(
+        "log_format",
+        d.log_format,
+        one_of(&[("text", LogFormat::Text), ("json", LogFormat::Json)]),
+    );
+    let access_log = r.or("access_log", d.access_log, boolean);
     let tls_reader = r.section("tls");
     let tls = if with_tls {
         server_tls(tls_reader, env, &listen, admin)
@@ -203,6 +209,8 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
         threads,
         read_buffer,
         tls,
+        log_format,
+        access_log,
     }
 }
 

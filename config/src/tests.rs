@@ -125,6 +125,8 @@ fn defaults() {
     assert_eq!(c.server.listen, vec!["127.0.0.1:8080".parse().unwrap()]);
     assert_eq!(c.server.threads, 2);
     assert_eq!(c.server.read_buffer, 0);
+    assert_eq!(c.server.log_format, LogFormat::Text);
+    assert!(c.server.access_log);
     assert_eq!(c.store.kind, StoreKind::Memory);
     assert_eq!(c.store.on_store_error, OnStoreError::FailOpen);
     assert_eq!(c.limits.max_inspect_body, 1 << 20);
@@ -421,6 +423,10 @@ fn valid_files() {
         ("[server]\nread_buffer = \"4KiB\"", |c| c.server.read_buffer == 4096),
         ("[server]\nread_buffer = \"64KiB\"", |c| c.server.read_buffer == 64 << 10),
         ("[server]\nread_buffer = \"1MiB\"", |c| c.server.read_buffer == 1 << 20),
+        ("[server]\nlog_format = \"json\"", |c| c.server.log_format == LogFormat::Json),
+        ("[server]\nlog_format = \"text\"", |c| c.server.log_format == LogFormat::Text),
+        ("[server]\naccess_log = false", |c| !c.server.access_log),
+        ("[server]\naccess_log = true", |c| c.server.access_log),
         ("[store]\nurl = \"redis://cache:6379/0\"", |c| {
             c.store.kind
                 == StoreKind::Redis {
@@ -522,6 +528,9 @@ fn valid_files() {
 #[test]
 fn single_errors() {
     let table: &[(&str, &str)] = &[
+        // logs
+        ("[server]\nlog_format = \"xml\"\n", "2:14: server.log_format: expected one of \"text\", \"json\", found \"xml\""),
+        ("[server]\naccess_log = \"off\"\n", "2:14: server.access_log: expected true or false, found \"off\""),
         // header injection
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ninject_extensions = [\"a,b\"]", "4:21: routes[0].inject_extensions: \"a,b\" is not an extension URI (no commas, spaces or non-ASCII)"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ninject_headers = { \"bad name\" = \"x\" }", "4:18: routes[0].inject_headers: \"bad name\" is not a header name"),
@@ -554,7 +563,7 @@ fn single_errors() {
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads, read_buffer, tls",
+            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads, read_buffer, log_format, access_log, tls",
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
@@ -701,7 +710,7 @@ worker = "http://127.0.0.1:9002"
     let want = [
         "2:27: server.listen[1]: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"nope\"",
         "3:11: server.threads: must be between 1 and 256, found 0",
-        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads, read_buffer, tls",
+        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads, read_buffer, log_format, access_log, tls",
         "7:17: limits.max_sse_event: invalid size \"1 lightyear\": unknown unit \"lightyear\"; use B, KiB, MiB, GiB, KB, MB or GB",
         "11:15: cancel.backoff_max: must be at least backoff",
         "15:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\"",
@@ -712,6 +721,20 @@ worker = "http://127.0.0.1:9002"
     // routes[2] repeats routes[0]'s name, but routes[0] is broken: no
     // cross-route noise about half-read routes.
     assert_eq!(errors(src), want);
+}
+
+/// Both log keys wrong, and a route wrong: every error in one report.
+#[test]
+fn log_key_errors_at_once() {
+    let src = "[server]\nlog_format = \"JSON\"\naccess_log = 0\n[[routes]]\nname = \"a\"\nworker = \"ftp://w\"\n";
+    assert_eq!(
+        errors(src),
+        [
+            "2:14: server.log_format: expected one of \"text\", \"json\", found \"JSON\"",
+            "3:14: server.access_log: expected true or false, found integer 0",
+            "6:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://w\"",
+        ]
+    );
 }
 
 #[test]

@@ -36,6 +36,9 @@ struct Cli {
     /// Proxy threads (overrides `server.threads`).
     #[arg(long)]
     threads: Option<usize>,
+    /// Log lines on stderr: `text` or `json` (overrides `server.log_format`).
+    #[arg(long, value_parser = log_format)]
+    log_format: Option<config::LogFormat>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -44,20 +47,45 @@ enum Command {
     CheckConfig { file: PathBuf },
 }
 
+/// Starts logging to stderr in `format`: the filter from `A2A_GATEWAY_LOG`;
+/// ANSI colour only when stderr is a terminal (never in a file or a
+/// container's log); JSON one object per line, the event's fields at its
+/// top level.
+fn init_logs(format: config::LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("A2A_GATEWAY_LOG")
+        .unwrap_or_else(|_| "info,pingora_core=warn,pingora_proxy=warn".into());
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        config::LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
+        config::LogFormat::Json => fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+/// `--log-format`'s value.
+fn log_format(s: &str) -> Result<config::LogFormat, String> {
+    match s {
+        "text" => Ok(config::LogFormat::Text),
+        "json" => Ok(config::LogFormat::Json),
+        _ => Err("expected text or json".to_string()),
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("A2A_GATEWAY_LOG")
-                .unwrap_or_else(|_| "info,pingora_core=warn,pingora_proxy=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     if let Err(e) = a2a_gateway::allocator::requested() {
         eprintln!("a2a-gateway: {e}");
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
     if let Some(Command::CheckConfig { file }) = &cli.command {
+        init_logs(cli.log_format.unwrap_or_default());
         return match config::load(file) {
             // The TLS key pairs are checked as at start-up: a key that is not
             // its certificate's would stop the gateway, so it fails the check.
@@ -116,6 +144,10 @@ fn main() -> ExitCode {
     if let Some(threads) = cli.threads {
         cfg.server.threads = threads.clamp(1, 256);
     }
+    if let Some(format) = cli.log_format {
+        cfg.server.log_format = format;
+    }
+    init_logs(cfg.server.log_format);
     tracing::debug!(
         allocator = a2a_gateway::allocator::in_use(),
         "heap allocator"

@@ -17,8 +17,18 @@ use crate::cascade::StreamEnd;
 use crate::store::TaskKey;
 
 impl Gateway {
-    /// The request is over (`logging`).
-    pub(super) fn end(&self, e: Option<&Error>, ctx: &mut Ctx) {
+    /// The request is over (`logging`): its parts settled, then its
+    /// access-log line (`server.access_log`).
+    pub(super) fn end(&self, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let cascade = self.settle(e, ctx);
+        if self.access_log {
+            access_log(session, e, ctx, cascade);
+        }
+    }
+
+    /// Settles what the request held; returns what the cascade was handed
+    /// to judge (its event), if anything: its decision comes later.
+    fn settle(&self, e: Option<&Error>, ctx: &mut Ctx) -> Option<&'static str> {
         if let (Some(own), Some(route)) = (ctx.times.own(e), &ctx.route) {
             route.proxy_time.observe(own.as_secs_f64());
         }
@@ -47,17 +57,30 @@ impl Gateway {
             // Not an error to log (see `suppress_error_log`), but how a
             // socket ended is what one asks first when a caller saw it cut.
             tracing::debug!(error = ?e, "WebSocket session ended");
+            let handed = ws
+                .tasks
+                .values()
+                .any(|t| !t.seen.is_settled() || t.watching);
+            let upstream = e.is_some_and(|e| *e.esource() == ErrorSource::Upstream);
             self.ws_ended(ctx, *ws, e);
-            return;
+            return handed.then_some(if upstream {
+                "stream_lost"
+            } else {
+                "caller_gone"
+            });
         }
         let imposed_lease = ctx.lease.held.is_some();
         if let Some(key) = ctx.lease.held.take() {
             self.leases.release(&key);
         }
-        if let Some(end) = self.stream_end(e, ctx, imposed_lease) {
-            let cascade = self.cascade.clone();
-            crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
-        }
+        let end = self.stream_end(e, ctx, imposed_lease)?;
+        let event = match end.event {
+            Event::CallerGone => "caller_gone",
+            _ => "stream_lost",
+        };
+        let cascade = self.cascade.clone();
+        crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
+        Some(event)
     }
 
     /// What the cascade must judge of a streaming call that ended, if
@@ -155,6 +178,42 @@ impl Gateway {
             can_reuse_downstream: false,
         }
     }
+}
+
+/// The request's access-log line, at `info` under the target
+/// `a2agw::access`: its fields are read only when that target is enabled.
+/// `cascade` is what the cascade was handed to judge (its decision comes
+/// later, in `a2agw_cascade_decisions_total` and the cascade's own lines).
+fn access_log(session: &Session, e: Option<&Error>, ctx: &Ctx, cascade: Option<&'static str>) {
+    let req = session.req_header();
+    let task = ctx.track.task_id.as_deref().or(ctx.req.task_id.as_deref());
+    let error_side = e.map(|e| match e.esource() {
+        ErrorSource::Upstream => "worker",
+        ErrorSource::Downstream => "caller",
+        ErrorSource::Internal | ErrorSource::Unset => "gateway",
+    });
+    tracing::info!(
+        target: "a2agw::access",
+        route = ctx.route.as_ref().map(|r| &*r.name),
+        http_method = req.method.as_str(),
+        path = req.uri.path(),
+        method = ctx.req.method.map(crate::a2a::A2aMethod::as_str),
+        binding = ctx.req.binding.map(crate::a2a::Binding::as_str),
+        tenant = ctx.req.tenant.as_deref(),
+        caller = ctx.req.caller.as_ref().map(|c| c.shown.as_str()),
+        task,
+        status = session.response_written().map(|r| r.status.as_u16()),
+        duration_ms = ctx
+            .times
+            .since_head()
+            .map(|d| d.as_secs_f64() * 1000.0),
+        bytes_in = session.body_bytes_read() as u64,
+        bytes_out = session.body_bytes_sent() as u64,
+        cascade,
+        error = e.map(|e| e.etype().as_str()),
+        error_side,
+        "request"
+    );
 }
 
 /// Which side failed, and how (the input of `policies::failure::status`).

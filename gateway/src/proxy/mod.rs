@@ -69,6 +69,8 @@ pub struct Gateway {
     budgets: Arc<Budgets>,
     /// Blocking sends carried as streams: the gateway's own connections.
     carrier: carry::Carrier,
+    /// `server.access_log`: one line per request as it ends.
+    access_log: bool,
 }
 
 /// Bodies up to this size are read before the worker is contacted, so that a
@@ -98,6 +100,7 @@ impl Gateway {
             on_store_error: cfg.store.on_store_error,
             budgets,
             carrier: carry::Carrier::new(),
+            access_log: cfg.server.access_log,
         }
     }
 
@@ -260,8 +263,8 @@ impl ProxyHttp for Gateway {
     }
 
     /// End: every request ends here.
-    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
-        self.end(e, ctx);
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
+        self.end(session, e, ctx);
     }
 
     /// End: a refusal decided while the body streamed, or a failure, answered

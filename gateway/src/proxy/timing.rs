@@ -46,6 +46,11 @@ impl ProxyTimes {
         }
     }
 
+    /// Time since the caller's request head was read (`None` before it).
+    pub fn since_head(&self) -> Option<Duration> {
+        self.head.map(|h| h.elapsed())
+    }
+
     /// The proxy's own part of a request ending now (`logging`): from its
     /// head to the worker taking it, plus from the worker's answer head to
     /// the answer written to the caller. `None` for a request that failed
