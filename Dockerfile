@@ -1,14 +1,17 @@
 # syntax=docker/dockerfile:1
 #
 #   docker build -t a2a-gateway .
-#   docker run --rm -p 8080:8080 -p 9090:9090 \
+#   docker run --rm -p 8080:8080 \
 #       -v "$PWD/gateway.toml:/etc/a2a-gateway/gateway.toml:ro" a2a-gateway
 #
 # The built-in /etc/a2a-gateway/gateway.toml is config/examples/minimal.toml
-# with a [server] section that listens on 0.0.0.0:8080 (admin 0.0.0.0:9090),
-# since loopback inside a container is unreachable from outside. Its worker,
-# http://127.0.0.1:9000, is the container itself: mount your own config, and
-# give it `listen = "0.0.0.0:8080"` too. `docker run a2a-gateway check-config
+# with a [server] section that listens on 0.0.0.0:8080, since loopback inside
+# a container is unreachable from outside. Its admin endpoint is on
+# 127.0.0.1:9090, inside the container only: /tasks and /budgets show
+# tenants, tasks and callers, and an admin listener off loopback needs a
+# token (admin = "0.0.0.0:9090" with admin_token_env, docs/operations.md).
+# Its worker, http://127.0.0.1:9000, is the container itself: mount your own
+# config, and give it `listen = "0.0.0.0:8080"` too. `docker run a2a-gateway check-config
 # /etc/a2a-gateway/gateway.toml` validates a mounted file.
 
 FROM rust:1-bookworm AS builder
@@ -22,7 +25,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release -p a2a-gateway --locked \
     && install -D -m 0755 target/release/a2a-gateway /out/a2a-gateway
-RUN { printf '[server]\nlisten = "0.0.0.0:8080"\nadmin = "0.0.0.0:9090"\n\n'; \
+RUN { printf '[server]\nlisten = "0.0.0.0:8080"\nadmin = "127.0.0.1:9090"\n\n'; \
       cat config/examples/minimal.toml; } > /out/gateway.toml
 
 FROM debian:bookworm-slim

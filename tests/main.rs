@@ -7,6 +7,7 @@ mod blocking_send;
 mod budgets;
 mod cascade;
 mod gateway_basics;
+mod hardening;
 mod harness;
 mod http1;
 mod leases;

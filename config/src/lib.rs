@@ -29,7 +29,12 @@ mod units;
 mod url;
 
 pub use units::{parse_duration, parse_size};
-pub use url::WorkerUrl;
+pub use url::{redact_url, WorkerUrl};
+
+/// Why `rediss://` is refused: this build's Redis client has no TLS.
+pub const REDISS_UNSUPPORTED: &str = "rediss:// (Redis over TLS) is not supported by this build; \
+use redis:// on a private network or loopback (a TLS tunnel such as stunnel in front of Redis \
+works too)";
 
 /// Everything the gateway runs with, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +73,13 @@ pub struct Server {
     /// `None`: derived per request from the caller's `Host`.
     pub public_url: Option<String>,
     /// Listener for `/healthz`, `/metrics` and `/tasks`; none by default.
+    /// Off loopback only with `admin_token`.
     pub admin: Option<SocketAddr>,
+    /// The bearer token the admin endpoint requires on everything but
+    /// `/healthz` and `/readyz` (`server.admin_token_env` or
+    /// `server.admin_token_file`). `None`: no token, and then the admin
+    /// listener must be on loopback.
+    pub admin_token: Option<Secret>,
     /// Proxy worker threads, 1 to 256. Default 2.
     pub threads: usize,
     /// Bytes read ahead on each caller connection (plain and TLS), 0 (none)
@@ -83,6 +94,29 @@ pub struct Server {
     /// One access-log line per request as it ends (target `a2agw::access`).
     /// Default on.
     pub access_log: bool,
+}
+
+/// A secret read from the environment or a file; `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl Secret {
+    /// The secret itself, for comparing; never for printing.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Whether the admin endpoint may listen on `admin` without a token: only
+/// on loopback, where only this host can reach it.
+pub fn admin_needs_token(admin: SocketAddr) -> bool {
+    !admin.ip().is_loopback()
 }
 
 /// `server.log_format`: the shape of the log lines on stderr.
@@ -114,6 +148,7 @@ impl Default for Server {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
             public_url: None,
             admin: None,
+            admin_token: None,
             threads: 2,
             read_buffer: DEFAULT_READ_BUFFER,
             tls: None,
@@ -124,12 +159,27 @@ impl Default for Server {
 }
 
 /// Where task records live.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// `Debug` hides the Redis URL's password ([`redact_url`]).
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreKind {
     /// In this process (`memory://`): lost on restart, not shared.
     Memory,
-    /// A Redis server (`redis://` or `rediss://`), shared by gateway replicas.
+    /// A Redis server (`redis://`; `rediss://` is refused), shared by
+    /// gateway replicas.
     Redis { url: String },
+}
+
+impl fmt::Debug for StoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreKind::Memory => f.write_str("Memory"),
+            StoreKind::Redis { url } => f
+                .debug_struct("Redis")
+                .field("url", &redact_url(url))
+                .finish(),
+        }
+    }
 }
 
 /// What a request does when the store cannot be reached.

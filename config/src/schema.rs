@@ -187,6 +187,17 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
             "the admin listener must not share an address with listen",
         );
     }
+    let admin_token = admin_token(&mut r, env);
+    if let Some(a) = admin.filter(|a| crate::admin_needs_token(*a) && admin_token.is_none()) {
+        let at = r.pos("admin");
+        r.report_at(
+            at,
+            "admin",
+            format!(
+                "{a} is not a loopback address: an admin listener others can reach needs admin_token_env or admin_token_file"
+            ),
+        );
+    }
     let threads = r.or("threads", d.threads, int_in(1..=256));
     let read_buffer = r.or("read_buffer", d.read_buffer, size_in(0..=MIB));
     let log_format = r.or(
@@ -206,12 +217,59 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
         listen,
         public_url,
         admin,
+        admin_token,
         threads,
         read_buffer,
         tls,
         log_format,
         access_log,
     }
+}
+
+/// `admin_token_env` (an environment variable's name) or `admin_token_file`
+/// (a file holding the token; one trailing newline dropped), never both.
+/// Errors never echo the token.
+fn admin_token(r: &mut Reader<'_>, env: Env<'_>) -> Option<crate::Secret> {
+    fn token(s: &str, from: &str) -> Result<crate::Secret, String> {
+        if s.len() < 16 {
+            return Err(format!(
+                "{from}: the admin token is shorter than 16 characters"
+            ));
+        }
+        if !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "{from}: the admin token has spaces, control or non-ASCII characters"
+            ));
+        }
+        Ok(crate::Secret(s.to_owned()))
+    }
+    let from_env = r.opt("admin_token_env", |item| {
+        let var = string(item)?;
+        if var.is_empty() || var.contains(['=', '\0']) {
+            return Err(format!("{var:?} is not an environment variable name"));
+        }
+        let value =
+            (env.env)(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
+        token(&value, &format!("environment variable {var}"))
+    });
+    let from_file = r.opt("admin_token_file", |item| {
+        let path = config_path(string(item)?, env)?;
+        let shown = path.display();
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        let text = text.strip_suffix('\r').unwrap_or(text);
+        token(text, &shown.to_string())
+    });
+    if r.has("admin_token_env") && r.has("admin_token_file") {
+        let at = r.pos("admin_token_file");
+        r.report_at(
+            at,
+            "admin_token_file",
+            "give admin_token_env or admin_token_file, not both",
+        );
+    }
+    from_env.or(from_file)
 }
 
 /// `[server.tls]`: its listeners (none shared with `listen` or `admin`), and
@@ -1176,31 +1234,32 @@ fn public_url(item: &Item) -> Result<String, String> {
     ))
 }
 
+/// `memory://` or a `redis://` URL. Errors show the URL with its password
+/// replaced ([`crate::redact_url`]).
 fn store_url(item: &Item) -> Result<StoreKind, String> {
     let s = string(item)?;
     if s == "memory://" {
         return Ok(StoreKind::Memory);
     }
-    let shape = || expected("\"memory://\" or a redis:// or rediss:// URL", item);
+    let shown = format!("{:?}", crate::redact_url(s));
+    let shape = || format!("expected \"memory://\" or a redis:// URL, found {shown}");
     let u = split_url(s).map_err(|e| match e {
         UrlError::Shape => shape(),
-        UrlError::Invalid(why) => format!("invalid store URL {}: {why}", found(item)),
+        UrlError::Invalid(why) => format!("invalid store URL {shown}: {why}"),
     })?;
-    if !matches!(u.scheme.as_str(), "redis" | "rediss") {
-        return Err(shape());
+    match u.scheme.as_str() {
+        "redis" => {}
+        "rediss" => return Err(crate::REDISS_UNSUPPORTED.to_owned()),
+        _ => return Err(shape()),
     }
     let db = u.path.trim_start_matches('/');
     if u.path.len() > 1 && (db.is_empty() || !db.bytes().all(|b| b.is_ascii_digit())) {
         return Err(format!(
-            "the path of a redis URL is a database number like \"/0\", found {}",
-            found(item)
+            "the path of a redis URL is a database number like \"/0\", found {shown}"
         ));
     }
     if u.fragment.is_some() {
-        return Err(format!(
-            "a redis URL has no fragment, found {}",
-            found(item)
-        ));
+        return Err(format!("a redis URL has no fragment, found {shown}"));
     }
     Ok(StoreKind::Redis { url: s.to_owned() })
 }

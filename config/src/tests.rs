@@ -433,7 +433,7 @@ fn valid_files() {
                     url: "redis://cache:6379/0".into(),
                 }
         }),
-        ("[store]\nurl = \"rediss://:pw@cache\"\non_store_error = \"fail-closed\"", |c| {
+        ("[store]\nurl = \"redis://:pw@cache\"\non_store_error = \"fail-closed\"", |c| {
             matches!(c.store.kind, StoreKind::Redis { .. })
                 && c.store.on_store_error == OnStoreError::FailClosed
         }),
@@ -563,7 +563,7 @@ fn single_errors() {
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, threads, read_buffer, log_format, access_log, tls",
+            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, admin_token_env, admin_token_file, threads, read_buffer, log_format, access_log, tls",
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
@@ -600,7 +600,10 @@ fn single_errors() {
         ("[server]\npublic_url = \"https://x/?a=b\"\n", "2:14: server.public_url: a public URL has no user info, query or fragment, found \"https://x/?a=b\""),
         ("[server]\nadmin = \"127.0.0.1:8080\"\n", "2:9: server.admin: the admin listener must not share an address with listen"),
         // bad values: store
-        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// or rediss:// URL, found \"postgres://db\""),
+        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// URL, found \"postgres://db\""),
+        ("[store]\nurl = \"rediss://:pw@cache:6380/0\"\n", "2:7: store.url: rediss:// (Redis over TLS) is not supported by this build; use redis:// on a private network or loopback (a TLS tunnel such as stunnel in front of Redis works too)"),
+        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// URL, found \"postgres://u:***@db\""),
+        ("[store]\nurl = \"redis://:hunter2@cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://:***@cache/x\""),
         ("[store]\nurl = \"redis://cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://cache/x\""),
         ("[store]\nurl = \"redis://cache:99999\"\n", "2:7: store.url: invalid store URL \"redis://cache:99999\": invalid port \"99999\""),
         ("[store]\non_store_error = \"open\"\n", "2:18: store.on_store_error: expected one of \"fail-open\", \"fail-closed\", found \"open\""),
@@ -710,7 +713,7 @@ worker = "http://127.0.0.1:9002"
     let want = [
         "2:27: server.listen[1]: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"nope\"",
         "3:11: server.threads: must be between 1 and 256, found 0",
-        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, threads, read_buffer, log_format, access_log, tls",
+        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, admin_token_env, admin_token_file, threads, read_buffer, log_format, access_log, tls",
         "7:17: limits.max_sse_event: invalid size \"1 lightyear\": unknown unit \"lightyear\"; use B, KiB, MiB, GiB, KB, MB or GB",
         "11:15: cancel.backoff_max: must be at least backoff",
         "15:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\"",
@@ -1135,4 +1138,66 @@ fn worker_client_cert() {
             assert!(g.starts_with(w), "{src}\n got: {g}\nwant: {w}…");
         }
     }
+}
+
+/// An admin listener off loopback needs a token; the token comes from an
+/// environment variable or a file, never both, and no error shows it.
+#[test]
+fn admin_token() {
+    let route = "[[routes]]\nname = \"a\"\nworker = \"http://w\"\n";
+    let env = |name: &str| match name {
+        "TOK" => Some("0123456789abcdef-long".to_owned()),
+        "SHORT" => Some("hunter2".to_owned()),
+        _ => None,
+    };
+    let parse = |server: &str| parse_with_env(&format!("[server]\n{server}\n{route}"), &env);
+    let c = parse("admin = \"127.0.0.1:9090\"").unwrap();
+    assert_eq!(c.server.admin_token, None);
+    let c = parse("admin = \"[::1]:9090\"").unwrap();
+    assert_eq!(c.server.admin_token, None);
+    let c = parse("admin = \"0.0.0.0:9090\"\nadmin_token_env = \"TOK\"").unwrap();
+    assert_eq!(
+        c.server.admin_token.as_ref().map(Secret::expose),
+        Some("0123456789abcdef-long")
+    );
+    assert!(!format!("{c:?}").contains("0123456789abcdef"));
+    let err = |server: &str| parse(server).unwrap_err().to_string();
+    assert_eq!(
+        err("admin = \"0.0.0.0:9090\""),
+        "2:9: server.admin: 0.0.0.0:9090 is not a loopback address: an admin listener others can reach needs admin_token_env or admin_token_file"
+    );
+    let e = err("admin = \"127.0.0.1:9090\"\nadmin_token_env = \"SHORT\"");
+    assert!(
+        e.contains("environment variable SHORT: the admin token is shorter than 16"),
+        "{e}"
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+    let e = err("admin_token_env = \"UNSET\"");
+    assert!(e.contains("environment variable UNSET is not set"), "{e}");
+
+    let dir = std::env::temp_dir().join(format!("a2agw-config-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), "from-a-file-0123456789\n").unwrap();
+    let src = format!("[server]\nadmin = \"10.0.0.5:9090\"\nadmin_token_file = \"token\"\n{route}");
+    let c = parse_at(&src, Some(&dir), &env).unwrap();
+    assert_eq!(
+        c.server.admin_token.as_ref().map(Secret::expose),
+        Some("from-a-file-0123456789")
+    );
+    let src = format!("[server]\nadmin_token_env = \"TOK\"\nadmin_token_file = \"token\"\n{route}");
+    let e = parse_at(&src, Some(&dir), &env).unwrap_err().to_string();
+    assert!(
+        e.contains("give admin_token_env or admin_token_file, not both"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `Debug` of a config shows a Redis URL without its password.
+#[test]
+fn store_url_debug_redacted() {
+    let c = parse("[store]\nurl = \"redis://user:hunter2@cache:6379/0\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"\n").unwrap();
+    let shown = format!("{c:?}");
+    assert!(shown.contains("redis://user:***@cache:6379/0"), "{shown}");
+    assert!(!shown.contains("hunter2"), "{shown}");
 }

@@ -73,6 +73,25 @@ impl fmt::Display for WorkerUrl {
     }
 }
 
+/// `s` with the password of its user info (`scheme://user:PASSWORD@host`)
+/// replaced by `***`, for messages and logs; a URL without one (or not a
+/// URL) is returned as it is, a user info without `:` (a bare password, as
+/// `redis://secret@host` reads) replaced whole.
+pub fn redact_url(s: &str) -> String {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return s.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..end].rfind('@') else {
+        return s.to_owned();
+    };
+    let user = match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    format!("{scheme}://{user}{}", &rest[at..])
+}
+
 /// A URL taken apart; `scheme` and `host` are lowercase.
 #[derive(Debug)]
 pub(crate) struct UrlParts<'a> {
@@ -251,6 +270,21 @@ mod tests {
         let u = WorkerUrl::parse("http://[::1]").unwrap();
         assert_eq!(u.authority(), "[::1]:80");
         assert_eq!(u.origin(), "http://[::1]:80");
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        for (url, want) in [
+            ("redis://:pw@cache:6379/0", "redis://:***@cache:6379/0"),
+            ("redis://user:p%40ss@cache/1", "redis://user:***@cache/1"),
+            ("redis://secret@cache", "redis://***@cache"),
+            ("redis://a:b:c@h?x=@y", "redis://a:***@h?x=@y"),
+            ("redis://cache:6379/0", "redis://cache:6379/0"),
+            ("memory://", "memory://"),
+            ("not a url @ all", "not a url @ all"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Admin {
     /// Every proxy listener (`server.listen` and `server.tls.listen`), for
     /// `/readyz`.
     pub listeners: Vec<SocketAddr>,
+    /// The bearer token every path but `/healthz` and `/readyz` requires
+    /// (`server.admin_token_*`); `None`: none.
+    pub token: Option<config::Secret>,
     /// Set once every listener accepted a connection: they stay bound until
     /// the drain, which closes the admin listener as well.
     pub ready: AtomicBool,
@@ -49,11 +52,13 @@ impl Admin {
         store: Arc<dyn TaskStore>,
         budgets: Arc<crate::budget::Budgets>,
         listeners: Vec<SocketAddr>,
+        token: Option<config::Secret>,
     ) -> Admin {
         Admin {
             store,
             budgets,
             listeners,
+            token,
             ready: AtomicBool::new(false),
         }
     }
@@ -103,6 +108,24 @@ async fn not_accepting(listeners: &[SocketAddr]) -> Vec<SocketAddr> {
     waiting
 }
 
+/// Whether an `Authorization` value is `Bearer <token>` (the scheme in any
+/// case), compared in constant time.
+fn bearer_matches(given: Option<&[u8]>, token: &str) -> bool {
+    let Some(given) = given else {
+        return false;
+    };
+    let Some((scheme, value)) = given.split_at_checked(7) else {
+        return false;
+    };
+    // Every byte is looked at whatever differs (the length is no secret).
+    let token = token.as_bytes();
+    let diff = value
+        .iter()
+        .zip(token)
+        .fold(0u8, |acc, (a, b)| acc | std::hint::black_box(a ^ b));
+    scheme.eq_ignore_ascii_case(b"bearer ") && value.len() == token.len() && diff == 0
+}
+
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     Response::builder()
         .status(status)
@@ -116,6 +139,26 @@ fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_string();
+        if !matches!(path.as_str(), "/healthz" | "/readyz") {
+            if let Some(token) = &self.token {
+                let given = session
+                    .req_header()
+                    .headers
+                    .get(http::header::AUTHORIZATION);
+                if !bearer_matches(given.map(|v| v.as_bytes()), token.expose()) {
+                    let mut r = reply(
+                        401,
+                        "text/plain",
+                        b"unauthorized: send Authorization: Bearer <server.admin_token>\n".to_vec(),
+                    );
+                    r.headers_mut().insert(
+                        http::header::WWW_AUTHENTICATE,
+                        http::HeaderValue::from_static("Bearer realm=\"a2a-gateway admin\""),
+                    );
+                    return r;
+                }
+            }
+        }
         match path.as_str() {
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" => self.readiness().await,
@@ -189,6 +232,23 @@ mod tests {
         let now_bound = std::net::TcpListener::bind(free_addr).unwrap();
         assert_eq!(not_accepting(&listeners).await, Vec::<SocketAddr>::new());
         drop((any, now_bound));
+    }
+
+    #[test]
+    fn bearer_tokens_compared_whole() {
+        let t = "0123456789abcdef";
+        assert!(bearer_matches(Some(b"Bearer 0123456789abcdef"), t));
+        assert!(bearer_matches(Some(b"bearer 0123456789abcdef"), t));
+        for bad in [
+            &b"Bearer 0123456789abcde"[..],
+            b"Bearer 0123456789abcdefg",
+            b"Basic 0123456789abcdef",
+            b"Bearer",
+            b"",
+        ] {
+            assert!(!bearer_matches(Some(bad), t));
+        }
+        assert!(!bearer_matches(None, t));
     }
 
     #[test]

@@ -134,9 +134,13 @@ fn main() -> ExitCode {
     if let Some(url) = &cli.store {
         cfg.store.kind = if url == "memory://" {
             config::StoreKind::Memory
-        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        } else if url.starts_with("redis://") {
             config::StoreKind::Redis { url: url.clone() }
+        } else if url.starts_with("rediss://") {
+            eprintln!("a2a-gateway: --store: {}", config::REDISS_UNSUPPORTED);
+            return ExitCode::from(2);
         } else {
+            let url = config::redact_url(url);
             eprintln!("a2a-gateway: --store {url:?}: expected memory:// or redis://HOST:PORT/DB");
             return ExitCode::from(2);
         };

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::listeners::tls::TlsSettings;
-use pingora::listeners::{L4BufferSettings, ListenerConfig};
+use pingora::listeners::{L4BufferSettings, ListenerConfig, TcpSocketOptions};
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
@@ -88,7 +88,7 @@ pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskSt
                     REDIS_NAMESPACE,
                     replica,
                 ))
-                .map_err(|e| format!("store {url}: {e}"))?;
+                .map_err(|e| format!("store {}: {e}", config::redact_url(url)))?;
             Ok(Arc::new(store))
         }
     }
@@ -113,6 +113,14 @@ pub fn server_conf(threads: usize, drain: Duration) -> ServerConf {
 /// Builds every service and runs until a signal stops the process.
 pub fn run(cfg: config::Config) -> Result<(), String> {
     check_tls(&cfg)?;
+    if let Some(a) = cfg.server.admin {
+        if config::admin_needs_token(a) && cfg.server.admin_token.is_none() {
+            return Err(format!(
+                "admin {a} is not a loopback address: an admin listener others can reach needs server.admin_token_env or server.admin_token_file"
+            ));
+        }
+    }
+    check_binds(&cfg)?;
     let replica_id = cfg
         .leases
         .replica_id
@@ -168,7 +176,11 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     );
     let buffers = L4BufferSettings::default().read(cfg.server.read_buffer);
     for addr in &cfg.server.listen {
-        proxy.add_listener(ListenerConfig::tcp(addr.to_string()).l4_buffer(buffers));
+        proxy.add_listener(
+            ListenerConfig::tcp(addr.to_string())
+                .tcp_socket_options(socket_options(addr))
+                .l4_buffer(buffers),
+        );
     }
     if let Some(tls) = &cfg.server.tls {
         // Loaded and checked by `check_tls` above.
@@ -178,6 +190,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
                 .map_err(|e| format!("server.tls listener {addr}: {e}"))?;
             proxy.add_listener(
                 ListenerConfig::tcp(addr.to_string())
+                    .tcp_socket_options(socket_options(addr))
                     .tls(settings)
                     .l4_buffer(buffers),
             );
@@ -216,9 +229,10 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
                     .chain(cfg.server.tls.iter().flat_map(|t| &t.listen))
                     .copied()
                     .collect(),
+                cfg.server.admin_token.clone(),
             )),
         );
-        admin.add_tcp(&addr.to_string());
+        admin.add_tcp_with_settings(&addr.to_string(), socket_options(&addr));
         server.add_service(admin);
     }
     tracing::info!(
@@ -231,6 +245,44 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         "a2a-gateway starting"
     );
     server.run_forever()
+}
+
+/// The socket options of a listener on `addr`: an IPv6 one is IPv6 only
+/// (`IPV6_V6ONLY`, as nginx does), so that `"0.0.0.0:P"` and `"[::]:P"`
+/// both bind on a dual-stack host, each for its own family, and `"[::]:P"`
+/// alone does not take IPv4 callers.
+fn socket_options(addr: &std::net::SocketAddr) -> TcpSocketOptions {
+    let mut options = TcpSocketOptions::default();
+    options.ipv6_only = addr.is_ipv6().then_some(true);
+    options
+}
+
+/// Binds every listener address once (and lets it go) before pingora
+/// starts: pingora binds in its service threads, where a failure panics a
+/// thread and leaves the process up without that listener. An address that
+/// cannot be bound (taken, not this host's, not permitted) is an error
+/// naming it, its key and the OS error. IPv4 and IPv6 addresses are tried
+/// in two passes, since an IPv6 listener is IPv6 only ([`socket_options`])
+/// while the bind tried here is dual-stack. Something that takes an address
+/// between this check and pingora's bind still panics a service thread.
+pub fn check_binds(cfg: &config::Config) -> Result<(), String> {
+    let mut all: Vec<(std::net::SocketAddr, &str)> = Vec::new();
+    all.extend(cfg.server.listen.iter().map(|a| (*a, "server.listen")));
+    if let Some(tls) = &cfg.server.tls {
+        all.extend(tls.listen.iter().map(|a| (*a, "server.tls.listen")));
+    }
+    if let Some(a) = cfg.server.admin {
+        all.push((a, "server.admin"));
+    }
+    for v6 in [false, true] {
+        let mut held = Vec::new();
+        for (addr, key) in all.iter().filter(|(a, _)| a.is_ipv6() == v6) {
+            let listener = std::net::TcpListener::bind(addr)
+                .map_err(|e| format!("cannot listen on {addr} ({key}): {e}"))?;
+            held.push(listener);
+        }
+    }
+    Ok(())
 }
 
 /// The TLS checks the config cannot make alone (they need rustls): that
