@@ -40,16 +40,29 @@ async fn worker_tasks(worker: &Worker) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// Writes one whole streaming send of `text` and leaves `after` it.
-async fn send_and_go(gw: &str, bind: Bind, text: &str, reset: bool, after: Duration) {
+/// Writes one whole send of `text` (a streaming one, or a blocking one,
+/// which the gateway carries as a stream) and leaves `after` it.
+async fn send_and_go(
+    gw: &str,
+    bind: Bind,
+    blocking: bool,
+    text: &str,
+    reset: bool,
+    after: Duration,
+) {
     let (authority, _) = split_url(gw);
     let msg = message(text);
+    let (method, rest_path) = if blocking {
+        ("SendMessage", "/message:send")
+    } else {
+        ("SendStreamingMessage", "/message:stream")
+    };
     let (path, body) = match bind {
         Bind::JsonRpc => (
             "/",
-            json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": {"message": msg}}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": {"message": msg}}),
         ),
-        Bind::Rest => ("/message:stream", json!({ "message": msg })),
+        Bind::Rest => (rest_path, json!({ "message": msg })),
     };
     let body = body.to_string();
     let req = format!(
@@ -76,7 +89,7 @@ async fn send_and_go(gw: &str, bind: Bind, text: &str, reset: bool, after: Durat
 /// started is CANCELED, and stays the only thing it holds. The Python
 /// worker sends its first event only 300 ms after the task started
 /// (`late:300:`), so every caller leaves before any event.
-async fn forty_leave_at_once(kind: Kind, bind: Bind) {
+async fn forty_leave_at_once(kind: Kind, bind: Bind, blocking: bool) {
     let worker = Worker::start(kind).await;
     let gw = Gateway::in_front_of(&worker.url(), "").await;
     let text = match kind {
@@ -87,7 +100,9 @@ async fn forty_leave_at_once(kind: Kind, bind: Bind) {
         .map(|i| {
             let url = gw.url.clone();
             let after = Duration::from_millis((i / 2 % 10) * 5);
-            tokio::spawn(async move { send_and_go(&url, bind, text, i % 2 == 1, after).await })
+            tokio::spawn(
+                async move { send_and_go(&url, bind, blocking, text, i % 2 == 1, after).await },
+            )
         })
         .collect();
     for c in callers {
@@ -129,7 +144,7 @@ async fn forty_leave_at_once(kind: Kind, bind: Bind) {
         0.0
     );
     eprintln!(
-        "{kind:?}/{bind:?}: {} tasks started by 40 callers, all canceled {:?} after they left; found by message: {}",
+        "{kind:?}/{bind:?}/blocking={blocking}: {} tasks started by 40 callers, all canceled {:?} after they left; found by message: {}",
         tasks.len(),
         all_canceled_at,
         gw.counter("a2agw_children_looked_up_total", &["outcome=\"found\""])
@@ -138,8 +153,10 @@ async fn forty_leave_at_once(kind: Kind, bind: Bind) {
 }
 
 scenarios! {
-    rust_jsonrpc_forty_leave_at_once => forty_leave_at_once(Kind::Rust, Bind::JsonRpc);
-    rust_rest_forty_leave_at_once => forty_leave_at_once(Kind::Rust, Bind::Rest);
-    python_jsonrpc_forty_leave_at_once => forty_leave_at_once(Kind::Python, Bind::JsonRpc);
-    python_rest_forty_leave_at_once => forty_leave_at_once(Kind::Python, Bind::Rest);
+    rust_jsonrpc_forty_leave_at_once => forty_leave_at_once(Kind::Rust, Bind::JsonRpc, false);
+    rust_rest_forty_leave_at_once => forty_leave_at_once(Kind::Rust, Bind::Rest, false);
+    python_jsonrpc_forty_leave_at_once => forty_leave_at_once(Kind::Python, Bind::JsonRpc, false);
+    python_rest_forty_leave_at_once => forty_leave_at_once(Kind::Python, Bind::Rest, false);
+    rust_rest_forty_blocking_leave_at_once => forty_leave_at_once(Kind::Rust, Bind::Rest, true);
+    python_jsonrpc_forty_blocking_leave_at_once => forty_leave_at_once(Kind::Python, Bind::JsonRpc, true);
 }

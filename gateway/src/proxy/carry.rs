@@ -309,6 +309,11 @@ impl Gateway {
             .inc();
         ctx.track.carried = true;
         ctx.track.shape = Some(Shape::Stream);
+        if ctx.req.task_id.is_none() {
+            // A new task: found by its message if no event names it.
+            ctx.req.message_id =
+                crate::a2a::request::message_id(&plan.body, binding == Binding::JsonRpc);
+        }
         metrics::OPEN_STREAMS.inc();
 
         let mut head = session.req_header().clone();
@@ -374,6 +379,14 @@ impl Gateway {
                             }
                             continue;
                         }
+                    }
+                } else if let Some(at) = caller_left {
+                    // The caller is gone: read on only while an event may
+                    // still name the task (then the cascade looks for it).
+                    let left_to_wait = id_wait.saturating_sub(at.elapsed());
+                    match tokio::time::timeout(left_to_wait, up.read_response_body()).await {
+                        Ok(chunk) => chunk,
+                        Err(_) => break,
                     }
                 } else {
                     up.read_response_body().await
