@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::harness::gateway::Gateway;
-use crate::harness::http::{post_json, split_url, Response};
+use crate::harness::http::{leave, list_tasks, post_json, split_url, Response};
 use crate::harness::worker::{message, Bind, Kind, Worker};
 use crate::harness::{scaled_count, scaled_ms, scaled_secs, scenarios};
 
@@ -43,31 +43,12 @@ fn blocking_send(bind: Bind, tenant: Option<&str>, text: &str, conf: Value) -> (
     }
 }
 
-/// Every task id the worker holds in `tenant` (JSON-RPC `ListTasks`, to the
-/// worker itself).
-async fn worker_tasks(worker: &Worker, tenant: Option<&str>) -> Vec<String> {
-    let mut params = json!({});
-    if let Some(t) = tenant {
-        params["tenant"] = json!(t);
-    }
-    let body = json!({"jsonrpc": "2.0", "id": "list", "method": "ListTasks", "params": params});
-    let v = post_json(&worker.url(), "/", &[], &body).await.json();
-    v["result"]["tasks"]
-        .as_array()
-        .map(|ts| {
-            ts.iter()
-                .filter_map(|t| t["id"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Waits for the worker to hold exactly one task in `tenant`; its id.
 async fn the_one_task(worker: &Worker, tenant: Option<&str>) -> String {
     for _ in 0..scaled_count(200) {
-        let ids = worker_tasks(worker, tenant).await;
+        let ids = list_tasks(&worker.url(), tenant).await;
         assert!(ids.len() <= 1, "more than one task: {ids:?}");
-        if let Some(id) = ids.into_iter().next() {
+        if let Some((id, _)) = ids.into_iter().next() {
             return id;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -96,13 +77,7 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
         .await
         .expect("the task runs");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    if reset {
-        #[allow(deprecated)]
-        let _ = sock.set_linger(Some(Duration::ZERO));
-    } else {
-        let _ = sock.shutdown().await;
-    }
-    drop(sock);
+    leave(sock, reset).await;
     let left = Instant::now();
     worker
         .wait_state(tenant, &id, CANCELED, scaled_secs(1))

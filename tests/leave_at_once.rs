@@ -13,32 +13,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::harness::gateway::Gateway;
-use crate::harness::http::{post_json, split_url};
+use crate::harness::http::{leave, list_tasks, split_url};
 use crate::harness::worker::{message, Bind, Kind, Worker};
 use crate::harness::{scaled_ms, scaled_secs, scenarios};
 
 const CANCELED: &str = "TASK_STATE_CANCELED";
-
-/// Every task the worker holds, with its state (JSON-RPC `ListTasks` to the
-/// worker itself).
-async fn worker_tasks(worker: &Worker) -> Vec<(String, String)> {
-    let body =
-        json!({"jsonrpc": "2.0", "id": "list", "method": "ListTasks", "params": {"pageSize": 100}});
-    let v = post_json(&worker.url(), "/", &[], &body).await.json();
-    v["result"]["tasks"]
-        .as_array()
-        .map(|ts| {
-            ts.iter()
-                .filter_map(|t| {
-                    Some((
-                        t["id"].as_str()?.to_string(),
-                        t["status"]["state"].as_str()?.to_string(),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Writes one whole send of `text` (a streaming one, or a blocking one,
 /// which the gateway carries as a stream) and leaves `after` it.
@@ -74,13 +53,7 @@ async fn send_and_go(
     if !after.is_zero() {
         tokio::time::sleep(after).await;
     }
-    if reset {
-        #[allow(deprecated)]
-        let _ = sock.set_linger(Some(Duration::ZERO));
-    } else {
-        let _ = sock.shutdown().await;
-    }
-    drop(sock);
+    leave(sock, reset).await;
 }
 
 /// 20 callers leave with a FIN and 20 with an RST, all at once (each
@@ -114,7 +87,7 @@ async fn forty_leave_at_once(kind: Kind, bind: Bind, blocking: bool) {
     // loaded machine) starts its task late, and is held to the same bound.
     let mut all_canceled_at = None;
     while Instant::now() < deadline {
-        let tasks = worker_tasks(&worker).await;
+        let tasks = list_tasks(&worker.url(), None).await;
         let done = !tasks.is_empty() && tasks.iter().all(|(_, s)| s == CANCELED);
         if done && all_canceled_at.is_none() {
             all_canceled_at = Some(left.elapsed());
@@ -123,7 +96,7 @@ async fn forty_leave_at_once(kind: Kind, bind: Bind, blocking: bool) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let tasks = worker_tasks(&worker).await;
+    let tasks = list_tasks(&worker.url(), None).await;
     let running: Vec<_> = tasks.iter().filter(|(_, s)| s != CANCELED).collect();
     assert!(
         running.is_empty(),
@@ -136,7 +109,7 @@ async fn forty_leave_at_once(kind: Kind, bind: Bind, blocking: bool) {
     assert!(!tasks.is_empty(), "the worker started no task");
     // Nothing the worker starts later runs on either.
     tokio::time::sleep(scaled_ms(500)).await;
-    let later = worker_tasks(&worker).await;
+    let later = list_tasks(&worker.url(), None).await;
     assert_eq!(later.len(), tasks.len(), "tasks started after the check");
     assert!(later.iter().all(|(_, s)| s == CANCELED), "{later:?}");
     assert_eq!(

@@ -280,15 +280,47 @@ pub async fn send_and_leave(
 /// The ids of every task the worker holds (JSON-RPC `ListTasks`, straight to
 /// the worker).
 pub async fn list_task_ids(url: &str) -> Vec<String> {
-    let body = json!({"jsonrpc": "2.0", "id": "harness-list", "method": "ListTasks", "params": {}});
+    list_tasks(url, None)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// Every task the worker holds in `tenant` (up to 100), with its state
+/// (JSON-RPC `ListTasks`, straight to the worker).
+pub async fn list_tasks(url: &str, tenant: Option<&str>) -> Vec<(String, String)> {
+    let mut params = json!({"pageSize": 100});
+    if let Some(t) = tenant {
+        params["tenant"] = json!(t);
+    }
+    let body =
+        json!({"jsonrpc": "2.0", "id": "harness-list", "method": "ListTasks", "params": params});
     let v = post_json(url, "/", &[], &body).await.json();
     v["result"]["tasks"]
         .as_array()
         .map(|tasks| {
             tasks
                 .iter()
-                .filter_map(|t| t["id"].as_str().map(str::to_string))
+                .filter_map(|t| {
+                    Some((
+                        t["id"].as_str()?.to_string(),
+                        t["status"]["state"].as_str().unwrap_or("").to_string(),
+                    ))
+                })
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Leaves a raw connection: with a reset (SO_LINGER 0) or a FIN.
+pub async fn leave(mut sock: TcpStream, reset: bool) {
+    if reset {
+        // Linger 0 does not block on drop, which is what the deprecation is about.
+        #[allow(deprecated)]
+        let _ = sock.set_linger(Some(Duration::ZERO));
+    } else {
+        let _ = sock.shutdown().await;
+    }
+    drop(sock);
 }
