@@ -1,8 +1,9 @@
 //! The admin endpoint: `/healthz` (the process is up), `/readyz` (every
 //! proxy listener accepts connections), `/metrics` (Prometheus text),
-//! `/tasks` (what the store holds, as JSON, for debugging) and `/budgets`
+//! `/tasks` (what the store holds, as JSON, for debugging), `/budgets`
 //! (accounts: limit, spent, reserved, left; and this replica's in-flight
-//! child budgets).
+//! child budgets) and `POST /reload` (re-reads the config file, as SIGHUP
+//! does; see [`crate::reload`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +33,8 @@ pub struct Admin {
     /// Set once every listener accepted a connection: they stay bound until
     /// the drain, which closes the admin listener as well.
     pub ready: AtomicBool,
+    /// What `POST /reload` runs; `None`: not offered (404).
+    pub reload: Option<Arc<crate::reload::Reloader>>,
 }
 
 /// How long `/readyz` waits for one listener to accept.
@@ -60,7 +63,42 @@ impl Admin {
             listeners,
             token,
             ready: AtomicBool::new(false),
+            reload: None,
         }
+    }
+
+    /// Offers `POST /reload`, run by `reloader`.
+    pub fn with_reload(mut self, reloader: Arc<crate::reload::Reloader>) -> Admin {
+        self.reload = Some(reloader);
+        self
+    }
+
+    /// `POST /reload`: 200 and what was applied (with the settings that
+    /// need a restart), or 422 and every reason it was refused.
+    async fn reload(&self, session: &ServerSession) -> Response<Vec<u8>> {
+        let Some(reloader) = &self.reload else {
+            return not_found();
+        };
+        if session.req_header().method != http::Method::POST {
+            let mut r = reply(
+                405,
+                "text/plain",
+                b"method not allowed: POST /reload\n".to_vec(),
+            );
+            r.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
+            return r;
+        }
+        let outcome = reloader.reload(crate::reload::Trigger::Admin).await;
+        let status = match outcome {
+            crate::reload::Outcome::Applied { .. } => 200,
+            crate::reload::Outcome::Refused { .. } => 422,
+        };
+        reply(
+            status,
+            "application/json",
+            outcome.to_json().to_string().into_bytes(),
+        )
     }
 
     /// Readiness for an orchestrator (a Kubernetes `readinessProbe`):
@@ -126,6 +164,14 @@ fn bearer_matches(given: Option<&[u8]>, token: &str) -> bool {
     scheme.eq_ignore_ascii_case(b"bearer ") && value.len() == token.len() && diff == 0
 }
 
+fn not_found() -> Response<Vec<u8>> {
+    reply(
+        404,
+        "text/plain",
+        b"not found: try /healthz, /readyz, /metrics, /tasks, /budgets or POST /reload\n".to_vec(),
+    )
+}
+
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     Response::builder()
         .status(status)
@@ -172,6 +218,7 @@ impl ServeHttp for Admin {
                 "application/json",
                 self.budgets.admin_view().await.to_string().into_bytes(),
             ),
+            "/reload" => self.reload(session).await,
             "/tasks" => match self.store.list(1000).await {
                 Ok(tasks) => {
                     let tasks: Vec<_> = tasks
@@ -204,11 +251,7 @@ impl ServeHttp for Admin {
                     json!({"error": e.to_string()}).to_string().into_bytes(),
                 ),
             },
-            _ => reply(
-                404,
-                "text/plain",
-                b"not found: try /healthz, /readyz, /metrics, /tasks or /budgets\n".to_vec(),
-            ),
+            _ => not_found(),
         }
     }
 }

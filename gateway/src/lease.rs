@@ -18,6 +18,10 @@
 //! - **Renewer**: renews the gateway-held leases of callers connected to this
 //!   replica, every third of their TTL, in one store call per tick. When this
 //!   replica dies the renewals stop and another replica's reaper cancels.
+//!
+//! Routes are looked up by name in the running config; after a reload, a
+//! route it removed is still found (with its last config) for its leases
+//! and owed cancels, and claimed for ([`crate::reload::LiveRoutes`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +34,7 @@ use policies::lease::{self, AtLapse};
 
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
-use crate::proxy::route::Routes;
+use crate::reload::LiveRoutes;
 use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
@@ -110,9 +114,10 @@ impl Held {
 pub struct Leases {
     store: Arc<dyn TaskStore>,
     canceller: Canceller,
-    routes: Arc<Routes>,
-    /// The routes' names: handed-back leases are claimed only for these.
-    route_names: Vec<Arc<str>>,
+    /// The routes as configured now, and those a reload removed (their
+    /// leases and owed cancels are still sent with their last config):
+    /// lapsed leases and owed cancels are claimed only for these names.
+    routes: Arc<LiveRoutes>,
     replica_id: String,
     tick: Duration,
     held: Mutex<Held>,
@@ -123,17 +128,15 @@ impl Leases {
     pub fn new(
         store: Arc<dyn TaskStore>,
         canceller: Canceller,
-        routes: Arc<Routes>,
+        routes: Arc<LiveRoutes>,
         replica_id: String,
         tick: Duration,
         health: Arc<StoreHealth>,
     ) -> Self {
-        let route_names = routes.iter().map(|r| r.name.clone()).collect();
         Leases {
             store,
             canceller,
             routes,
-            route_names,
             replica_id,
             tick,
             held: Mutex::new(Held::default()),
@@ -190,7 +193,7 @@ impl Leases {
         let hold = now + (self.canceller.longest() + CLAIM_HOLD_MARGIN).as_millis() as u64;
         let claimed = self
             .store
-            .lease_claim_lapsed(now, CLAIM_BATCH, hold, &self.route_names)
+            .lease_claim_lapsed(now, CLAIM_BATCH, hold, &self.routes.claim_names())
             .await;
         self.health.record(&claimed);
         let lapsed = match claimed {
@@ -273,7 +276,7 @@ impl Leases {
     pub async fn claim_owed(&self, now: u64) -> usize {
         let claimed = match self
             .store
-            .outbox_claim(now, CLAIM_BATCH, &self.route_names)
+            .outbox_claim(now, CLAIM_BATCH, &self.routes.claim_names())
             .await
         {
             Ok(c) => c,

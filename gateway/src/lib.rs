@@ -14,6 +14,7 @@ pub mod drain;
 pub mod lease;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod resolve;
 pub mod server;
 pub mod store;

@@ -125,38 +125,55 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(listen) = cli.listen {
-        cfg.server.listen = vec![listen];
-    }
-    if let Some(admin) = cli.admin {
-        cfg.server.admin = Some(admin);
-    }
-    if let Some(url) = &cli.store {
-        cfg.store.kind = if url == "memory://" {
-            config::StoreKind::Memory
-        } else if url.starts_with("redis://") {
-            config::StoreKind::Redis { url: url.clone() }
-        } else if url.starts_with("rediss://") {
+    let store = match &cli.store {
+        None => None,
+        Some(url) if url == "memory://" => Some(config::StoreKind::Memory),
+        Some(url) if url.starts_with("redis://") => {
+            Some(config::StoreKind::Redis { url: url.clone() })
+        }
+        Some(url) if url.starts_with("rediss://") => {
             eprintln!("a2a-gateway: --store: {}", config::REDISS_UNSUPPORTED);
             return ExitCode::from(2);
-        } else {
+        }
+        Some(url) => {
             let url = config::redact_url(url);
             eprintln!("a2a-gateway: --store {url:?}: expected memory:// or redis://HOST:PORT/DB");
             return ExitCode::from(2);
-        };
-    }
-    if let Some(threads) = cli.threads {
-        cfg.server.threads = threads.clamp(1, 256);
-    }
-    if let Some(format) = cli.log_format {
-        cfg.server.log_format = format;
-    }
+        }
+    };
+    // The command line's overrides, applied again to every reload's config.
+    let (listen, admin, threads, log_format) = (cli.listen, cli.admin, cli.threads, cli.log_format);
+    let overrides = move |cfg: &mut config::Config| {
+        if let Some(listen) = listen {
+            cfg.server.listen = vec![listen];
+        }
+        if let Some(admin) = admin {
+            cfg.server.admin = Some(admin);
+        }
+        if let Some(kind) = &store {
+            cfg.store.kind = kind.clone();
+        }
+        if let Some(threads) = threads {
+            cfg.server.threads = threads.clamp(1, 256);
+        }
+        if let Some(format) = log_format {
+            cfg.server.log_format = format;
+        }
+    };
+    overrides(&mut cfg);
+    let source = cli
+        .config
+        .clone()
+        .map(|path| a2a_gateway::reload::ConfigSource {
+            path,
+            overrides: Box::new(overrides),
+        });
     init_logs(cfg.server.log_format);
     tracing::debug!(
         allocator = a2a_gateway::allocator::in_use(),
         "heap allocator"
     );
-    match a2a_gateway::server::run(cfg) {
+    match a2a_gateway::server::run(cfg, source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("a2a-gateway: {e}");

@@ -354,3 +354,9 @@ counter!(
     "Requests refused before reaching the worker, by reason.",
     &["route", "reason"]
 );
+counter!(
+    CONFIG_RELOADS,
+    "a2agw_config_reloads_total",
+    "Config reloads (SIGHUP or POST /reload) by outcome: applied, or refused (the running config kept).",
+    &["outcome"]
+);

@@ -41,6 +41,10 @@ pub struct WorkerAddr {
     ca: Option<Arc<CaType>>,
     /// The route's `worker_client_cert` and key; `None`: none presented.
     client: Option<Arc<CertKey>>,
+    /// The configured `worker_ca` and `worker_client_cert` these were made
+    /// from: a reload keeps this address (and its last lookup) while they
+    /// are unchanged.
+    tls_source: (Option<config::WorkerCa>, Option<config::ClientCert>),
 }
 
 impl std::fmt::Debug for WorkerAddr {
@@ -99,6 +103,7 @@ impl WorkerAddr {
             }),
             // The config parsed the chain and the key as pingora will.
             client: client.map(|c| Arc::new(CertKey::new(c.certs.clone(), c.key.clone()))),
+            tls_source: (ca.cloned(), client.cloned()),
         }
     }
 
@@ -197,48 +202,87 @@ impl WorkerAddr {
 }
 
 /// Every configured worker's address, one per distinct `host:port`.
+/// Shared by the proxy's routes and the gateway's own cancels; a reload
+/// ([`WorkerAddrs::update`]) adds the new workers in place.
 #[derive(Debug, Default)]
 pub struct WorkerAddrs {
-    by_authority: HashMap<String, Arc<WorkerAddr>>,
+    by_authority: arc_swap::ArcSwap<HashMap<String, Arc<WorkerAddr>>>,
     refresh: Duration,
+}
+
+/// The route whose TLS settings a worker's `host:port` takes: the config
+/// makes the https routes to one host:port agree on them; an http route to
+/// it has none and must not hide them.
+fn tls_routes(routes: &[config::Route]) -> HashMap<String, &config::Route> {
+    let mut first: HashMap<String, &config::Route> = HashMap::new();
+    for r in routes {
+        let e = first.entry(r.worker.authority()).or_insert(r);
+        if !e.worker.tls {
+            *e = r;
+        }
+    }
+    first
+}
+
+fn worker_addr(r: &config::Route, refresh: Duration) -> Arc<WorkerAddr> {
+    Arc::new(WorkerAddr::new(
+        &r.worker,
+        r.worker_ca.as_ref(),
+        r.worker_client_cert.as_ref(),
+        refresh,
+    ))
 }
 
 impl WorkerAddrs {
     /// One per distinct worker `host:port` of `routes`, with its TLS
     /// settings.
     pub fn new(routes: &[config::Route], refresh: Duration) -> Self {
-        // The config makes the https routes to one host:port agree on their
-        // TLS settings; an http route to it has none and must not hide them.
-        let mut first: HashMap<String, &config::Route> = HashMap::new();
-        for r in routes {
-            let e = first.entry(r.worker.authority()).or_insert(r);
-            if !e.worker.tls {
-                *e = r;
-            }
-        }
-        let by_authority = first
+        let by_authority = tls_routes(routes)
             .into_iter()
-            .map(|(k, r)| {
-                let a = WorkerAddr::new(
-                    &r.worker,
-                    r.worker_ca.as_ref(),
-                    r.worker_client_cert.as_ref(),
-                    refresh,
-                );
-                (k, Arc::new(a))
-            })
+            .map(|(k, r)| (k, worker_addr(r, refresh)))
             .collect();
         WorkerAddrs {
-            by_authority,
+            by_authority: arc_swap::ArcSwap::from_pointee(by_authority),
             refresh,
         }
+    }
+
+    /// A reload's routes: a worker already known with the same TLS settings
+    /// keeps its address (and its last lookup); a new worker, or one whose
+    /// `worker_ca` or client certificate changed, gets a new one. Workers
+    /// no route names any more are kept, so that the cancels still owed to
+    /// them (a removed route's leases) reach them as configured. Returns
+    /// the new addresses, to be looked up ([`WorkerAddrs::warm`]).
+    /// Reloads are serialized by their caller.
+    pub fn update(&self, routes: &[config::Route]) -> Vec<Arc<WorkerAddr>> {
+        let mut map = HashMap::clone(&self.by_authority.load());
+        let mut added = Vec::new();
+        for (k, r) in tls_routes(routes) {
+            let same = map.get(&k).is_some_and(|a| {
+                a.tls_source.0.as_ref() == r.worker_ca.as_ref()
+                    && a.tls_source.1.as_ref() == r.worker_client_cert.as_ref()
+            });
+            if !same {
+                let a = worker_addr(r, self.refresh);
+                added.push(a.clone());
+                map.insert(k, a);
+            }
+        }
+        self.by_authority.store(Arc::new(map));
+        added
     }
 
     /// Looks up every worker host name once, so that the first requests
     /// find an address waiting; a name that fails is logged and looked up
     /// again by the first request that needs it.
     pub async fn warm_up(&self) {
-        for a in self.by_authority.values() {
+        let all: Vec<Arc<WorkerAddr>> = self.by_authority.load().values().cloned().collect();
+        WorkerAddrs::warm(&all).await;
+    }
+
+    /// [`WorkerAddrs::warm_up`] for `addrs` only (those a reload added).
+    pub async fn warm(addrs: &[Arc<WorkerAddr>]) {
+        for a in addrs {
             if a.literal.is_some() {
                 continue;
             }
@@ -255,6 +299,7 @@ impl WorkerAddrs {
     /// an address of its own (looked up on first use).
     pub fn get(&self, worker: &config::WorkerUrl) -> Arc<WorkerAddr> {
         self.by_authority
+            .load()
             .get(&worker.authority())
             .cloned()
             .unwrap_or_else(|| Arc::new(WorkerAddr::new(worker, None, None, self.refresh)))
@@ -391,6 +436,6 @@ mod tests {
         );
         assert!(Arc::ptr_eq(&addrs.get(w1), &addrs.get(w2)));
         assert!(!Arc::ptr_eq(&addrs.get(w1), &addrs.get(w3)));
-        assert_eq!(addrs.by_authority.len(), 2);
+        assert_eq!(addrs.by_authority.load().len(), 2);
     }
 }

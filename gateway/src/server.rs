@@ -16,6 +16,7 @@ use crate::cascade::{Cascade, Tracker};
 use crate::lease::{default_replica_id, Leases};
 use crate::proxy::route::Routes;
 use crate::proxy::Gateway;
+use crate::reload::{ConfigSource, LiveRoutes, Reloader, ServerCert, SignalReload};
 use crate::store::memory::MemoryStore;
 use crate::store::TaskStore;
 
@@ -111,7 +112,10 @@ pub fn server_conf(threads: usize, drain: Duration) -> ServerConf {
 }
 
 /// Builds every service and runs until a signal stops the process.
-pub fn run(cfg: config::Config) -> Result<(), String> {
+/// `source`: the config file the config came from, re-read on SIGHUP and
+/// `POST /reload` (`None`: started without one).
+pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), String> {
+    crate::reload::ignore_sighup_until_listening()?;
     check_tls(&cfg)?;
     if let Some(a) = cfg.server.admin {
         if config::admin_needs_token(a) && cfg.server.admin_token.is_none() {
@@ -129,7 +133,10 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     let store = build_store(&cfg, &replica_id)?;
     let store_kind = store.kind();
     let (tracker, tracker_run) = Tracker::new(store.clone());
-    let routes = Arc::new(Routes::new(&cfg.routes, cfg.timeouts.dns_refresh));
+    let routes = Arc::new(LiveRoutes::new(Routes::new(
+        &cfg.routes,
+        cfg.timeouts.dns_refresh,
+    )));
     let worker_addrs = routes.worker_addrs();
     let canceller = Canceller::new(
         cfg.cancel.clone(),
@@ -165,7 +172,7 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         &server.configuration,
         Gateway::new(
             &cfg,
-            routes,
+            routes.clone(),
             cascade,
             leases.clone(),
             store.clone(),
@@ -182,12 +189,18 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
                 .l4_buffer(buffers),
         );
     }
-    if let Some(tls) = &cfg.server.tls {
+    // One certificate for every TLS listener, replaced by a reload.
+    let server_cert = match &cfg.server.tls {
+        Some(tls) => Some(Arc::new(ServerCert::load(tls)?)),
+        None => None,
+    };
+    if let (Some(tls), Some(server_cert)) = (&cfg.server.tls, &server_cert) {
         // Loaded and checked by `check_tls` above.
         let (cert, key) = tls_paths(tls)?;
         for addr in &tls.listen {
-            let settings = TlsSettings::intermediate(cert, key)
+            let mut settings = TlsSettings::intermediate(cert, key)
                 .map_err(|e| format!("server.tls listener {addr}: {e}"))?;
+            settings.set_cert_resolver(server_cert.clone());
             proxy.add_listener(
                 ListenerConfig::tcp(addr.to_string())
                     .tcp_socket_options(socket_options(addr))
@@ -197,6 +210,11 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
         }
     }
     server.add_service(proxy);
+    let reloader = Arc::new(Reloader::new(source, cfg.clone(), routes, server_cert));
+    server.add_service(background_service(
+        "config reload",
+        SignalReload(reloader.clone()),
+    ));
     server.add_service(background_service(
         "worker addresses",
         WarmAddrs(worker_addrs),
@@ -220,17 +238,20 @@ pub fn run(cfg: config::Config) -> Result<(), String> {
     if let Some(addr) = cfg.server.admin {
         let mut admin = pingora::services::listening::Service::new(
             "admin".to_string(),
-            pingora::apps::http_app::HttpServer::new_app(Admin::new(
-                store,
-                budgets,
-                cfg.server
-                    .listen
-                    .iter()
-                    .chain(cfg.server.tls.iter().flat_map(|t| &t.listen))
-                    .copied()
-                    .collect(),
-                cfg.server.admin_token.clone(),
-            )),
+            pingora::apps::http_app::HttpServer::new_app(
+                Admin::new(
+                    store,
+                    budgets,
+                    cfg.server
+                        .listen
+                        .iter()
+                        .chain(cfg.server.tls.iter().flat_map(|t| &t.listen))
+                        .copied()
+                        .collect(),
+                    cfg.server.admin_token.clone(),
+                )
+                .with_reload(reloader),
+            ),
         );
         admin.add_tcp_with_settings(&addr.to_string(), socket_options(&addr));
         server.add_service(admin);

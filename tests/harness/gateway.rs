@@ -67,6 +67,10 @@ pub struct Gateway {
     pub url: String,
     pub admin: String,
     pub log: PathBuf,
+    /// The config file it was started with (`--config`).
+    pub config: PathBuf,
+    /// The `[server]` lines the harness wrote before the body.
+    server_head: String,
 }
 
 impl Gateway {
@@ -103,9 +107,10 @@ impl Gateway {
         let port = free_port();
         let admin_port = free_port();
         let dir = scratch_dir("gw");
-        let cfg = format!(
-            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\nthreads = 2\n\n{body}"
+        let server_head = format!(
+            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\nthreads = 2\n\n"
         );
+        let cfg = format!("{server_head}{body}");
         let cfg_path = dir.join("gateway.toml");
         std::fs::write(&cfg_path, cfg).unwrap();
         let log = dir.join("gateway.log");
@@ -125,6 +130,8 @@ impl Gateway {
             url: format!("http://127.0.0.1:{port}"),
             admin: format!("http://127.0.0.1:{admin_port}"),
             log,
+            config: cfg_path,
+            server_head,
         };
         gw.wait_ready().await;
         gw
@@ -193,6 +200,25 @@ impl Gateway {
             .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    /// Rewrites the config file with the harness's `[server]` lines (the
+    /// same listeners) and a new `body`, as [`Gateway::start`] takes it.
+    /// Nothing happens until a reload ([`Gateway::hangup`]).
+    pub fn rewrite_config(&self, body: &str) {
+        std::fs::write(&self.config, format!("{}{body}", self.server_head))
+            .expect("rewrite the gateway's config");
+    }
+
+    /// Sends SIGHUP (reload the config) and returns at once.
+    pub fn hangup(&self) {
+        let pid = self.pid().expect("the gateway runs");
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -HUP {pid}");
     }
 
     /// The gateway process's id (for a profiler to attach to).

@@ -35,7 +35,8 @@ impl Gateway {
         let req = session.req_header();
         let host = request_host(req).map(host_without_port);
         let full_path = req.uri.path();
-        let Some(Matched { route, prefix, rel }) = self.routes.find(host, full_path) else {
+        let routes = self.routes.load();
+        let Some(Matched { route, prefix, rel }) = routes.find(host, full_path) else {
             ctx.req.binding = Some(Binding::Rest);
             if let Some(fault) = fault {
                 return Err(Refusal::Http1(fault));

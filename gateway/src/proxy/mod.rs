@@ -46,18 +46,19 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 pub use ctx::Ctx;
 use ctx::{Answer, RequestBody};
 use refusal::Refusal;
-use route::Routes;
 
 use crate::a2a::{A2aMethod, Call};
 use crate::budget::Budgets;
 use crate::cascade::Cascade;
 use crate::lease::Leases;
+use crate::reload::LiveRoutes;
 use crate::store::{StoreHealth, TaskStore};
 
 /// The gateway's proxy service.
 #[derive(Debug)]
 pub struct Gateway {
-    routes: Arc<Routes>,
+    /// Swapped by a reload; a request keeps the route it matched.
+    routes: Arc<LiveRoutes>,
     limits: config::Limits,
     timeouts: config::Timeouts,
     public_url: Option<String>,
@@ -81,7 +82,7 @@ const PRE_READ_LIMIT: usize = 64 * 1024;
 impl Gateway {
     pub fn new(
         cfg: &config::Config,
-        routes: Arc<Routes>,
+        routes: Arc<LiveRoutes>,
         cascade: Arc<Cascade>,
         leases: Arc<Leases>,
         store: Arc<dyn TaskStore>,

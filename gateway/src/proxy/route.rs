@@ -105,7 +105,13 @@ impl Route {
 impl Routes {
     /// `dns_refresh`: how long a worker name's looked-up address is used.
     pub fn new(cfg: &[config::Route], dns_refresh: Duration) -> Self {
-        let addrs = Arc::new(WorkerAddrs::new(cfg, dns_refresh));
+        Routes::with_addrs(cfg, Arc::new(WorkerAddrs::new(cfg, dns_refresh)))
+    }
+
+    /// The routes of `cfg` reaching their workers through `addrs` (which
+    /// must know them: [`WorkerAddrs::new`] or [`WorkerAddrs::update`] with
+    /// `cfg`), as a reload builds them.
+    pub fn with_addrs(cfg: &[config::Route], addrs: Arc<WorkerAddrs>) -> Self {
         let mut routes: Vec<Arc<Route>> = cfg
             .iter()
             .map(|r| {
