@@ -375,3 +375,51 @@ async fn tls_certificate_is_reloaded() {
     );
     assert!(old.connect(addr).await.is_err(), "not the old one");
 }
+
+/// A route removed by a reload is out of reach of new requests, but the
+/// lease of a task started on it still lapses into a cancel sent with its
+/// config: a non-blocking send on a `poll_lease` route, then a reload that
+/// renames the route; nobody polls, and the worker has the task CANCELED
+/// within `poll_lease` + 1 s of the send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_route_still_cancels_its_lapsed_lease() {
+    const POLL: Duration = Duration::from_secs(2);
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::start(&route("w", &worker.url(), "poll_lease = \"2s\"")).await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": message(LONG), "configuration": {"returnImmediately": true}}});
+    let sent_at = tokio::time::Instant::now();
+    let r = post_json(&gw.url, "/", &[], &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let id = v["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {v}"))
+        .to_string();
+
+    gw.rewrite_config(&route("v", &worker.url(), ""));
+    let (status, v) = post_reload(&gw, &[]).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (&v["added"], &v["removed"]),
+        (&json!(["v"]), &json!(["w"])),
+        "{v}"
+    );
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some(WORKING),
+        "not cancelled by the reload itself"
+    );
+
+    let bound = POLL + scaled_ms(1000);
+    worker
+        .wait_state(None, &id, CANCELED, bound.saturating_sub(sent_at.elapsed()))
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "the removed route's lapsed lease was not cancelled (state {s:?}); log:\n{}",
+                gw.log_text()
+            )
+        });
+    assert_eq!(worker.cancels().await, 1);
+}

@@ -18,6 +18,7 @@ use super::{read, schema};
 /// be added here, or its own name shows up as an undocumented key.
 const EVERY_TABLE: &str = r#"
 [server.tls]
+[tracing]
 
 [[routes]]
 lease = {}

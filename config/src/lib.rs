@@ -45,6 +45,8 @@ pub struct Config {
     pub timeouts: Timeouts,
     pub cancel: Cancel,
     pub leases: Leases,
+    /// `[tracing]`: OpenTelemetry traces. `None` (no table): no traces.
+    pub tracing: Option<Tracing>,
     /// In file order; at least one. The router picks among them.
     pub routes: Vec<Route>,
 }
@@ -292,6 +294,50 @@ impl Default for Cancel {
         }
     }
 }
+
+/// `[tracing]`: OpenTelemetry spans for proxied requests and for the
+/// gateway's own calls to workers, exported over OTLP/HTTP (protobuf). The
+/// table is off by default; present, `otlp_endpoint` is required.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracing {
+    /// The OTLP/HTTP receiver's base URL, `http://host:port` with an
+    /// optional path, without a trailing `/` (spans are posted to
+    /// `{otlp_endpoint}/v1/traces`). Plain HTTP only: a collector on
+    /// loopback or a private network forwards them on.
+    pub otlp_endpoint: String,
+    /// `service.name` of the exported resource. Default `"a2a-gateway"`.
+    pub service_name: String,
+    /// The share of new traces (requests without a caller's sampled
+    /// `traceparent`) that are recorded, 0 to 1. A caller's
+    /// `traceparent` decides for its own trace. Default 1.
+    pub sample_ratio: SampleRatio,
+}
+
+/// A ratio from 0 to 1 (never NaN, so it is `Eq`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleRatio(f64);
+
+impl Eq for SampleRatio {}
+
+impl SampleRatio {
+    /// `r` if it is a number from 0 to 1.
+    pub fn new(r: f64) -> Option<SampleRatio> {
+        (0.0..=1.0).contains(&r).then_some(SampleRatio(r))
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl Default for SampleRatio {
+    fn default() -> Self {
+        SampleRatio(1.0)
+    }
+}
+
+/// `tracing.service_name`'s default.
+pub const DEFAULT_SERVICE_NAME: &str = "a2a-gateway";
 
 /// `[[routes]]`: which requests go to which worker, under which policy.
 ///
@@ -654,6 +700,7 @@ impl Config {
                 budget: BudgetPolicy::default(),
             }],
             leases: Leases::default(),
+            tracing: None,
         })
     }
 }

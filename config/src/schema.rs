@@ -17,8 +17,8 @@ use crate::read::{
 use crate::url::{split_url, UrlError};
 use crate::{
     AccountPolicy, AccountScope, BudgetPolicy, Cancel, ClientCert, Config, HeaderPolicy,
-    LeasePolicy, Leases, Limits, LogFormat, OnStoreError, Route, Server, ServerTls, Store,
-    StoreKind, Timeouts, WorkerCa, WorkerLeases, WorkerUrl,
+    LeasePolicy, Leases, Limits, LogFormat, OnStoreError, Route, SampleRatio, Server, ServerTls,
+    Store, StoreKind, Timeouts, Tracing, WorkerCa, WorkerLeases, WorkerUrl,
 };
 
 /// What the file refers to outside itself: environment variables
@@ -43,6 +43,14 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
     let timeouts = timeouts(root.section("timeouts"));
     let cancel = cancel(root.section("cancel"));
     let leases = leases(root.section("leases"));
+    // Off without the table; with it, `otlp_endpoint` is required.
+    let has_tracing = root.has("tracing");
+    let tracing_reader = root.section("tracing");
+    let tracing = if has_tracing {
+        tracing(tracing_reader)
+    } else {
+        None
+    };
     let mut defaults = defaults(root.section("defaults"));
     defaults.tick = leases.tick;
     let routes = routes(root, sink, &defaults, env);
@@ -56,6 +64,7 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
         timeouts,
         cancel,
         leases,
+        tracing,
         routes: routes?,
     })
 }
@@ -80,6 +89,81 @@ fn leases(mut r: Reader<'_>) -> Leases {
     });
     r.finish();
     Leases { tick, replica_id }
+}
+
+/// `[tracing]`: `otlp_endpoint` required, the rest defaulted.
+fn tracing(mut r: Reader<'_>) -> Option<Tracing> {
+    let otlp_endpoint = r.required("otlp_endpoint", otlp_endpoint);
+    let service_name = r.or(
+        "service_name",
+        crate::DEFAULT_SERVICE_NAME.to_string(),
+        |item| -> Result<String, String> {
+            let s = string(item)?;
+            if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) {
+                return Err("must be 1 to 255 characters without control characters".into());
+            }
+            Ok(s.to_string())
+        },
+    );
+    let sample_ratio = r.or("sample_ratio", SampleRatio::default(), |item| {
+        let n = match item.as_float() {
+            Some(f) => f,
+            None => item
+                .as_integer()
+                .ok_or_else(|| expected("a number from 0 to 1", item))? as f64,
+        };
+        SampleRatio::new(n).ok_or_else(|| format!("must be between 0 and 1, found {n}"))
+    });
+    r.finish();
+    Some(Tracing {
+        otlp_endpoint: otlp_endpoint?,
+        service_name,
+        sample_ratio,
+    })
+}
+
+/// An OTLP/HTTP receiver's base URL: `http://host[:port][/path]`, without
+/// user info, query or fragment; returned without a trailing `/`.
+fn otlp_endpoint(item: &Item) -> Result<String, String> {
+    let s = string(item)?;
+    let shape = || {
+        expected(
+            "an http URL with a host, like \"http://collector:4318\"",
+            item,
+        )
+    };
+    let u = split_url(s).map_err(|e| match e {
+        UrlError::Shape => shape(),
+        UrlError::Invalid(why) => format!("invalid URL {}: {why}", found(item)),
+    })?;
+    match u.scheme.as_str() {
+        "http" => {}
+        "https" => {
+            return Err(format!(
+                "https is not supported for the OTLP exporter (plain HTTP only: send to a collector on loopback or a private network), found {}",
+                found(item)
+            ))
+        }
+        _ => return Err(shape()),
+    }
+    if u.userinfo.is_some() || u.query.is_some() || u.fragment.is_some() {
+        return Err(format!(
+            "an OTLP endpoint has no user info, query or fragment, found {}",
+            found(item)
+        ));
+    }
+    if u.path.ends_with("/v1/traces") {
+        return Err(format!(
+            "give the receiver's base URL; the gateway adds /v1/traces itself, found {}",
+            found(item)
+        ));
+    }
+    let port = u.port.map(|p| format!(":{p}")).unwrap_or_default();
+    Ok(format!(
+        "http://{}{port}{}",
+        u.host,
+        u.path.trim_end_matches('/')
+    ))
 }
 
 /// Route defaults: the cascade policy and the largest lease TTL accepted.

@@ -559,7 +559,7 @@ fn single_errors() {
         // unknown keys, with a suggestion when one is close
         (
             "servr = 1\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, leases, defaults, routes",
+            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, leases, tracing, defaults, routes",
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -1200,4 +1200,77 @@ fn store_url_debug_redacted() {
     let shown = format!("{c:?}");
     assert!(shown.contains("redis://user:***@cache:6379/0"), "{shown}");
     assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+/// `[tracing]`: off without the table; its keys, defaults and every error
+/// at once.
+#[test]
+fn tracing_table() {
+    assert_eq!(ok(ROUTE).tracing, None);
+    let t = ok(&format!(
+        "[tracing]\notlp_endpoint = \"http://collector:4318/\"\n{ROUTE}"
+    ))
+    .tracing
+    .unwrap();
+    assert_eq!(t.otlp_endpoint, "http://collector:4318");
+    assert_eq!(t.service_name, "a2a-gateway");
+    assert_eq!(t.sample_ratio.get(), 1.0);
+    let t = ok(&format!(
+        "[tracing]\notlp_endpoint = \"http://10.0.0.5/otel\"\nservice_name = \"gw-eu\"\nsample_ratio = 0.25\n{ROUTE}"
+    ))
+    .tracing
+    .unwrap();
+    assert_eq!(t.otlp_endpoint, "http://10.0.0.5/otel");
+    assert_eq!(t.service_name, "gw-eu");
+    assert_eq!(t.sample_ratio.get(), 0.25);
+    let t = ok(&format!(
+        "[tracing]\notlp_endpoint = \"http://c:4318\"\nsample_ratio = 0\n{ROUTE}"
+    ))
+    .tracing
+    .unwrap();
+    assert_eq!(t.sample_ratio.get(), 0.0);
+
+    // Every error of the table at once.
+    let errs = errors(&format!(
+        "[tracing]\nservice_name = \"\"\nsample_ratio = 1.5\nendpoint = \"x\"\n{ROUTE}"
+    ));
+    let want = [
+        "tracing.otlp_endpoint: missing required key",
+        "tracing.service_name: must be 1 to 255 characters",
+        "tracing.sample_ratio: must be between 0 and 1, found 1.5",
+        "tracing.endpoint: unknown key \"endpoint\"",
+    ];
+    for w in want {
+        assert!(errs.iter().any(|e| e.contains(w)), "{w:?} not in {errs:#?}");
+    }
+    assert_eq!(errs.len(), want.len(), "{errs:#?}");
+
+    for (endpoint, why) in [
+        ("https://c:4318", "https is not supported"),
+        ("grpc://c:4317", "expected an http URL with a host"),
+        ("collector:4318", "expected an http URL with a host"),
+        ("http://u:p@c:4318", "no user info, query or fragment"),
+        ("http://c:4318?x=1", "no user info, query or fragment"),
+        (
+            "http://c:4318/v1/traces",
+            "the gateway adds /v1/traces itself",
+        ),
+    ] {
+        let errs = errors(&format!(
+            "[tracing]\notlp_endpoint = \"{endpoint}\"\n{ROUTE}"
+        ));
+        assert!(
+            errs.len() == 1 && errs[0].contains("tracing.otlp_endpoint") && errs[0].contains(why),
+            "{endpoint}: {errs:#?}"
+        );
+    }
+    let errs = errors(&format!(
+        "[tracing]\notlp_endpoint = \"http://c\"\nsample_ratio = \"all\"\n{ROUTE}"
+    ));
+    assert!(
+        errs[0].contains("expected a number from 0 to 1"),
+        "{errs:#?}"
+    );
+    let errs = errors(&format!("tracing = 1\n{ROUTE}"));
+    assert!(errs[0].contains("expected a table"), "{errs:#?}");
 }

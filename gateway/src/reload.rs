@@ -294,6 +294,9 @@ pub struct Reloader {
     /// What runs: the start-up config with every reload's routes and
     /// certificate paths. Held across a reload: one at a time.
     running: tokio::sync::Mutex<config::Config>,
+    /// How long the memory store keeps an untouched task (set at start from
+    /// the routes' longest lease); `None`: another store.
+    memory_retention: Option<std::time::Duration>,
 }
 
 impl Reloader {
@@ -308,11 +311,14 @@ impl Reloader {
                 .with_label_values(&[outcome])
                 .inc_by(0);
         }
+        let memory_retention = matches!(running.store.kind, config::StoreKind::Memory)
+            .then(|| crate::server::memory_retention(&running));
         Reloader {
             source,
             routes,
             cert,
             running: tokio::sync::Mutex::new(running),
+            memory_retention,
         }
     }
 
@@ -397,7 +403,16 @@ impl Reloader {
         if let Err(e) = crate::server::check_tls(&new) {
             return refused(vec![e]);
         }
-        let restart_only = restart_only(running, &new);
+        let mut restart_only = restart_only(running, &new);
+        if self
+            .memory_retention
+            .is_some_and(|kept| crate::server::memory_retention(&new) > kept)
+        {
+            // The routes apply, but the memory store was sized at start: a
+            // lease longer than it keeps untouched tasks could outlive its
+            // task's record.
+            restart_only.push("routes.max_lease_ttl (longer than the memory store keeps a task)");
+        }
         // The certificate first: the only step here that can still fail.
         let mut certificate_reloaded = false;
         if let (Some(cert), Some(tls)) = (&self.cert, &new.server.tls) {
@@ -555,6 +570,53 @@ mod tests {
             restart_only(&old, &new),
             vec!["server.listen", "server.threads", "timeouts.connect"]
         );
+    }
+
+    /// With the memory store, a lease longer than any at start is named
+    /// (the store's retention was set from them); the routes still apply.
+    #[tokio::test]
+    async fn a_longer_lease_than_the_memory_store_keeps_is_named() {
+        let dir = std::env::temp_dir().join(format!("a2agw-reload-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gw.toml");
+        let start = cfg(BASE);
+        let live = Arc::new(LiveRoutes::new(Routes::new(
+            &start.routes,
+            Duration::from_secs(30),
+        )));
+        let source = ConfigSource {
+            path: path.clone(),
+            overrides: Box::new(|_| {}),
+        };
+        let reloader = Reloader::new(Some(source), start, live.clone(), None);
+        std::fs::write(
+            &path,
+            BASE.replace(
+                "path_prefix = \"/a\"\n",
+                "path_prefix = \"/a\"\nmax_lease_ttl = \"12h\"\n",
+            ),
+        )
+        .unwrap();
+        let Outcome::Applied {
+            restart_only,
+            changes,
+            ..
+        } = reloader.reload(Trigger::Admin).await
+        else {
+            panic!("refused");
+        };
+        assert_eq!(
+            restart_only,
+            ["routes.max_lease_ttl (longer than the memory store keeps a task)"]
+        );
+        assert_eq!(changes.changed, ["a"]);
+        std::fs::write(&path, "[[routes]]\nname = 1\n").unwrap();
+        assert!(matches!(
+            reloader.reload(Trigger::Admin).await,
+            Outcome::Refused { .. }
+        ));
+        assert_eq!(live.load().iter().count(), 2, "the running routes kept");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

@@ -422,6 +422,41 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A reload keeps the address of a worker it still names, adds the new
+    /// ones (returned, to be looked up), and keeps those no route names any
+    /// more, for the cancels still owed to them.
+    #[test]
+    fn an_update_adds_new_workers_and_keeps_the_others() {
+        let old = config::parse(
+            "[[routes]]\nname = \"a\"\nworker = \"http://localhost:9000\"\npath_prefix = \"/a\"\n\
+             [[routes]]\nname = \"b\"\nworker = \"http://localhost:9001\"\n",
+        )
+        .unwrap();
+        let new = config::parse(
+            "[[routes]]\nname = \"a\"\nworker = \"http://localhost:9000/x\"\npath_prefix = \"/a\"\n\
+             [[routes]]\nname = \"c\"\nworker = \"http://localhost:9002\"\n",
+        )
+        .unwrap();
+        let addrs = WorkerAddrs::new(&old.routes, Duration::from_secs(30));
+        let (a, b) = (
+            addrs.get(&old.routes[0].worker),
+            addrs.get(&old.routes[1].worker),
+        );
+        let added = addrs.update(&new.routes);
+        assert_eq!(added.len(), 1);
+        assert_eq!(added[0].authority(), "localhost:9002");
+        assert!(Arc::ptr_eq(&addrs.get(&new.routes[0].worker), &a), "kept");
+        assert!(Arc::ptr_eq(&addrs.get(&new.routes[1].worker), &added[0]));
+        assert!(
+            Arc::ptr_eq(&addrs.get(&old.routes[1].worker), &b),
+            "kept for owed cancels"
+        );
+        assert!(
+            addrs.update(&new.routes).is_empty(),
+            "nothing new the second time"
+        );
+    }
+
     #[test]
     fn workers_with_the_same_authority_share_one_address() {
         let src = "[[routes]]\nname = \"a\"\nworker = \"http://localhost:9000/a\"\npath_prefix = \"/a\"\n\
