@@ -18,4 +18,3 @@ pub mod reload;
 pub mod resolve;
 pub mod server;
 pub mod store;
-pub mod trace;

@@ -18,7 +18,8 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Config file (TOML). Without one, --listen and --worker give one
-    /// catch-all route with every default.
+    /// catch-all route with every default. Re-read on SIGHUP (and POST
+    /// /reload on the admin address): see docs/operations.md.
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Address to listen on (overrides the config's `server.listen`).
@@ -27,7 +28,8 @@ struct Cli {
     /// The worker's URL, for running without a config file.
     #[arg(long)]
     worker: Option<String>,
-    /// Admin address for /healthz, /readyz, /metrics, /tasks and /budgets.
+    /// Admin address for /healthz, /readyz, /metrics, /tasks, /budgets and
+    /// POST /reload.
     #[arg(long, value_parser = known_port)]
     admin: Option<SocketAddr>,
     /// Task store (overrides `store.url`): `memory://` or `redis://HOST:PORT/DB`.
