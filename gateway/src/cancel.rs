@@ -361,12 +361,17 @@ impl Canceller {
     {
         let started = Instant::now();
         let route = &*job.key.route;
+        let mut span = crate::trace::client("CancelTask", &job.key, false, job.cause, &job.worker);
+        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
+        let trace = trace.as_deref().unwrap_or_default();
+        let mut attempts = 0;
         let mut delay = self.cfg.backoff;
         let mut outcome = CancelOutcome::Failed;
         let mut last_err = String::new();
         for attempt in 1..=self.cfg.attempts {
             metrics::CANCEL_ATTEMPTS.with_label_values(&[route]).inc();
-            let res = tokio::time::timeout(self.cfg.timeout, self.attempt(job)).await;
+            attempts = attempt;
+            let res = tokio::time::timeout(self.cfg.timeout, self.attempt(job, trace)).await;
             match res {
                 Ok(Attempt::Final(o)) => {
                     outcome = o;
@@ -390,6 +395,11 @@ impl Canceller {
             }
         }
         let elapsed = started.elapsed();
+        if let Some(span) = &mut span {
+            span.count("a2a.attempts", u64::from(attempts));
+            let failed = (outcome == CancelOutcome::Failed).then_some(last_err.as_str());
+            span.outcome(outcome.as_str(), failed);
+        }
         metrics::CANCEL_LATENCY
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
@@ -413,7 +423,10 @@ impl Canceller {
     /// already finished is left alone. Logged and counted.
     pub async fn task_state(&self, job: &CancelJob) -> Probed {
         let route = &*job.key.route;
-        let res = tokio::time::timeout(self.cfg.timeout, self.send(job, Call::Get)).await;
+        let mut span = crate::trace::client("GetTask", &job.key, false, job.cause, &job.worker);
+        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
+        let trace = trace.as_deref().unwrap_or_default();
+        let res = tokio::time::timeout(self.cfg.timeout, self.send(job, Call::Get, trace)).await;
         let (probed, why) = match res {
             Ok(Ok((status, body))) => read_task_state(job.target.binding, status, &body),
             Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => (Probed::Unknown, e),
@@ -432,6 +445,13 @@ impl Canceller {
         metrics::CANCEL_PROBES
             .with_label_values(&[route, label])
             .inc();
+        if let Some(span) = &mut span {
+            match probed {
+                Probed::State(s) => span.outcome(s.as_wire(), None),
+                Probed::NotFound => span.outcome(label, None),
+                Probed::Unknown => span.outcome(label, Some(&why)),
+            }
+        }
         match probed {
             Probed::State(s) => {
                 tracing::debug!(task = %job.key, state = s.as_wire(), "GetTask before CancelTask");
@@ -466,7 +486,36 @@ impl Canceller {
             headers: headers.to_vec(),
             cause: "find",
         };
-        match tokio::time::timeout(self.cfg.timeout, self.send(&job, Call::List)).await {
+        let by_message = TaskKey::new(route, tenant, message_id);
+        let mut span = crate::trace::client("ListTasks", &by_message, true, "find", worker);
+        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
+        let trace = trace.as_deref().unwrap_or_default();
+        let found = self.list_for(&job, message_id, trace).await;
+        if let Some(span) = &mut span {
+            match &found {
+                Ok(Some(id)) => {
+                    span.outcome("found", None);
+                    crate::trace::found_by_message(
+                        &by_message,
+                        &TaskKey::new(route, tenant, id.as_str()),
+                    );
+                }
+                Ok(None) => span.outcome("not_found", None),
+                Err(e) => span.outcome("failed", Some(e)),
+            }
+        }
+        found
+    }
+
+    /// [`Canceller::find_by_message`]'s `ListTasks` and what it found.
+    async fn list_for(
+        &self,
+        job: &CancelJob,
+        message_id: &str,
+        trace: &[(String, String)],
+    ) -> Result<Option<String>, String> {
+        let target = &job.target;
+        match tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List, trace)).await {
             Ok(Ok((status, body))) if (200..300).contains(&status) => {
                 Ok(task_with_message(target.binding, &body, message_id))
             }
@@ -559,8 +608,8 @@ impl Canceller {
         Ok((worker_addr, peer))
     }
 
-    async fn attempt(&self, job: &CancelJob) -> Attempt {
-        match self.send(job, Call::Cancel).await {
+    async fn attempt(&self, job: &CancelJob, trace: &[(String, String)]) -> Attempt {
+        match self.send(job, Call::Cancel, trace).await {
             Ok((status, body)) => judge(job.target.binding, status, &body),
             Err(ended) => ended,
         }
@@ -568,11 +617,20 @@ impl Canceller {
 
     /// Sends `call` for the job's task in the binding the caller used and
     /// returns the answer's status and body (a WebSocket answer as 200 and
-    /// its text frame). `Err`: the attempt's failure, or (a cancel answered
-    /// at length) its `Final` outcome.
-    async fn send(&self, job: &CancelJob, call: Call) -> Result<(u16, Vec<u8>), Attempt> {
+    /// its text frame). `trace`: the call's `traceparent` (none when traces
+    /// are off). `Err`: the attempt's failure, or (a cancel answered at
+    /// length) its `Final` outcome.
+    async fn send(
+        &self,
+        job: &CancelJob,
+        call: Call,
+        trace: &[(String, String)],
+    ) -> Result<(u16, Vec<u8>), Attempt> {
         if job.target.binding == Binding::WebSocket {
-            return self.send_ws(job, call).await.map(|frame| (200, frame));
+            return self
+                .send_ws(job, call, trace)
+                .await
+                .map(|frame| (200, frame));
         }
         let (path, body) = self.request(job, call);
         let (method, body) = match call {
@@ -600,6 +658,9 @@ impl Canceller {
             if req.append_header(k.clone(), v.as_str()).is_err() {
                 return Err(Attempt::Refused(format!("{k}: not a valid header value")));
             }
+        }
+        for (k, v) in trace {
+            let _ = req.insert_header(k.clone(), v.as_str());
         }
 
         let (mut session, _reused) = self
@@ -664,7 +725,12 @@ impl Canceller {
     /// the caller upgraded on (`wss://` for an `https` worker), one JSON-RPC
     /// text frame; returns the answer with the same id. (The caller's socket
     /// is gone by the time a cancel is owed.)
-    async fn send_ws(&self, job: &CancelJob, call: Call) -> Result<Vec<u8>, Attempt> {
+    async fn send_ws(
+        &self,
+        job: &CancelJob,
+        call: Call,
+        trace: &[(String, String)],
+    ) -> Result<Vec<u8>, Attempt> {
         use futures_util::{SinkExt, StreamExt};
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -680,7 +746,7 @@ impl Canceller {
             .map_err(|e| Attempt::Refused(format!("bad WebSocket URL {url}: {e}")))?;
         req.headers_mut()
             .insert("a2a-version", http::HeaderValue::from_static("1.0"));
-        for (k, v) in &job.headers {
+        for (k, v) in job.headers.iter().chain(trace) {
             let (Ok(name), Ok(value)) = (
                 http::HeaderName::from_bytes(k.as_bytes()),
                 http::HeaderValue::from_str(v),

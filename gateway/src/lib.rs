@@ -18,3 +18,4 @@ pub mod reload;
 pub mod resolve;
 pub mod server;
 pub mod store;
+pub mod trace;

@@ -38,6 +38,8 @@ pub struct Ctx {
     /// Moments that split the request's time between the gateway and the
     /// worker, for `a2agw_proxy_seconds`.
     pub times: ProxyTimes,
+    /// The request's span when traces are on (`[tracing]`, `crate::trace`).
+    pub trace: Option<Box<crate::trace::RequestSpan>>,
     /// Counts the request as in flight until pingora drops its context: a
     /// graceful shutdown waits for it ([`crate::drain`]).
     _in_flight: crate::drain::InFlight,
@@ -56,6 +58,7 @@ impl Default for Ctx {
             answer: Answer::Pass,
             refusal: None,
             times: ProxyTimes::default(),
+            trace: None,
             _in_flight: crate::drain::InFlight::default(),
         }
     }

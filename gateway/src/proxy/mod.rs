@@ -150,6 +150,7 @@ impl ProxyHttp for Gateway {
     /// asked.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         ctx.times.head();
+        crate::trace::start(session, ctx);
         let mut pre_read = None;
         match self.classify(session, ctx) {
             Err(r) => ctx.refuse(r),
@@ -210,6 +211,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.times.upstream();
+        crate::trace::upstream(upstream, ctx);
         inject::upstream_head(upstream, ctx)
     }
 
@@ -260,11 +262,13 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<Option<Duration>> {
         self.read_answer(session, body, end_of_stream, ctx);
+        crate::trace::task_known(ctx);
         Ok(None)
     }
 
     /// End: every request ends here.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
+        crate::trace::end(session, e, ctx);
         self.end(session, e, ctx);
     }
 
