@@ -175,7 +175,13 @@ fn main() -> ExitCode {
         allocator = a2a_gateway::allocator::in_use(),
         "heap allocator"
     );
-    match a2a_gateway::server::run(cfg, source) {
+    if let Err(e) = a2a_gateway::trace::init(cfg.tracing.as_ref()) {
+        eprintln!("a2a-gateway: {e}");
+        return ExitCode::from(2);
+    }
+    let ran = a2a_gateway::server::run(cfg, source);
+    a2a_gateway::trace::shutdown();
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("a2a-gateway: {e}");
