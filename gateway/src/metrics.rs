@@ -6,8 +6,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    register_gauge, register_histogram_vec, register_int_counter_vec, register_int_gauge, Gauge,
-    HistogramVec, IntCounterVec, IntGauge,
+    register_gauge, register_histogram_vec, register_int_counter_vec, register_int_gauge,
+    register_int_gauge_vec, Gauge, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 macro_rules! counter {
@@ -21,8 +21,14 @@ macro_rules! counter {
 counter!(
     REQUESTS,
     "a2agw_requests_total",
-    "Requests by route and A2A call kind.",
-    &["route", "call"]
+    "Requests by route, A2A method, binding and status class (counted as each ends; status none: no answer was written, e.g. the caller left first).",
+    &["route", "method", "binding", "status"]
+);
+counter!(
+    WORKER_ERRORS,
+    "a2agw_worker_errors_total",
+    "Requests whose worker failed them, by kind: connect, timeout, reset, 5xx (an answer with a 5xx status), other.",
+    &["route", "kind"]
 );
 counter!(
     BUDGET_CLAMPS,
@@ -319,9 +325,41 @@ pub static STORE_CLOCK_OFFSET: LazyLock<Gauge> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+/// `a2agw_build_info{version}`: always 1; its label says which release
+/// runs (join on it to see a rollout, or to tell replicas apart).
+pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "a2agw_build_info",
+        "The running release: always 1, its version in the label.",
+        &["version"]
+    )
+    .expect("metric registers once")
+});
+
+/// Registers what is not counted as requests go: the build's info and the
+/// process's own metrics (`process_resident_memory_bytes`,
+/// `process_open_fds`, `process_cpu_seconds_total`, … read from
+/// `/proc/self` at each scrape, Linux only). Called by [`render`]; once.
+fn register_static() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        BUILD_INFO
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        {
+            let pc = prometheus::process_collector::ProcessCollector::for_self();
+            if let Err(e) = prometheus::register(Box::new(pc)) {
+                tracing::warn!(error = %e, "process metrics not exported");
+            }
+        }
+    });
+}
+
 /// Renders every registered metric in the Prometheus text format.
 pub fn render() -> String {
     use prometheus::Encoder;
+    register_static();
     let mut buf = Vec::new();
     let enc = prometheus::TextEncoder::new();
     if enc.encode(&prometheus::gather(), &mut buf).is_err() {
@@ -360,3 +398,250 @@ counter!(
     "Config reloads (SIGHUP or POST /reload) by outcome: applied, or refused (the running config kept).",
     &["outcome"]
 );
+
+/// What a request was, as `a2agw_requests_total{method, binding}` names it:
+/// a fixed set, so that the labels stay bounded whatever callers send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Called {
+    /// An A2A method over JSON-RPC (read from the body) or REST (from the
+    /// verb and path). Any other binding counts as [`Called::Upgrade`].
+    Method(crate::a2a::Binding, crate::a2a::A2aMethod),
+    /// A `POST` to the JSON-RPC endpoint whose method the gateway did not
+    /// read or know: a batch, a v0.3 method, no JSON-RPC, a body passed
+    /// unread.
+    JsonRpcOther,
+    /// `GET …/.well-known/agent-card.json`.
+    AgentCard,
+    /// A WebSocket upgrade (its messages are not counted one by one).
+    Upgrade,
+    /// Anything else (a path that is no A2A call, a request matching no
+    /// route).
+    Other,
+}
+
+const METHODS: usize = crate::a2a::A2aMethod::ALL.len();
+
+impl Called {
+    /// How many (method, binding) pairs there are.
+    pub const COUNT: usize = 2 * METHODS + 4;
+
+    fn index(self) -> usize {
+        use crate::a2a::Binding;
+        match self {
+            Called::Method(binding, m) => {
+                let i = crate::a2a::A2aMethod::ALL
+                    .iter()
+                    .position(|x| *x == m)
+                    .unwrap_or(0);
+                match binding {
+                    Binding::JsonRpc => i,
+                    Binding::Rest => METHODS + i,
+                    Binding::WebSocket => Called::Upgrade.index(),
+                }
+            }
+            Called::JsonRpcOther => 2 * METHODS,
+            Called::AgentCard => 2 * METHODS + 1,
+            Called::Upgrade => 2 * METHODS + 2,
+            Called::Other => 2 * METHODS + 3,
+        }
+    }
+
+    /// Every value, in [`Called::index`] order.
+    pub fn all() -> impl Iterator<Item = Called> {
+        use crate::a2a::{A2aMethod, Binding};
+        let jsonrpc = A2aMethod::ALL.map(|m| Called::Method(Binding::JsonRpc, m));
+        let rest = A2aMethod::ALL.map(|m| Called::Method(Binding::Rest, m));
+        jsonrpc.into_iter().chain(rest).chain([
+            Called::JsonRpcOther,
+            Called::AgentCard,
+            Called::Upgrade,
+            Called::Other,
+        ])
+    }
+
+    /// The `method` and `binding` labels.
+    pub fn labels(self) -> (&'static str, &'static str) {
+        match self {
+            Called::Method(crate::a2a::Binding::WebSocket, _) => Called::Upgrade.labels(),
+            Called::Method(b, m) => (m.as_str(), b.as_str()),
+            Called::JsonRpcOther => ("other", "jsonrpc"),
+            Called::AgentCard => ("agent_card", "none"),
+            Called::Upgrade => ("upgrade", "websocket"),
+            Called::Other => ("other", "none"),
+        }
+    }
+}
+
+/// The `status` label values of `a2agw_requests_total`: the class of the
+/// status written to the caller, or `none` when none was (the caller left
+/// before an answer, or the connection broke first).
+pub const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// Classes whose series every route exports from start, at 0: what
+/// dashboards and alerts divide by.
+const PRESET_STATUS: [usize; 3] = [1, 3, 4];
+
+fn status_index(status: Option<u16>) -> usize {
+    match status {
+        None => 5,
+        Some(s) => usize::from(s / 100).clamp(1, 5) - 1,
+    }
+}
+
+/// The `kind` label values of `a2agw_worker_errors_total`.
+pub const WORKER_ERROR_KINDS: [&str; 5] = ["connect", "timeout", "reset", "5xx", "other"];
+
+/// How a worker failed a request (`a2agw_worker_errors_total{kind}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerError {
+    /// No connection: refused, unreachable, the TLS handshake failed.
+    Connect,
+    /// A connect, TLS handshake, read or write timed out.
+    Timeout,
+    /// The connection broke (closed or reset) mid-request.
+    Reset,
+    /// The worker answered with a 5xx status.
+    Status5xx,
+    /// Anything else from the worker's side (an answer pingora could not
+    /// read as HTTP, …).
+    Other,
+}
+
+impl WorkerError {
+    fn index(self) -> usize {
+        match self {
+            WorkerError::Connect => 0,
+            WorkerError::Timeout => 1,
+            WorkerError::Reset => 2,
+            WorkerError::Status5xx => 3,
+            WorkerError::Other => 4,
+        }
+    }
+}
+
+/// Buckets for the worker's time to first byte: a quick answer takes well
+/// under a millisecond on a local worker, a model's first token seconds.
+const TTFB_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// The worker's time to first byte: from the request handed to the worker's
+/// connection to its answer head.
+pub static WORKER_TTFB: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "a2agw_worker_ttfb_seconds",
+        "Worker time to first byte: from the request handed to the worker connection (after connecting) to the worker's answer head, request body included. Every answer pingora proxied (streams and upgrades too).",
+        &["route"],
+        TTFB_BUCKETS.to_vec()
+    )
+    .expect("metric registers once")
+});
+
+/// One route's request metrics, resolved when the route is built so that
+/// counting a request is an array index and an atomic add, not a label
+/// lookup: `a2agw_requests_total`, `a2agw_worker_errors_total`,
+/// `a2agw_worker_ttfb_seconds`.
+pub struct RouteMetrics {
+    route: std::sync::Arc<str>,
+    /// [`Called::COUNT`] × [`STATUS_CLASSES`], resolved on first use (the
+    /// [`PRESET_STATUS`] ones at once).
+    requests: Box<[std::sync::OnceLock<prometheus::IntCounter>]>,
+    worker_errors: [prometheus::IntCounter; 5],
+    ttfb: prometheus::Histogram,
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics")
+            .field("route", &self.route)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteMetrics {
+    /// The route's series; its 2xx, 4xx and 5xx requests of every kind and
+    /// its worker errors of every kind are exported from now on, at 0, so
+    /// that rates over them exist before the first one. `""`: requests that
+    /// matched no route.
+    pub fn new(route: &str) -> Self {
+        let requests: Box<[std::sync::OnceLock<prometheus::IntCounter>]> = (0..Called::COUNT
+            * STATUS_CLASSES.len())
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
+        let m = RouteMetrics {
+            route: route.into(),
+            requests,
+            worker_errors: WORKER_ERROR_KINDS.map(|k| WORKER_ERRORS.with_label_values(&[route, k])),
+            ttfb: WORKER_TTFB.with_label_values(&[route]),
+        };
+        if !route.is_empty() {
+            for called in Called::all() {
+                for s in PRESET_STATUS {
+                    m.request_counter(called, s);
+                }
+            }
+        }
+        m
+    }
+
+    fn request_counter(&self, called: Called, status: usize) -> &prometheus::IntCounter {
+        self.requests[called.index() * STATUS_CLASSES.len() + status].get_or_init(|| {
+            let (method, binding) = called.labels();
+            REQUESTS.with_label_values(&[&self.route, method, binding, STATUS_CLASSES[status]])
+        })
+    }
+
+    /// Counts one request that ended with `status` written to the caller
+    /// (`None`: nothing was).
+    pub fn count_request(&self, called: Called, status: Option<u16>) {
+        self.request_counter(called, status_index(status)).inc();
+    }
+
+    /// Counts a request the worker failed.
+    pub fn worker_error(&self, kind: WorkerError) {
+        self.worker_errors[kind.index()].inc();
+    }
+
+    /// Observes the worker's time to first byte.
+    pub fn worker_ttfb(&self, d: std::time::Duration) {
+        self.ttfb.observe(d.as_secs_f64());
+    }
+}
+
+/// Requests that matched no route: `route=""`.
+pub static NO_ROUTE_REQUESTS: LazyLock<RouteMetrics> = LazyLock::new(|| RouteMetrics::new(""));
+
+#[cfg(test)]
+mod route_metrics_tests {
+    use super::*;
+
+    #[test]
+    fn every_called_has_its_own_index_and_labels() {
+        let all: Vec<Called> = Called::all().collect();
+        assert_eq!(all.len(), Called::COUNT);
+        for (i, c) in all.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c:?}");
+        }
+        let mut labels: Vec<_> = all.iter().map(|c| c.labels()).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), Called::COUNT);
+    }
+
+    #[test]
+    fn status_classes() {
+        let cases = [
+            (None, "none"),
+            (Some(101), "1xx"),
+            (Some(200), "2xx"),
+            (Some(304), "3xx"),
+            (Some(404), "4xx"),
+            (Some(503), "5xx"),
+            (Some(999), "5xx"),
+        ];
+        for (s, class) in cases {
+            assert_eq!(STATUS_CLASSES[status_index(s)], class, "{s:?}");
+        }
+    }
+}

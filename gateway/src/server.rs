@@ -67,12 +67,12 @@ static STORE_RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::
 pub const REDIS_NAMESPACE: &str = "a2agw";
 
 /// Builds the store a config names, for replica `replica`. Redis must
-/// answer at start-up.
+/// answer at start-up. Its calls are timed (`a2agw_store_op_seconds`,
+/// [`crate::store::timed`]).
 pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskStore>, String> {
     match &cfg.store.kind {
-        config::StoreKind::Memory => Ok(Arc::new(MemoryStore::new(
-            cfg.limits.max_tracked_tasks,
-            memory_retention(cfg),
+        config::StoreKind::Memory => Ok(crate::store::timed::TimedStore::wrap(Arc::new(
+            MemoryStore::new(cfg.limits.max_tracked_tasks, memory_retention(cfg)),
         ))),
         config::StoreKind::Redis { url } => {
             let rt = STORE_RUNTIME.get_or_init(|| {
@@ -90,7 +90,7 @@ pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskSt
                     replica,
                 ))
                 .map_err(|e| format!("store {}: {e}", config::redact_url(url)))?;
-            Ok(Arc::new(store))
+            Ok(crate::store::timed::TimedStore::wrap(Arc::new(store)))
         }
     }
 }

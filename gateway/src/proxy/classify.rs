@@ -70,13 +70,6 @@ impl Gateway {
         ctx.req.worker_root = route.worker_root(prefix);
         ctx.req.upstream_path = upstream_path(&ctx.req.worker_root, rel, full_path, req);
         ctx.req.caller_headers = caller_headers(&route.cfg, &req.headers);
-        route.count_request(match &call {
-            Call::AgentCard => "agent_card",
-            Call::Rest { method, .. } => method.as_str(),
-            Call::JsonRpcCandidate => "jsonrpc",
-            Call::Upgrade => "upgrade",
-            Call::Other => "other",
-        });
         let next = match &call {
             Call::Rest {
                 method,

@@ -13,6 +13,7 @@ use policies::failure::{Kind, Side};
 use super::ctx::{Answer, Ctx};
 use super::refusal::Refusal;
 use super::Gateway;
+use crate::a2a::{Binding, Call};
 use crate::cascade::StreamEnd;
 use crate::store::TaskKey;
 
@@ -20,6 +21,7 @@ impl Gateway {
     /// The request is over (`logging`): its parts settled, then its
     /// access-log line (`server.access_log`).
     pub(super) fn end(&self, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
+        count(session, e, ctx);
         let cascade = self.settle(e, ctx);
         if self.access_log {
             access_log(session, e, ctx, cascade);
@@ -177,6 +179,58 @@ impl Gateway {
             error_code: status,
             can_reuse_downstream: false,
         }
+    }
+}
+
+/// Counts the request as it ends: `a2agw_requests_total` by what it was and
+/// the status class the caller got, and on its route the worker's time to
+/// first byte and how the worker failed it, if it did.
+fn count(session: &Session, e: Option<&Error>, ctx: &Ctx) {
+    use crate::metrics::{Called, WorkerError};
+    let called = match &ctx.call {
+        Call::AgentCard => Called::AgentCard,
+        Call::Rest { method, .. } => Called::Method(Binding::Rest, *method),
+        Call::JsonRpcCandidate => match ctx.req.method {
+            Some(m) => Called::Method(Binding::JsonRpc, m),
+            None => Called::JsonRpcOther,
+        },
+        Call::Upgrade => Called::Upgrade,
+        Call::Other => Called::Other,
+    };
+    let status = session.response_written().map(|r| r.status.as_u16());
+    let Some(route) = &ctx.route else {
+        crate::metrics::NO_ROUTE_REQUESTS.count_request(called, status);
+        return;
+    };
+    let m = &route.metrics;
+    m.count_request(called, status);
+    if let Some(ttfb) = ctx.times.worker_ttfb() {
+        m.worker_ttfb(ttfb);
+    }
+    if ctx.times.worker_status().is_some_and(|s| s >= 500) {
+        m.worker_error(WorkerError::Status5xx);
+    }
+    if let Some(e) = e.filter(|e| *e.esource() == ErrorSource::Upstream) {
+        m.worker_error(match e.etype() {
+            ErrorType::ConnectTimedout
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::ReadTimedout
+            | ErrorType::WriteTimedout => WorkerError::Timeout,
+            ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::ConnectError
+            | ErrorType::TLSHandshakeFailure
+            | ErrorType::TLSWantX509Lookup
+            | ErrorType::InvalidCert
+            | ErrorType::HandshakeError
+            | ErrorType::SocketError
+            | ErrorType::BindError
+            | ErrorType::ConnectProxyFailure => WorkerError::Connect,
+            ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed => {
+                WorkerError::Reset
+            }
+            _ => WorkerError::Other,
+        });
     }
 }
 

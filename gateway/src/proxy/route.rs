@@ -1,6 +1,5 @@
 //! Choosing a route by host and path prefix.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +17,9 @@ pub struct Route {
     pub injects_lease_extension: bool,
     /// `Host` for the worker (its configured `host:port`).
     pub host_header: http::HeaderValue,
-    /// `a2agw_requests_total{route}` by call kind, resolved once.
-    requests: HashMap<&'static str, prometheus::IntCounter>,
+    /// The route's request metrics (`a2agw_requests_total`, worker errors
+    /// and time to first byte), resolved once; counted as requests end.
+    pub metrics: crate::metrics::RouteMetrics,
     /// `a2agw_proxy_seconds{route}`, resolved once.
     pub proxy_time: prometheus::Histogram,
     /// The worker's agent card (seen passing through) declares the lease
@@ -27,20 +27,7 @@ pub struct Route {
     pub card_declares_lease: std::sync::atomic::AtomicBool,
 }
 
-/// Every `call` label of `a2agw_requests_total` (see `request_filter`).
-const CALL_KINDS: [&str; 4] = ["agent_card", "jsonrpc", "upgrade", "other"];
-
 impl Route {
-    /// Counts one request of this kind (`agent_card`, a REST method name, …).
-    pub fn count_request(&self, kind: &'static str) {
-        match self.requests.get(kind) {
-            Some(c) => c.inc(),
-            None => crate::metrics::REQUESTS
-                .with_label_values(&[&self.name, kind])
-                .inc(),
-        }
-    }
-
     /// Whether the gateway enforces anything for this route's sends (lease
     /// grants, an imposed lease, a poll lease, a budget): then it must read
     /// every call it passes completely and unambiguously, and refuses what
@@ -121,19 +108,13 @@ impl Routes {
                     .iter()
                     .map(String::as_str)
                     .collect();
-                let kinds = CALL_KINDS
-                    .into_iter()
-                    .chain(crate::a2a::A2aMethod::ALL.iter().map(|m| m.as_str()));
-                let requests = kinds
-                    .map(|k| (k, crate::metrics::REQUESTS.with_label_values(&[&r.name, k])))
-                    .collect();
                 let addr = addrs.get(&r.worker);
                 Arc::new(Route {
                     name: r.name.as_str().into(),
                     cfg: r.clone(),
                     host_header: http::HeaderValue::from_str(addr.authority())
                         .expect("a validated worker authority is a header value"),
-                    requests,
+                    metrics: crate::metrics::RouteMetrics::new(&r.name),
                     proxy_time: crate::metrics::PROXY_TIME.with_label_values(&[&r.name]),
                     addr,
                     injects_lease_extension: crate::a2a::extensions::names(

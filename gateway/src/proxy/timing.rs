@@ -1,5 +1,6 @@
 //! Splitting a request's time between the proxy and the worker behind it,
-//! for `a2agw_proxy_seconds`.
+//! for `a2agw_proxy_seconds`, and the worker's time to first byte
+//! (`a2agw_worker_ttfb_seconds`) with the status it answered.
 //!
 //! End to end, a caller's latency is mostly the worker's, and a worker that
 //! stalls for 50 ms hides anything the gateway adds. The moments kept here
@@ -22,6 +23,10 @@ pub struct ProxyTimes {
     head: Option<Instant>,
     upstream: Option<Instant>,
     answer: Option<Instant>,
+    /// From `upstream` to the worker's first answer head.
+    ttfb: Option<Duration>,
+    /// The status of the worker's last answer head.
+    worker_status: Option<u16>,
 }
 
 impl ProxyTimes {
@@ -35,15 +40,38 @@ impl ProxyTimes {
     /// counts, so a failed first connection is the proxy's time).
     pub fn upstream(&mut self) {
         self.upstream = Some(Instant::now());
+        self.ttfb = None;
     }
 
     /// The worker's answer head arrived: call first in `response_filter`.
     /// A stream (SSE) or an upgrade is not marked: its time after the head
     /// is the stream's, not the proxy's.
+    ///
+    /// Every answer head also marks the worker's time to first byte (the
+    /// first head after the last `upstream` mark) and its status.
     pub fn answer(&mut self, resp: &ResponseHeader) {
-        if resp.status.as_u16() != 101 && !super::observe::is_sse(resp) {
-            self.answer = Some(Instant::now());
+        let now = Instant::now();
+        let status = resp.status.as_u16();
+        if self.ttfb.is_none() {
+            self.ttfb = self.upstream.map(|u| now.saturating_duration_since(u));
         }
+        self.worker_status = Some(status);
+        if status != 101 && !super::observe::is_sse(resp) {
+            self.answer = Some(now);
+        }
+    }
+
+    /// The worker's time to first byte: from its connection taking the
+    /// request (`upstream`) to its answer head. `None` when no answer came
+    /// through pingora (refused, failed, answered by the gateway itself).
+    pub fn worker_ttfb(&self) -> Option<Duration> {
+        self.ttfb
+    }
+
+    /// The status the worker answered with, if its answer came through
+    /// pingora (not what the caller got: a failure after it is not in it).
+    pub fn worker_status(&self) -> Option<u16> {
+        self.worker_status
     }
 
     /// Time since the caller's request head was read (`None` before it).
@@ -104,6 +132,21 @@ mod tests {
             t.answer(answer);
             assert_eq!(t.own(error).is_some(), counted, "case {i}");
         }
+    }
+
+    #[test]
+    fn marks_the_workers_first_byte_and_status() {
+        let mut t = ProxyTimes::default();
+        t.answer(&resp(200, None));
+        assert_eq!(t.worker_ttfb(), None, "no upstream mark: not proxied");
+        t.upstream();
+        std::thread::sleep(Duration::from_millis(5));
+        t.answer(&resp(101, None));
+        let first = t.worker_ttfb().unwrap();
+        assert!(first >= Duration::from_millis(5), "{first:?}");
+        t.answer(&resp(503, None));
+        assert_eq!(t.worker_ttfb(), Some(first), "the first head counts");
+        assert_eq!(t.worker_status(), Some(503), "the last head's status");
     }
 
     #[test]

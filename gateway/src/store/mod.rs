@@ -8,6 +8,7 @@
 pub mod clock;
 pub mod memory;
 pub mod redis;
+pub mod timed;
 
 use std::fmt;
 use std::sync::Arc;
