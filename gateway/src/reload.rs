@@ -481,6 +481,7 @@ pub fn restart_only(running: &config::Config, new: &config::Config) -> Vec<&'sta
         cancel.timeout => "cancel.timeout",
         leases.tick => "leases.tick",
         leases.replica_id => "leases.replica_id",
+        tracing => "tracing",
     );
     match (&running.server.tls, &new.server.tls) {
         (Some(a), Some(b)) => {
@@ -570,6 +571,10 @@ mod tests {
             restart_only(&old, &new),
             vec!["server.listen", "server.threads", "timeouts.connect"]
         );
+        let traced = cfg(&format!(
+            "{BASE}\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n"
+        ));
+        assert_eq!(restart_only(&old, &traced), vec!["tracing"]);
     }
 
     /// With the memory store, a lease longer than any at start is named
