@@ -38,6 +38,7 @@ use std::time::Duration;
 
 pub mod gateway;
 pub mod http;
+pub mod otlp;
 pub mod parent;
 pub mod python_worker;
 pub mod redis;
