@@ -560,9 +560,10 @@ impl std::fmt::Debug for RouteMetrics {
 }
 
 impl RouteMetrics {
-    /// The route's series; its 2xx, 4xx and 5xx requests of every kind and
-    /// its worker errors of every kind are exported from now on, at 0, so
-    /// that rates over them exist before the first one. `""`: requests that
+    /// The route's series; its 2xx, 4xx and 5xx requests of every kind, its
+    /// worker errors of every kind, and the cascade, lease and budget
+    /// counters its dashboard and alerts watch are exported from now on, at
+    /// 0, so that rates over them exist before the first one. `""`: requests that
     /// matched no route.
     pub fn new(route: &str) -> Self {
         let requests: Box<[std::sync::OnceLock<prometheus::IntCounter>]> = (0..Called::COUNT
@@ -576,6 +577,26 @@ impl RouteMetrics {
             ttfb: WORKER_TTFB.with_label_values(&[route]),
         };
         if !route.is_empty() {
+            // What the alerts watch, at 0 before the first (the cascade
+            // counts them by route name).
+            UNREACHABLE.with_label_values(&[route]);
+            CANCEL_ATTEMPTS.with_label_values(&[route]);
+            LEASES_LAPSED.with_label_values(&[route]);
+            BUDGET_INJECTED.with_label_values(&[route]);
+            for kind in ["granted", "imposed", "poll"] {
+                LEASES_STARTED.with_label_values(&[route, kind]);
+            }
+            for by in ["time", "meter"] {
+                BUDGET_EXHAUSTED.with_label_values(&[route, by]);
+            }
+            for cause in [
+                "caller_gone",
+                "stream_lost",
+                "lease_lapsed",
+                "budget_exhausted",
+            ] {
+                CANCELS.with_label_values(&[route, cause, "failed"]);
+            }
             for called in Called::all() {
                 for s in PRESET_STATUS {
                     m.request_counter(called, s);

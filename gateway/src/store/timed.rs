@@ -45,6 +45,26 @@ pub const OPS: [&str; 21] = [
     "replica_gone",
 ];
 
+/// The `op` values of `a2agw_store_errors_total`.
+const ERROR_OPS: [&str; 16] = [
+    "update",
+    "get",
+    "lease_start",
+    "lease_renew",
+    "lease_renew_many",
+    "lease_end",
+    "lease_claim_lapsed",
+    "lease_retry",
+    "account_reserve",
+    "account_settle",
+    "outbox_put",
+    "outbox_owns",
+    "outbox_done",
+    "outbox_retry",
+    "outbox_claim",
+    "replica_alive",
+];
+
 /// From a memory store's microseconds to a Redis call that timed out.
 const BUCKETS: [f64; 16] = [
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -79,7 +99,13 @@ impl std::fmt::Debug for TimedStore {
 
 impl TimedStore {
     /// Wraps `inner`; every op's series is exported from now on, at 0.
+    /// `a2agw_store_errors_total` (counted where each failure is handled)
+    /// is exported from now on too, at 0 for the ops that count it, so that
+    /// an alert on its rate sees the first failure.
     pub fn wrap(inner: Arc<dyn TaskStore>) -> Arc<dyn TaskStore> {
+        for op in ERROR_OPS {
+            crate::metrics::STORE_ERRORS.with_label_values(&[op]);
+        }
         Arc::new(TimedStore {
             inner,
             hist: OPS.map(|op| STORE_OP_TIME.with_label_values(&[op])),
