@@ -18,11 +18,14 @@ use crate::harness::{scaled_ms, scaled_secs};
 const CANCELED: &str = "TASK_STATE_CANCELED";
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
+/// What the gateway sent on each connection through a [`Recorder`].
+type Sent = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
+
 /// A TCP pass-through to a worker that keeps every byte the gateway sent
 /// through it, one buffer per connection.
 struct Recorder {
     url: String,
-    sent: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    sent: Sent,
 }
 
 impl Recorder {
@@ -33,7 +36,7 @@ impl Recorder {
             .to_owned();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let sent: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let sent: Sent = Arc::default();
         let all = sent.clone();
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
@@ -187,7 +190,12 @@ async fn request_span_and_its_cancel_in_the_callers_trace() {
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
     let tp = format!("00-{trace}-{caller_span}-01");
-    let (s, id) = stream(&gw.url, &[("traceparent", &tp)], message("work:30000")).await;
+    let (s, id) = stream(
+        &gw.url,
+        &[("traceparent", &tp), ("tracestate", "vendor=abc")],
+        message("work:30000"),
+    )
+    .await;
     s.close();
     worker
         .wait_state(None, &id, CANCELED, scaled_secs(5))
@@ -201,7 +209,12 @@ async fn request_span_and_its_cancel_in_the_callers_trace() {
         })
         .await
         .unwrap_or_else(|| panic!("no request span; got:\n{}", dump(&otlp.spans())));
-    assert_eq!(server.trace_id, trace, "{}", dump(&[server.clone()]));
+    assert_eq!(
+        server.trace_id,
+        trace,
+        "{}",
+        dump(std::slice::from_ref(&server))
+    );
     assert_eq!(server.parent_span_id, caller_span);
     assert_eq!(server.name, "SendStreamingMessage");
     assert_eq!(server.service, "gw-test");
@@ -215,7 +228,12 @@ async fn request_span_and_its_cancel_in_the_callers_trace() {
         .wait_span(within, |s| s.kind == CLIENT && s.name == "CancelTask")
         .await
         .unwrap_or_else(|| panic!("no CancelTask span; got:\n{}", dump(&otlp.spans())));
-    assert_eq!(cancel.trace_id, trace, "{}", dump(&[cancel.clone()]));
+    assert_eq!(
+        cancel.trace_id,
+        trace,
+        "{}",
+        dump(std::slice::from_ref(&cancel))
+    );
     assert_eq!(cancel.parent_span_id, server.span_id, "the request's child");
     assert_eq!(cancel.attr("a2a.task_id"), Some(id.as_str()));
     assert_eq!(cancel.attr("a2a.cause"), Some("caller_gone"));
@@ -233,6 +251,22 @@ async fn request_span_and_its_cancel_in_the_callers_trace() {
         parts(&sent),
         (trace.into(), server.span_id.clone(), "01".into())
     );
+    let (head, _) = rec
+        .requests()
+        .into_iter()
+        .find(|(_, b)| b.contains("SendStreamingMessage"))
+        .unwrap();
+    let named = |n: &str| head.lines().filter(|l| l.starts_with(n)).count();
+    assert_eq!(
+        named("traceparent:"),
+        1,
+        "one traceparent, the gateway's: {head}"
+    );
+    assert!(
+        head.lines().any(|l| l == "tracestate: vendor=abc"),
+        "the caller's tracestate passed on: {head}"
+    );
+    assert_eq!(named("tracestate:"), 1, "{head}");
     let sent = rec
         .traceparent_of("CancelTask")
         .await
@@ -344,7 +378,7 @@ async fn a_lapse_cancel_is_a_root_span_linked_to_its_request() {
         cancel.parent_span_id,
         "",
         "a root: {}",
-        dump(&[cancel.clone()])
+        dump(std::slice::from_ref(&cancel))
     );
     assert_ne!(cancel.trace_id, trace, "a trace of its own");
     assert_eq!(cancel.attr("a2a.task_id"), Some(id.as_str()));

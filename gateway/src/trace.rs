@@ -167,6 +167,10 @@ struct HeadOut<'a>(&'a mut RequestHeader);
 
 impl Injector for HeadOut<'_> {
     fn set(&mut self, key: &str, value: String) {
+        // An empty `tracestate` is not sent.
+        if value.is_empty() {
+            return;
+        }
         let _ = self.0.insert_header(key.to_owned(), value);
     }
 }
@@ -405,7 +409,9 @@ struct Headers(Vec<(String, String)>);
 
 impl Injector for Headers {
     fn set(&mut self, key: &str, value: String) {
-        self.0.push((key.to_owned(), value));
+        if !value.is_empty() {
+            self.0.push((key.to_owned(), value));
+        }
     }
 }
 
