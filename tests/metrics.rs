@@ -529,7 +529,8 @@ fn json_exprs(v: &Value, out: &mut Vec<String>) {
 /// `deploy/prometheus/alerts.yml` parse, and every metric their queries
 /// name is on a running gateway's `/metrics` after traffic (a stream whose
 /// caller left, cancelled by the cascade); histograms by their `_bucket`,
-/// `_sum` and `_count` series.
+/// `_sum` and `_count` series. Every metric exported is in the table of
+/// `docs/operations.md`, with its type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_and_alerts_name_only_exported_metrics() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -598,6 +599,22 @@ async fn dashboard_and_alerts_name_only_exported_metrics() {
         missing.is_empty(),
         "queries name metrics the gateway does not export: {missing:?}"
     );
+
+    // Every metric exported is in docs/operations.md's table, with its type.
+    let docs = std::fs::read_to_string(root.join("docs/operations.md")).expect("read the docs");
+    let table = &docs[docs.find("## Metrics").expect("a Metrics section")..];
+    let table = &table[..table.find("\n## ").unwrap_or(table.len())];
+    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let (name, kind) = line.split_once(' ').expect("# TYPE name kind");
+        let row = table
+            .lines()
+            .find(|r| r.starts_with('|') && r.contains(&format!("`{name}`")))
+            .unwrap_or_else(|| panic!("{name} is not in docs/operations.md's metrics table"));
+        assert!(
+            row.contains(&format!("| {kind} |")),
+            "{name}: docs say otherwise than {kind}: {row}"
+        );
+    }
 }
 
 #[test]
