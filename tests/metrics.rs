@@ -17,8 +17,11 @@ use crate::harness::rust_worker::{RustWorker, RustWorkerCapacity, RustWorkerOpti
 use crate::harness::worker::{message, send_stream, task_id_of, Bind, Kind, Worker};
 use crate::harness::{scaled_count, scaled_secs};
 
+/// A sample's labels, as (name, value) pairs.
+type Labels = Vec<(String, String)>;
+
 /// The labels of one sample line (`name{a="x",b="y"} 1`), and its value.
-fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn parse_sample(line: &str) -> Option<(&str, Labels, f64)> {
     if line.starts_with('#') || line.trim().is_empty() {
         return None;
     }
