@@ -147,3 +147,118 @@ async fn text_log_has_no_colour_and_access_log_can_be_off() {
         }
     }
 }
+
+/// Access lines beyond JSON-RPC: a REST call (method from the verb and
+/// path), a REST stream in a tenant (`tenant` from the path), a WebSocket
+/// session (one line when the socket ends: status 101, binding
+/// `websocket`), and callers named by the route's `caller_header`: an API
+/// key only as its fingerprint, a bearer JWT by its `sub`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_lines_for_rest_tenant_websocket_and_callers() {
+    use base64::Engine as _;
+
+    let worker = crate::harness::rust_worker::RustWorker::start(
+        crate::harness::rust_worker::RustWorkerOptions {
+            websocket: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let ws = worker.ws_url().expect("a WebSocket listener");
+    let (ws_authority, _) = crate::harness::http::split_url(&ws.replacen("ws://", "http://", 1));
+    let gw = Gateway::start(&format!(
+        "log_format = \"json\"\n\n\
+         [[routes]]\nname = \"w\"\nworker = \"{}\"\n\n\
+         [[routes]]\nname = \"s\"\nworker = \"http://{ws_authority}\"\npath_prefix = \"/s\"\n\n\
+         [[routes]]\nname = \"b\"\nworker = \"{}\"\npath_prefix = \"/b\"\n\
+         [routes.budget]\nmax_deadline = \"1m\"\ncaller_header = \"x-api-key\"\n",
+        worker.url(),
+        worker.url()
+    ))
+    .await;
+
+    // REST: a blocking send, then its task.
+    let sent = post_json(
+        &gw.url,
+        "/message:send",
+        &[],
+        &json!({"message": message("quick")}),
+    )
+    .await;
+    assert_eq!(sent.status, 200, "{}", sent.text());
+    let id = crate::harness::worker::task_id_of(&sent.json())
+        .unwrap_or_else(|| panic!("no task in {}", sent.text()));
+    let line = wait_access(&gw, |v| {
+        v["method"] == "SendMessage" && v["binding"] == "rest"
+    })
+    .await;
+    assert_eq!(line["route"], "w", "{line}");
+    assert_eq!(line["path"], "/message:send", "{line}");
+    assert_eq!(line["http_method"], "POST", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["task"], id.as_str(), "{line}");
+    let got =
+        crate::harness::http::request("GET", &gw.url, &format!("/tasks/{id}"), &[], b"").await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let line = wait_access(&gw, |v| v["method"] == "GetTask" && v["binding"] == "rest").await;
+    assert_eq!(line["task"], id.as_str(), "{line}");
+    assert_eq!(line["http_method"], "GET", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+
+    // A REST stream in a tenant.
+    let (mut stream, streamed) = send_stream(&gw.url, Bind::Rest, Some("acme"), "quick").await;
+    let _ = stream.rest(crate::harness::scaled_secs(10)).await;
+    let line = wait_access(&gw, |v| v["task"] == streamed.as_str()).await;
+    assert_eq!(line["tenant"], "acme", "{line}");
+    assert_eq!(line["method"], "SendStreamingMessage", "{line}");
+    assert_eq!(line["binding"], "rest", "{line}");
+    assert_eq!(line["path"], "/acme/message:stream", "{line}");
+    assert_eq!(line["status"], 200, "{line}");
+
+    // A WebSocket session: one line, as the socket ends.
+    let gw_ws = format!("{}/s/ws", gw.url.replacen("http://", "ws://", 1));
+    let mut sock = crate::harness::ws::connect(&gw_ws).await.unwrap();
+    let answer = crate::harness::ws::round_trip(
+        &mut sock,
+        7,
+        json!({"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": {"id": id}}).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer["result"]["id"], id.as_str(), "{answer}");
+    drop(sock);
+    let line = wait_access(&gw, |v| v["route"] == "s").await;
+    assert_eq!(line["binding"], "websocket", "{line}");
+    assert_eq!(line["status"], 101, "{line}");
+    assert_eq!(line["path"], "/s/ws", "{line}");
+    assert!(line["bytes_out"].as_u64().unwrap() > 0, "{line}");
+
+    // Callers named by the route's caller_header.
+    let key = "key-5f1c0a-not-for-logs";
+    let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"sub":"alice"}"#);
+    let jwt = format!("Bearer eyJhbGciOiJub25lIn0.{claims}.sig");
+    for (value, shown) in [(key, None), (jwt.as_str(), Some("alice"))] {
+        let got = crate::harness::http::request(
+            "GET",
+            &gw.url,
+            &format!("/b/tasks/{id}"),
+            &[("x-api-key", value)],
+            b"",
+        )
+        .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let line = wait_access(&gw, |v| {
+            v["route"] == "b"
+                && match shown {
+                    Some(s) => v["caller"] == s,
+                    None => v["caller"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with("sha256:")),
+                }
+        })
+        .await;
+        assert_eq!(line["method"], "GetTask", "{line}");
+    }
+    let log = gw.log_text();
+    assert!(!log.contains(key), "the API key is in the log:\n{log}");
+}

@@ -252,7 +252,11 @@ fn access_log(session: &Session, e: Option<&Error>, ctx: &Ctx, cascade: Option<&
         http_method = req.method.as_str(),
         path = req.uri.path(),
         method = ctx.req.method.map(crate::a2a::A2aMethod::as_str),
-        binding = ctx.req.binding.map(crate::a2a::Binding::as_str),
+        binding = ctx
+            .req
+            .binding
+            .map(Binding::as_str)
+            .or(matches!(ctx.call, Call::Upgrade).then_some("websocket")),
         tenant = ctx.req.tenant.as_deref(),
         caller = ctx.req.caller.as_ref().map(|c| c.shown.as_str()),
         task,
