@@ -397,3 +397,40 @@ async fn a_lapse_cancel_is_a_root_span_linked_to_its_request() {
         "linked to the request that started the task"
     );
 }
+
+/// A receiver that is down costs the requests nothing: they are answered
+/// as without traces, and the gateway keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_is_down_holds_up_nothing() {
+    let worker = Worker::start(Kind::Rust).await;
+    let closed = format!("http://127.0.0.1:{}", crate::harness::gateway::free_port());
+    let gw = Gateway::start(&format!(
+        "[tracing]\notlp_endpoint = \"{closed}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        worker.url()
+    ))
+    .await;
+    for _ in 0..3 {
+        let started = tokio::time::Instant::now();
+        let (mut s, id) = stream(&gw.url, &[], message("quick")).await;
+        let events = s.rest(scaled_secs(10)).await;
+        assert!(
+            events
+                .iter()
+                .any(|e| crate::harness::worker::state_of(e).as_deref()
+                    == Some("TASK_STATE_COMPLETED")),
+            "{id}: {events:?}"
+        );
+        assert!(
+            started.elapsed() < scaled_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        // Past an export interval, so the next request meets a failed export.
+        tokio::time::sleep(scaled_ms(1200)).await;
+    }
+    let log = gw.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+    // Said once, not once per export.
+    let said = log.matches("could not export spans").count();
+    assert_eq!(said, 1, "{log}");
+}

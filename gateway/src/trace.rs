@@ -56,6 +56,8 @@ pub const REMEMBER_FOR: Duration = Duration::from_secs(3600);
 /// says otherwise: spans are exported within about this long, and at most
 /// this much is lost if the process is killed.
 pub const EXPORT_EVERY: Duration = Duration::from_secs(1);
+/// The longest [`shutdown`] waits for the last spans to be exported.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 /// How long one export may take (connect, send, answer).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much of an export's answer is read (OTLP answers are a few bytes).
@@ -130,11 +132,12 @@ pub fn init(cfg: Option<&config::Tracing>) -> Result<(), String> {
     Ok(())
 }
 
-/// Exports the spans not yet sent and stops the exporter (for at most a
-/// few seconds). Call before the process exits; nothing when traces are off.
+/// Exports the spans not yet sent and stops the exporter, waiting at most
+/// [`SHUTDOWN_WAIT`] (a receiver that is down must not hold up an exit).
+/// Call before the process exits; nothing when traces are off.
 pub fn shutdown() {
     if let Some(t) = TRACING.get() {
-        if let Err(e) = t.provider.shutdown_with_timeout(Duration::from_secs(5)) {
+        if let Err(e) = t.provider.shutdown_with_timeout(SHUTDOWN_WAIT) {
             tracing::warn!(error = %e, "could not export the last spans");
         }
     }
@@ -429,7 +432,36 @@ impl opentelemetry_http::HttpClient for PostClient {
         &self,
         request: http::Request<bytes::Bytes>,
     ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
-        post(&request).map_err(Into::into)
+        let sent = post(&request);
+        note_export(&sent);
+        sent.map_err(Into::into)
+    }
+}
+
+/// Logs the exports' health as it changes: the first failure after a
+/// success (or at start) at `warn`, the first success after failures at
+/// `info`; nothing for each further export alike (one a second at most).
+fn note_export(sent: &Result<http::Response<bytes::Bytes>, String>) {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    /// 0: no export yet, 1: the last one succeeded, 2: the last one failed.
+    static LAST: AtomicU8 = AtomicU8::new(0);
+    let failure = match sent {
+        Ok(r) if r.status().is_success() => None,
+        Ok(r) => Some(format!(
+            "HTTP {}: {}",
+            r.status(),
+            String::from_utf8_lossy(&r.body()[..r.body().len().min(200)])
+        )),
+        Err(e) => Some(e.clone()),
+    };
+    let now = if failure.is_some() { 2 } else { 1 };
+    let before = LAST.swap(now, Ordering::Relaxed);
+    match failure {
+        Some(why) if before != 2 => {
+            tracing::warn!(error = %why, "could not export spans to the OTLP receiver; they are dropped until it answers");
+        }
+        None if before == 2 => tracing::info!("exporting spans again"),
+        _ => {}
     }
 }
 
