@@ -354,9 +354,10 @@ async fn worker_errors_are_counted_by_kind() {
     );
 }
 
-/// The worker's time to first byte is observed for every answer pingora
-/// proxies (a stream and a GetTask: two), and store calls are timed by
-/// operation, on the memory store and on Redis.
+/// The worker's time to first byte is observed for every answer the worker
+/// gave (a stream, a GetTask, a blocking send the gateway carried as a
+/// stream: three), and store calls are timed by operation, on the memory
+/// store and on Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttfb_and_store_latency_are_observed() {
     let worker = Worker::start(Kind::Rust).await;
@@ -366,7 +367,7 @@ async fn ttfb_and_store_latency_are_observed() {
         format!("[store]\nurl = \"{}\"\n\n", redis.url()),
     ] {
         let gw = Gateway::start(&format!(
-            "{store}[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+            "{store}[[routes]]\nname = \"w\"\nworker = \"{}\"\nblocking_sends = \"stream\"\n",
             worker.url()
         ))
         .await;
@@ -405,17 +406,37 @@ async fn ttfb_and_store_latency_are_observed() {
         )
         .await;
         assert_eq!(got.status, 200, "{kind}: {}", got.text());
+        // A blocking send the gateway carries as a stream over its own
+        // connection: its first byte is the worker stream's head.
+        let carried = post_json(
+            &gw.url,
+            "/",
+            &[],
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "SendMessage",
+                    "params": {"message": message("quick")}}),
+        )
+        .await;
+        assert_eq!(carried.status, 200, "{kind}: {}", carried.text());
 
         let text = wait_sample(
             &gw,
             "a2agw_worker_ttfb_seconds_count",
             &[("route", "w")],
-            2.0,
+            3.0,
         )
         .await;
         assert_eq!(
             sample(&text, "a2agw_worker_ttfb_seconds_count", &[("route", "w")]),
-            2.0,
+            3.0,
+            "{kind}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "a2agw_blocking_sends_total",
+                &[("route", "w"), ("outcome", "carried")]
+            ),
+            1.0,
             "{kind}"
         );
         let sum = sample(&text, "a2agw_worker_ttfb_seconds_sum", &[("route", "w")]);

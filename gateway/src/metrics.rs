@@ -531,7 +531,7 @@ const TTFB_BUCKETS: [f64; 16] = [
 pub static WORKER_TTFB: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(
         "a2agw_worker_ttfb_seconds",
-        "Worker time to first byte: from the request handed to the worker connection (after connecting) to the worker's answer head, request body included. Every answer pingora proxied (streams and upgrades too).",
+        "Worker time to first byte: from the request handed to the worker connection (after connecting) to the worker's answer head, request body included. Every answer the worker gave (streams, upgrades and carried blocking sends: the time to their head).",
         &["route"],
         TTFB_BUCKETS.to_vec()
     )

@@ -62,14 +62,14 @@ impl ProxyTimes {
     }
 
     /// The worker's time to first byte: from its connection taking the
-    /// request (`upstream`) to its answer head. `None` when no answer came
-    /// through pingora (refused, failed, answered by the gateway itself).
+    /// request (`upstream`) to its answer head. `None` when no worker answer
+    /// head came (refused by the gateway, failed before it).
     pub fn worker_ttfb(&self) -> Option<Duration> {
         self.ttfb
     }
 
-    /// The status the worker answered with, if its answer came through
-    /// pingora (not what the caller got: a failure after it is not in it).
+    /// The status of the worker's last answer head, if one came (not what
+    /// the caller got: a failure after it is not in it).
     pub fn worker_status(&self) -> Option<u16> {
         self.worker_status
     }
