@@ -484,7 +484,13 @@ fn post(request: &http::Request<bytes::Bytes>) -> Result<http::Response<bytes::B
         }
     }
     let mut conn = conn.ok_or(last)?;
-    let io = |e: std::io::Error| format!("{host}:{port}: {e}");
+    let io = |e: std::io::Error| match e.kind() {
+        // A socket timeout reads as EAGAIN.
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("{host}:{port}: no answer within {EXPORT_TIMEOUT:?}")
+        }
+        _ => format!("{host}:{port}: {e}"),
+    };
     conn.set_read_timeout(Some(EXPORT_TIMEOUT)).map_err(io)?;
     conn.set_write_timeout(Some(EXPORT_TIMEOUT)).map_err(io)?;
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
