@@ -221,6 +221,39 @@ async fn requests_are_counted_by_method_binding_and_status() {
     assert_eq!(sample(&text, "a2agw_requests_total", &[]), 7.0, "{text}");
 }
 
+/// The same against the Python `a2a-sdk` worker: a JSON-RPC stream and a
+/// REST GetTask in a tenant (2xx, their worker TTFB observed), a REST
+/// GetTask of a task it does not hold (its 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_against_the_python_worker() {
+    let worker = Worker::start(Kind::Python).await;
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let (mut stream, id) = send_stream(&gw.url, Bind::JsonRpc, Some("acme"), "quick").await;
+    let _ = stream.rest(scaled_secs(10)).await;
+    let got = request("GET", &gw.url, &format!("/acme/tasks/{id}"), &[], b"").await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let missing = request("GET", &gw.url, "/acme/tasks/no-such-task", &[], b"").await;
+    assert_eq!(missing.status, 404, "{}", missing.text());
+    let text = wait_sample(&gw, "a2agw_requests_total", &[], 3.0).await;
+    for (labels, n) in [
+        (requests("w", "SendStreamingMessage", "jsonrpc", "2xx"), 1.0),
+        (requests("w", "GetTask", "rest", "2xx"), 1.0),
+        (requests("w", "GetTask", "rest", "4xx"), 1.0),
+    ] {
+        assert_eq!(
+            sample(&text, "a2agw_requests_total", &labels),
+            n,
+            "{labels:?}:\n{text}"
+        );
+    }
+    assert_eq!(sample(&text, "a2agw_requests_total", &[]), 3.0, "{text}");
+    assert_eq!(
+        sample(&text, "a2agw_worker_ttfb_seconds_count", &[("route", "w")]),
+        3.0
+    );
+    assert_eq!(sample(&text, "a2agw_worker_errors_total", &[]), 0.0);
+}
+
 /// Worker failures by kind, each on its own route: `connect` (a worker port
 /// nobody listens on), `5xx` (a2a-rust answering 503 to a stream over its
 /// concurrency limit), `reset` (the worker's connection cut mid-stream),
@@ -312,23 +345,15 @@ async fn worker_errors_are_counted_by_kind() {
             );
         }
     }
-    // The caller got the class of what it was answered.
-    assert_eq!(
-        sample(
-            &text,
-            "a2agw_requests_total",
-            &requests("c", "GetTask", "rest", "5xx")
-        ),
-        1.0
-    );
-    assert_eq!(
-        sample(
-            &text,
-            "a2agw_requests_total",
-            &requests("o", "SendStreamingMessage", "rest", "5xx")
-        ),
-        1.0
-    );
+    // The caller got the class of what it was answered (counted last of
+    // a request's series: waited for).
+    for labels in [
+        requests("c", "GetTask", "rest", "5xx"),
+        requests("o", "SendStreamingMessage", "rest", "5xx"),
+    ] {
+        let text = wait_sample(&gw, "a2agw_requests_total", &labels, 1.0).await;
+        assert_eq!(sample(&text, "a2agw_requests_total", &labels), 1.0);
+    }
     held.close();
 
     // timeout: a worker silent past upstream_idle (its own gateway: the

@@ -203,7 +203,6 @@ fn count(session: &Session, e: Option<&Error>, ctx: &Ctx) {
         return;
     };
     let m = &route.metrics;
-    m.count_request(called, status);
     if let Some(ttfb) = ctx.times.worker_ttfb() {
         m.worker_ttfb(ttfb);
     }
@@ -232,6 +231,8 @@ fn count(session: &Session, e: Option<&Error>, ctx: &Ctx) {
             _ => WorkerError::Other,
         });
     }
+    // Last: a request seen counted has its other series in already.
+    m.count_request(called, status);
 }
 
 /// The request's access-log line, at `info` under the target
