@@ -489,8 +489,9 @@ async fn ttfb_and_store_latency_are_observed() {
     }
 }
 
-/// `a2agw_build_info{version}` is 1, and the process's own metrics are there
-/// with plausible values.
+/// `a2agw_build_info{version}` is 1, the open-streams gauge is there before
+/// any stream, and the process's own metrics are there with plausible
+/// values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_info_and_process_metrics() {
     let worker = Worker::start(Kind::Rust).await;
@@ -505,6 +506,8 @@ async fn build_info_and_process_metrics() {
         "{text}"
     );
     assert_eq!(sample(&text, "a2agw_build_info", &[]), 1.0);
+    // Gauges are there before anything moves them.
+    assert!(exported(&text, "a2agw_open_tracked_streams", &[]), "{text}");
     let rss = sample(&text, "process_resident_memory_bytes", &[]);
     assert!(rss > 1e6 && rss < 4e9, "rss {rss}");
     let fds = sample(&text, "process_open_fds", &[]);

@@ -336,8 +336,8 @@ pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
-/// Registers what is not counted as requests go: the build's info and the
-/// process's own metrics (`process_resident_memory_bytes`,
+/// Registers what is not counted as requests go: the build's info, the
+/// open-streams gauge, and the process's own metrics (`process_resident_memory_bytes`,
 /// `process_open_fds`, `process_cpu_seconds_total`, … read from
 /// `/proc/self` at each scrape, Linux only). Called by [`render`]; once.
 fn register_static() {
@@ -346,6 +346,8 @@ fn register_static() {
         BUILD_INFO
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        // At 0 before the first stream opens it.
+        LazyLock::force(&OPEN_STREAMS);
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
