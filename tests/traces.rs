@@ -434,3 +434,63 @@ async fn a_receiver_that_is_down_holds_up_nothing() {
     let said = log.matches("could not export spans").count();
     assert_eq!(said, 1, "{log}");
 }
+
+/// A fire-and-poll task nobody polls (a route with `poll_lease`): at the
+/// lapse the gateway asks the worker (`GetTask`) and then cancels, each
+/// call the root of a trace of its own naming the task and linked to the
+/// span of the send that started it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_lease_lapse_probe_and_cancel_are_linked_roots() {
+    let otlp = Receiver::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::start(&format!(
+        "[tracing]\notlp_endpoint = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\npoll_lease = \"1s\"\n",
+        otlp.url,
+        worker.url()
+    ))
+    .await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": message("work:30000"), "configuration": {"returnImmediately": true}}});
+    let v = crate::harness::http::post_json(&gw.url, "/", &[], &body)
+        .await
+        .json();
+    let id = v["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {v}"))
+        .to_owned();
+    worker
+        .wait_state(
+            None,
+            &id,
+            CANCELED,
+            Duration::from_millis(1000) + scaled_secs(2),
+        )
+        .await
+        .unwrap_or_else(|st| panic!("not canceled at lapse ({st:?}); log:\n{}", gw.log_text()));
+
+    let within = scaled_secs(10);
+    let send = otlp
+        .wait_span(within, |s| {
+            s.kind == SERVER && s.attr("a2a.task_id") == Some(&id)
+        })
+        .await
+        .unwrap_or_else(|| panic!("no request span; got:\n{}", dump(&otlp.spans())));
+    assert_eq!(send.name, "SendMessage");
+    let link = vec![(send.trace_id.clone(), send.span_id.clone())];
+    for (call, outcome) in [
+        ("GetTask", "TASK_STATE_WORKING"),
+        ("CancelTask", "canceled"),
+    ] {
+        let s = otlp
+            .wait_span(within, |s| s.kind == CLIENT && s.name == call)
+            .await
+            .unwrap_or_else(|| panic!("no {call} span; got:\n{}", dump(&otlp.spans())));
+        let shown = dump(std::slice::from_ref(&s));
+        assert_eq!(s.parent_span_id, "", "a root: {shown}");
+        assert_ne!(s.trace_id, send.trace_id, "{shown}");
+        assert_eq!(s.attr("a2a.task_id"), Some(id.as_str()), "{shown}");
+        assert_eq!(s.attr("a2a.cause"), Some("lease_lapsed"), "{shown}");
+        assert_eq!(s.attr("a2a.outcome"), Some(outcome), "{shown}");
+        assert_eq!(s.links, link, "{shown}");
+    }
+}

@@ -512,26 +512,57 @@ fn post(request: &http::Request<bytes::Bytes>) -> Result<http::Response<bytes::B
     head.push_str("\r\n");
     conn.write_all(head.as_bytes()).map_err(io)?;
     conn.write_all(body).map_err(io)?;
+    // The head, then its `content-length` bytes (a receiver may keep the
+    // connection open despite `connection: close`); without a length, up
+    // to the close. At most ANSWER_LIMIT bytes in all.
     let mut answer = Vec::new();
-    conn.take(ANSWER_LIMIT)
-        .read_to_end(&mut answer)
-        .map_err(io)?;
-    let end = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("{host}:{port}: no HTTP answer"))?;
+    let mut chunk = [0u8; 4096];
+    let mut head_end = None;
+    let mut want = None;
+    loop {
+        if let Some(end) = head_end {
+            if want.is_some_and(|n| answer.len() >= end + 4 + n) {
+                break;
+            }
+        }
+        if answer.len() as u64 >= ANSWER_LIMIT {
+            break;
+        }
+        let n = conn.read(&mut chunk).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&chunk[..n]);
+        if head_end.is_none() {
+            head_end = answer.windows(4).position(|w| w == b"\r\n\r\n");
+            if let Some(end) = head_end {
+                want = content_length(&answer[..end]);
+            }
+        }
+    }
+    let end = head_end.ok_or_else(|| format!("{host}:{port}: no HTTP answer"))?;
     let head = String::from_utf8_lossy(&answer[..end]);
     let status: u16 = head
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("{host}:{port}: not an HTTP answer: {head:.80}"))?;
+    let stop = want.map_or(answer.len(), |n| (end + 4 + n).min(answer.len()));
     // The body as sent (a chunked one is only ever shown in an error).
-    let body = bytes::Bytes::copy_from_slice(&answer[end + 4..]);
+    let body = bytes::Bytes::copy_from_slice(&answer[end + 4..stop]);
     http::Response::builder()
         .status(status)
         .body(body)
         .map_err(|e| e.to_string())
+}
+
+/// The `content-length` of an HTTP head.
+fn content_length(head: &[u8]) -> Option<usize> {
+    String::from_utf8_lossy(head)
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -555,13 +586,21 @@ mod tests {
             }
             c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 .unwrap();
+            // The connection is held open: the answer's length ends it.
+            std::thread::sleep(Duration::from_secs(2));
             String::from_utf8(got).unwrap()
         });
         let req = http::Request::post(format!("http://{addr}/v1/traces"))
             .header("content-type", "application/x-protobuf")
             .body(bytes::Bytes::from_static(b"hello"))
             .unwrap();
+        let started = std::time::Instant::now();
         let resp = post(&req).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
         assert_eq!(resp.status(), 200);
         assert_eq!(&resp.body()[..], b"ok");
         let sent = server.join().unwrap();
