@@ -86,9 +86,17 @@ impl Recorder {
                 let Some(end) = text[at..].find("\r\n\r\n").map(|e| at + e) else {
                     break;
                 };
+                let head = text[start..end].to_ascii_lowercase();
+                // The body is as long as the head says (none for a GET):
+                // what follows on the connection is the next request.
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
                 let after = &text[end + 4..];
-                let body = after[..after.len().min(400)].to_owned();
-                out.push((text[start..end].to_ascii_lowercase(), body));
+                let body = after[..after.len().min(length).min(400)].to_owned();
+                out.push((head, body));
                 from = end + 4;
             }
         }
@@ -493,4 +501,55 @@ async fn a_poll_lease_lapse_probe_and_cancel_are_linked_roots() {
         assert_eq!(s.attr("a2a.outcome"), Some(outcome), "{shown}");
         assert_eq!(s.links, link, "{shown}");
     }
+}
+
+/// A blocking `SendMessage` the gateway carries to the worker as a stream
+/// (the a2a-rust worker streams): the stream it becomes names the send's
+/// span as its parent, in the caller's trace, as any other request does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carried_blocking_send_reaches_the_worker_as_the_spans_child() {
+    let otlp = Receiver::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let rec = Recorder::start(&worker.url()).await;
+    let gw = gateway(Some(&otlp), &rec.url, &[]).await;
+
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let tp = format!("00-{trace}-b7ad6b7169203331-01");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": message("quick")}});
+    let r = crate::harness::http::post_json(&gw.url, "/", &[("traceparent", &tp)], &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.json()["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task in {}", r.text()))
+        .to_owned();
+    assert!(
+        gw.counter("a2agw_blocking_sends_total", &["outcome=\"carried\""])
+            .await
+            >= 1.0,
+        "the send was carried as a stream"
+    );
+
+    let server = otlp
+        .wait_span(scaled_secs(10), |s| {
+            s.kind == SERVER && s.name == "SendMessage"
+        })
+        .await
+        .unwrap_or_else(|| panic!("no request span; got:\n{}", dump(&otlp.spans())));
+    assert_eq!(server.trace_id, trace);
+    assert_eq!(server.attr("a2a.task_id"), Some(id.as_str()));
+    let sent = rec
+        .traceparent_of("SendStreamingMessage")
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "the carried stream carries no traceparent: {:#?}",
+                rec.requests()
+            )
+        });
+    assert_eq!(
+        parts(&sent),
+        (trace.into(), server.span_id.clone(), "01".into()),
+        "the stream names the send's span, not the caller's"
+    );
 }

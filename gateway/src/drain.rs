@@ -155,8 +155,15 @@ impl Drainer {
         let (requests, work) = pending();
         tracing::warn!(requests, work, "{what} during the drain; exiting now");
         let _ = tokio::time::timeout(Duration::from_millis(200), self.store.replica_gone()).await;
+        export_last_spans().await;
         std::process::exit(code);
     }
+}
+
+/// The spans still queued go to the OTLP receiver before the process
+/// exits (at most `trace::SHUTDOWN_WAIT`; nothing when traces are off).
+async fn export_last_spans() {
+    let _ = tokio::task::spawn_blocking(crate::trace::shutdown).await;
 }
 
 #[async_trait]
@@ -192,6 +199,7 @@ impl BackgroundService for Drainer {
                 let flushed = tokio::time::timeout_at(deadline, self.tracker.flush()).await;
                 if flushed.is_ok() && pending() == (0, 0) {
                     tracing::info!(took = ?started.elapsed(), "drained; exiting");
+                    export_last_spans().await;
                     std::process::exit(0);
                 }
             }

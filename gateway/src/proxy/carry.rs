@@ -317,6 +317,7 @@ impl Gateway {
         metrics::OPEN_STREAMS.inc();
 
         let mut head = session.req_header().clone();
+        crate::trace::upstream(&mut head, ctx);
         inject::upstream_head(&mut head, ctx)?;
         head.set_version(http::Version::HTTP_11);
         head.set_uri(
