@@ -43,6 +43,13 @@ USER 10001:10001
 # mostly untouched read buffers resident (docs/operations.md, "Memory and
 # the allocator").
 ENV MIMALLOC_ALLOW_THP=0
-EXPOSE 8080 9090
+# The admin port stays inside the container (127.0.0.1:9090 above): only
+# the proxy port is exposed. An admin listener elsewhere needs a token.
+EXPOSE 8080
+# The image has no curl: the binary asks its own admin endpoint. A config
+# whose admin is not 127.0.0.1:9090 names it: `a2a-gateway health ADDR`
+# (docker run --health-cmd, or the orchestrator's own probes).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["a2a-gateway", "health"]
 ENTRYPOINT ["a2a-gateway"]
 CMD ["--config", "/etc/a2a-gateway/gateway.toml"]

@@ -47,6 +47,50 @@ struct Cli {
 enum Command {
     /// Validates a config file and prints every error in it, with its location.
     CheckConfig { file: PathBuf },
+    /// Asks a running gateway's admin endpoint whether it is healthy: exits 0
+    /// when `/healthz` (or `/readyz` with --ready) answers 200, 1 otherwise
+    /// with one line saying why. For container health checks (the image has
+    /// no curl).
+    Health {
+        /// The admin address (`server.admin`).
+        #[arg(default_value = "127.0.0.1:9090")]
+        admin: SocketAddr,
+        /// Ask `/readyz` (every proxy listener accepts) instead of `/healthz`.
+        #[arg(long)]
+        ready: bool,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3)]
+        timeout: u64,
+    },
+}
+
+/// `a2a-gateway health`: one GET on the admin endpoint, blocking, no runtime.
+fn health(admin: SocketAddr, path: &str, timeout: std::time::Duration) -> Result<(), String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&admin, timeout)
+        .map_err(|e| format!("{admin}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .map_err(|e| format!("{admin}: {e}"))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .map_err(|e| format!("{admin}{path}: {e}"))?;
+    // The probes' answers are a few bytes; never read more than a page.
+    let mut head = Vec::new();
+    s.take(4096)
+        .read_to_end(&mut head)
+        .map_err(|e| format!("{admin}{path}: {e}"))?;
+    let text = String::from_utf8_lossy(&head);
+    let status = text.split(' ').nth(1).unwrap_or("");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b.trim());
+    if status == "200" {
+        Ok(())
+    } else if status.is_empty() {
+        Err(format!("{admin}{path}: no HTTP answer"))
+    } else {
+        Err(format!("{admin}{path}: {status} {body}"))
+    }
 }
 
 /// Starts logging to stderr in `format`: the filter from `A2A_GATEWAY_LOG`;
@@ -86,6 +130,22 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
+    if let Some(Command::Health {
+        admin,
+        ready,
+        timeout,
+    }) = &cli.command
+    {
+        let path = if *ready { "/readyz" } else { "/healthz" };
+        let timeout = std::time::Duration::from_secs((*timeout).max(1));
+        return match health(*admin, path, timeout) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("a2a-gateway health: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::CheckConfig { file }) = &cli.command {
         init_logs(cli.log_format.unwrap_or_default());
         return match config::load(file) {

@@ -68,6 +68,23 @@ fn ensure_venv() -> Result<PathBuf, String> {
     .clone()
 }
 
+/// The venv's Python interpreter (building the venv on first use), for
+/// tests that start a Python process of their own (tests/demo.rs).
+pub fn python() -> PathBuf {
+    ensure_venv()
+        .unwrap_or_else(|e| panic!("the Python venv: {e}"))
+        .join("bin")
+        .join("python")
+}
+
+/// The Python agent's script.
+pub fn agent_script() -> PathBuf {
+    workspace()
+        .join("tests")
+        .join("workers")
+        .join("python_agent.py")
+}
+
 /// Copies a child's pipe into `sink` until it closes (so the pipe never fills).
 fn drain(mut pipe: impl AsyncRead + Unpin + Send + 'static, sink: Arc<Mutex<Vec<u8>>>) {
     tokio::spawn(async move {
@@ -97,10 +114,7 @@ impl PythonWorker {
             .await
             .expect("venv setup thread")
             .unwrap_or_else(|e| panic!("python venv setup failed: {e}"));
-        let script = workspace()
-            .join("tests")
-            .join("workers")
-            .join("python_agent.py");
+        let script = agent_script();
 
         // A free port can be taken by someone else before the agent binds
         // it: try a few.
