@@ -22,6 +22,7 @@ const EVERY_TABLE: &str = r#"
 
 [[routes]]
 lease = {}
+auth = {}
 
 [routes.budget.tenants.t]
 [routes.budget.callers.c]

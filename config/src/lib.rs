@@ -23,11 +23,16 @@ use std::time::Duration;
 use policies::budget::{Caps, OverCap};
 use policies::cascade::CascadePolicy;
 
+mod auth;
 mod read;
 mod schema;
 mod units;
 mod url;
 
+pub use auth::{
+    check_jwks, is_identity_name, parse_api_keys, read_api_keys, read_jwks, ApiKeys, AuthMode,
+    AuthPolicy, JwtAuth, JwtKeys,
+};
 pub use units::{parse_duration, parse_size};
 pub use url::{redact_url, WorkerUrl};
 
@@ -371,6 +376,10 @@ pub struct Route {
     /// route starts, and accounts they are reserved from. Inactive (the
     /// default) when the route names none.
     pub budget: BudgetPolicy,
+    /// `[routes.auth]`: callers verified (JWT, API keys). `None`: callers
+    /// are not authenticated, and `budget.caller_header` names them
+    /// unverified.
+    pub auth: Option<AuthPolicy>,
 }
 
 /// How a route holds the children it starts to budgets (the a2a-rust budget
@@ -589,6 +598,7 @@ impl fmt::Debug for Route {
             lease,
             headers,
             budget,
+            auth,
         } = self;
         f.debug_struct("Route")
             .field("name", name)
@@ -619,6 +629,7 @@ impl fmt::Debug for Route {
                 ),
             )
             .field("budget", budget)
+            .field("auth", auth)
             .finish()
     }
 }
@@ -698,6 +709,7 @@ impl Config {
                 lease: LeasePolicy::default(),
                 headers: HeaderPolicy::default(),
                 budget: BudgetPolicy::default(),
+                auth: None,
             }],
             leases: Leases::default(),
             tracing: None,

@@ -631,7 +631,8 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         );
     }
     let headers = header_policy(r);
-    let budget = budget_policy(r);
+    let auth = crate::auth::auth_policy(r, env);
+    let budget = budget_policy(r, auth.is_some());
     r.finish();
     Some(Route {
         name: name?,
@@ -646,6 +647,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         lease,
         headers,
         budget,
+        auth,
     })
 }
 
@@ -708,7 +710,7 @@ fn pem_file<T>(
 
 /// A path the file names: relative ones start at the config file's
 /// directory.
-fn config_path(path: &str, env: Env<'_>) -> Result<PathBuf, String> {
+pub(crate) fn config_path(path: &str, env: Env<'_>) -> Result<PathBuf, String> {
     if path.is_empty() {
         return Err("expected the path of a PEM file, found an empty string".into());
     }
@@ -772,17 +774,28 @@ const MAX_DEADLINE: Duration = Duration::from_secs(30 * 24 * 3600);
 const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Why a `caller_header` is needed, for errors about its absence.
-const NEEDS_CALLER_HEADER: &str = "needs caller_header, the header whose value names the caller";
+const NEEDS_CALLER_HEADER: &str =
+    "needs caller_header, the header whose value names the caller (or [routes.auth])";
 
 /// `[routes.budget]`: caps, tenants' and callers' caps, and accounts.
-fn budget_policy(r: &mut Reader<'_>) -> BudgetPolicy {
+/// `authenticated`: the route has `[routes.auth]`, whose verified identity
+/// names the caller (then `caller_header` is refused).
+fn budget_policy(r: &mut Reader<'_>, authenticated: bool) -> BudgetPolicy {
     let mut b = r.section("budget");
     let caps = caps(&mut b);
     let over_cap = b.or("over_cap", OverCap::Clamp, over_cap);
     let caller_header = b.opt("caller_header", caller_header);
+    if authenticated && b.has("caller_header") {
+        let at = b.pos("caller_header");
+        b.report_at(
+            at,
+            "caller_header",
+            "this route has [routes.auth], whose verified identity names the caller: remove caller_header",
+        );
+    }
     // A bad caller_header is reported as such; only a missing one makes
     // `callers` and `per = "caller"` errors too.
-    let has_caller_header = b.has("caller_header");
+    let has_caller_header = b.has("caller_header") || authenticated;
     let tenants = named_caps(b.section("tenants"), tenant_name, |_, name| {
         key_segment(name)
     });

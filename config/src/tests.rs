@@ -108,6 +108,7 @@ fn examples_parse() {
                     meters: meters(&[("tokens", 1_000_000)]),
                 }],
             },
+            auth: None,
         }
     );
     assert_eq!(default.lease, LeasePolicy::default());
@@ -314,12 +315,12 @@ fn budget_errors() {
         ("tenants = { acme = 1 }", "5:20: routes[0].budget.tenants.acme: expected a table, found integer 1"),
         ("tenants = 1", "5:11: routes[0].budget.tenants: expected a table, found integer 1"),
         // callers
-        ("[routes.budget.callers.k]\nmeters = { tokens = 1 }", "5:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller"),
-        ("callers = { k = { meters = { tokens = 1 } } }", "5:11: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller"),
+        ("[routes.budget.callers.k]\nmeters = { tokens = 1 }", "5:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller (or [routes.auth])"),
+        ("callers = { k = { meters = { tokens = 1 } } }", "5:11: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller (or [routes.auth])"),
         ("caller_header = \"x-k\"\ncallers = { \" k\" = { meters = { tokens = 1 } } }", "6:20: routes[0].budget.callers[0]: a caller key is a value of caller_header: not empty, visible ASCII, no leading or trailing spaces"),
         ("caller_header = \"x-k\"\ncallers = { a = { max_deadline = \"1m\" }, b = {} }", "6:46: routes[0].budget.callers[1]: names no cap; give max_deadline, meters or both"),
         // accounts
-        ("[[routes.budget.accounts]]\nper = \"caller\"\nwindow = \"1h\"\nmeters = { tokens = 1 }", "6:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller"),
+        ("[[routes.budget.accounts]]\nper = \"caller\"\nwindow = \"1h\"\nmeters = { tokens = 1 }", "6:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller (or [routes.auth])"),
         ("[[routes.budget.accounts]]\nper = \"user\"\nwindow = \"1h\"\nmeters = { tokens = 1 }", "6:7: routes[0].budget.accounts[0].per: expected one of \"route\", \"tenant\", \"caller\", found \"user\""),
         ("[[routes.budget.accounts]]\nwindow = \"1h\"\nmeters = { tokens = 1 }", "5:1: routes[0].budget.accounts[0].per: missing required key"),
         ("[[routes.budget.accounts]]\nper = \"route\"\nmeters = { tokens = 1 }", "5:1: routes[0].budget.accounts[0].window: missing required key"),
@@ -388,8 +389,8 @@ meters = { tokens = 100 }
         "7:33: routes[0].budget.meters.tokens: must be at least 0, found -1",
         "8:12: routes[0].budget.over_cap: expected one of \"clamp\", \"refuse\", found \"never\"",
         "10:1: routes[0].budget.tenants.acme: names no cap; give max_deadline, meters or both",
-        "12:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller",
-        "16:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller",
+        "12:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller (or [routes.auth])",
+        "16:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller (or [routes.auth])",
         "17:10: routes[0].budget.accounts[0].window: must be between 1s and 8784h (366 days), found \"0s\"",
         "18:35: routes[0].budget.accounts[0].meters.requests: must be at least 1, found 0",
         "28:21: routes[0].budget.accounts[2].meters.tokens: an account per route already limits \"tokens\" (accounts[1])",

@@ -7,6 +7,7 @@
 pub mod a2a;
 pub mod admin;
 pub mod allocator;
+pub mod auth;
 pub mod budget;
 pub mod cancel;
 pub mod cascade;

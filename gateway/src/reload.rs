@@ -403,6 +403,9 @@ impl Reloader {
         if let Err(e) = crate::server::check_tls(&new) {
             return refused(vec![e]);
         }
+        if let Err(e) = crate::auth::check_keys(&new.routes) {
+            return refused(e);
+        }
         let mut restart_only = restart_only(running, &new);
         if self
             .memory_retention

@@ -117,6 +117,7 @@ pub fn server_conf(threads: usize, drain: Duration) -> ServerConf {
 pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), String> {
     crate::reload::ignore_sighup_until_listening()?;
     check_tls(&cfg)?;
+    crate::auth::check_keys(&cfg.routes).map_err(|e| e.join("\n"))?;
     if let Some(a) = cfg.server.admin {
         if config::admin_needs_token(a) && cfg.server.admin_token.is_none() {
             return Err(format!(

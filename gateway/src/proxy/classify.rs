@@ -60,7 +60,36 @@ impl Gateway {
             return Err(Refusal::Http1(fault));
         }
         ctx.req.received_ms = now_ms();
-        if let Some(h) = &route.cfg.budget.caller_header {
+        // The agent card is the public discovery document: served to
+        // anyone, as A2A workers serve it.
+        if let Some(auth) = route.auth.as_ref().filter(|_| call != Call::AgentCard) {
+            // The verified identity names the caller (the config refuses
+            // `caller_header` beside `auth`).
+            ctx.route = Some(route.clone());
+            match auth.check(&req.headers) {
+                crate::auth::Verdict::Identified(id) => {
+                    ctx.req.caller = Some(Box::new(crate::budget::Caller {
+                        name: id.shown.clone(),
+                        shown: id.shown,
+                    }));
+                }
+                crate::auth::Verdict::Anonymous => {}
+                crate::auth::Verdict::Refused(failure) => {
+                    if let crate::auth::Failure::Rejected { why } = &failure {
+                        tracing::info!(route = %route.name, why = %why, "credential rejected");
+                    }
+                    ctx.req.binding = Some(match call {
+                        Call::JsonRpcCandidate => Binding::JsonRpc,
+                        _ => Binding::Rest,
+                    });
+                    return Err(Refusal::Unauthenticated {
+                        rejected: matches!(failure, crate::auth::Failure::Rejected { .. }),
+                        challenge: auth.challenge(&failure),
+                        what: auth.what_to_send(),
+                    });
+                }
+            }
+        } else if let Some(h) = &route.cfg.budget.caller_header {
             ctx.req.caller = req
                 .headers
                 .get(h.as_str())

@@ -58,6 +58,15 @@ pub enum Refusal {
     BodyTooLarge { limit: usize },
     /// A WebSocket upgrade on a budgeted route.
     BudgetWebSocket,
+    /// `[routes.auth]`: no credential on a route that requires one
+    /// (`rejected: false`), or one that was not accepted. `challenge` is the
+    /// `WWW-Authenticate` value, `what` what the caller must send. Why a
+    /// credential failed is logged, never told the caller.
+    Unauthenticated {
+        rejected: bool,
+        challenge: String,
+        what: String,
+    },
     /// The worker's host name did not resolve.
     WorkerUnresolvable(String),
     /// The worker could not be reached, broke off, or did not answer in
@@ -102,6 +111,10 @@ impl Refusal {
             Refusal::BudgetNotAttached => "budget_unreadable",
             Refusal::BodyTooLarge { .. } => "body_too_large",
             Refusal::BudgetWebSocket => "budget_websocket",
+            Refusal::Unauthenticated {
+                rejected: false, ..
+            } => "unauthenticated",
+            Refusal::Unauthenticated { rejected: true, .. } => "credential_rejected",
             Refusal::WorkerUnresolvable(_) => "worker_unresolvable",
             Refusal::WorkerFailed { status: 504, .. } => "worker_timeout",
             Refusal::WorkerFailed { .. } => "worker_failed",
@@ -125,7 +138,8 @@ impl Refusal {
     /// Answered with its HTTP status in every binding: a failed worker's
     /// 502 or 504, and HTTP/1's 400 for a head it requires be refused.
     fn keeps_status(&self) -> bool {
-        self.is_worker_failure() || matches!(self, Refusal::Http1(_))
+        self.is_worker_failure()
+            || matches!(self, Refusal::Http1(_) | Refusal::Unauthenticated { .. })
     }
 
     fn parts(&self) -> Parts {
@@ -234,6 +248,18 @@ impl Refusal {
                 (403, "PERMISSION_DENIED"),
                 "this route enforces budgets, which the gateway applies on the JSON-RPC and HTTP+JSON bindings only; use one of those".into(),
             ),
+            // As a2a-rust answers a refused credential: 401 on every
+            // binding (a client refreshes its token on the status), with
+            // an Invalid Request body.
+            Refusal::Unauthenticated { rejected, what, .. } => parts(
+                -32600,
+                (401, "UNAUTHENTICATED"),
+                if *rejected {
+                    format!("the credential was not accepted; send {what}")
+                } else {
+                    format!("this route requires a verified caller; send {what}")
+                },
+            ),
             Refusal::WorkerUnresolvable(why) => parts(-32603, (502, "UNAVAILABLE"), why.clone()),
             Refusal::WorkerFailed { status, why } => {
                 let name = if *status == 504 {
@@ -275,6 +301,10 @@ impl Refusal {
     /// did not read as JSON-RPC gets the REST shape.
     pub fn render(&self, binding: Option<Binding>, rpc_id: Option<&Value>) -> Answer {
         let p = self.parts();
+        let challenge = match self {
+            Refusal::Unauthenticated { challenge, .. } => Some(challenge.clone()),
+            _ => None,
+        };
         if !matches!(binding, Some(Binding::JsonRpc | Binding::WebSocket)) {
             let mut error = json!({"code": p.http.0, "status": p.http.1, "message": p.message});
             if let Some(d) = &p.data {
@@ -284,6 +314,7 @@ impl Refusal {
                 status: p.http.0,
                 body: json!({ "error": error }),
                 retry_after: p.retry_after,
+                challenge,
             };
         }
         let mut error = json!({"code": p.code, "message": p.message});
@@ -307,6 +338,7 @@ impl Refusal {
             status,
             body,
             retry_after: p.retry_after,
+            challenge,
         }
     }
 }
@@ -317,6 +349,8 @@ pub struct Answer {
     pub status: u16,
     pub body: Value,
     pub retry_after: Option<u64>,
+    /// `WWW-Authenticate`, on a 401.
+    pub challenge: Option<String>,
 }
 
 impl Answer {
@@ -328,6 +362,9 @@ impl Answer {
         resp.insert_header("content-length", body.len().to_string())?;
         if let Some(s) = self.retry_after {
             resp.insert_header("retry-after", s.to_string())?;
+        }
+        if let Some(c) = self.challenge {
+            resp.insert_header("www-authenticate", c)?;
         }
         Ok((resp, body))
     }
@@ -352,6 +389,11 @@ mod tests {
             },
             Refusal::Http1(Http1Fault::MissingHost),
             Refusal::Http1(Http1Fault::ContentLength),
+            Refusal::Unauthenticated {
+                rejected: true,
+                challenge: "Bearer realm=\"a2a-gateway\", error=\"invalid_token\"".into(),
+                what: "Authorization: Bearer <JWT>".into(),
+            },
             Refusal::Unreadable(BodyFault::NotUtf8),
             Refusal::Unreadable(BodyFault::TrailingBytes),
             Refusal::Unreadable(BodyFault::NumberOutOfRange),

@@ -25,6 +25,8 @@ pub struct Route {
     /// The worker's agent card (seen passing through) declares the lease
     /// extension: with `worker_leases = "auto"` the worker enforces grants.
     pub card_declares_lease: std::sync::atomic::AtomicBool,
+    /// `[routes.auth]`: the caller's credential is verified first.
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
 }
 
 impl Route {
@@ -122,6 +124,10 @@ impl Routes {
                         policies::lease::LEASE_EXTENSION_URI,
                     ),
                     card_declares_lease: std::sync::atomic::AtomicBool::new(false),
+                    auth: r
+                        .auth
+                        .as_ref()
+                        .map(|a| crate::auth::Authenticator::build(&r.name, a)),
                 })
             })
             .collect();

@@ -1,0 +1,325 @@
+//! Issue 32 item 1: verified callers. Routes with `[routes.auth]` in front
+//! of a real a2a-rust worker; JWTs signed by keys the test generates
+//! (Ed25519 and P-256, with `rcgen`) and API keys checked against a file of
+//! their SHA-256 hashes. What the worker did is read from the worker.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+use crate::harness::gateway::Gateway;
+use crate::harness::http::{post_json, request};
+use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::scaled_secs;
+use crate::harness::stream::SseStream;
+use crate::harness::worker::{message, task_id_of};
+
+const ISS: &str = "https://idp.test";
+const AUD: &str = "a2a-gateway";
+const API_KEY: &str = "ak-billing-0123456789";
+
+/// A signing key and its public half as a JWK.
+struct Signer {
+    alg: Algorithm,
+    kid: String,
+    key: EncodingKey,
+    jwk: Value,
+    public_pem: String,
+}
+
+impl Signer {
+    fn ed25519(kid: &str) -> Signer {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(kp.public_key_raw());
+        Signer {
+            alg: Algorithm::EdDSA,
+            kid: kid.into(),
+            key: EncodingKey::from_ed_pem(kp.serialize_pem().as_bytes()).unwrap(),
+            jwk: json!({"kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "x": x}),
+            public_pem: kp.public_key_pem(),
+        }
+    }
+
+    fn p256(kid: &str) -> Signer {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let raw = kp.public_key_raw();
+        assert_eq!(raw.len(), 65, "an uncompressed P-256 point");
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        Signer {
+            alg: Algorithm::ES256,
+            kid: kid.into(),
+            key: EncodingKey::from_ec_pem(kp.serialize_pem().as_bytes()).unwrap(),
+            jwk: json!({"kty": "EC", "crv": "P-256", "kid": kid, "x": b64(&raw[1..33]), "y": b64(&raw[33..])}),
+            public_pem: kp.public_key_pem(),
+        }
+    }
+
+    /// A signed token with `claims` over the defaults (iss, aud, an exp an
+    /// hour away, sub "alice").
+    fn token(&self, claims: Value) -> String {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut c = json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": now + 3600, "iat": now});
+        for (k, v) in claims.as_object().unwrap() {
+            if v.is_null() {
+                c.as_object_mut().unwrap().remove(k);
+            } else {
+                c[k] = v.clone();
+            }
+        }
+        let mut h = Header::new(self.alg);
+        h.kid = Some(self.kid.clone());
+        encode(&h, &c, &self.key).unwrap()
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A directory holding `jwks.json` (the given keys), `keys` (the API key's
+/// hash, named "billing") and `pub.pem` (the first key's public half).
+fn files(test: &str, signers: &[&Signer]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("a2agw-auth-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys: Vec<&Value> = signers.iter().map(|s| &s.jwk).collect();
+    std::fs::write(dir.join("jwks.json"), json!({ "keys": keys }).to_string()).unwrap();
+    let digest = ring::digest::digest(&ring::digest::SHA256, API_KEY.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(dir.join("keys"), format!("# test keys\n{hex} billing\n")).unwrap();
+    std::fs::write(dir.join("pub.pem"), &signers[0].public_pem).unwrap();
+    dir
+}
+
+fn auth_table(dir: &std::path::Path, keys: &str, extra: &str) -> String {
+    format!(
+        "[routes.auth]\n{keys} = \"{}\"\nissuer = \"{ISS}\"\naudience = \"{AUD}\"\napi_keys_file = \"{}\"\n{extra}",
+        dir.join(if keys == "jwt_public_key" { "pub.pem" } else { "jwks.json" }).display(),
+        dir.join("keys").display()
+    )
+}
+
+/// A JSON-RPC `SendMessage` ("quick") with `headers`: status, body, and
+/// the `WWW-Authenticate` value.
+async fn send(url: &str, headers: &[(&str, &str)]) -> (u16, Value, Option<String>) {
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+        "params": {"message": message("quick")}});
+    let r = post_json(url, "/", headers, &body).await;
+    let challenge = r.header("www-authenticate").map(str::to_owned);
+    (r.status, r.json(), challenge)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_expired_or_missing_credentials_are_refused_and_start_no_child() {
+    let good = Signer::ed25519("k1");
+    let es = Signer::p256("k2");
+    let other = Signer::ed25519("k1"); // same kid, not in the set: a forgery
+    let dir = files("refused", &[&good, &es]);
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw = Gateway::in_front_of(&worker.url(), &auth_table(&dir, "jwks_file", "")).await;
+
+    let bearer = |t: String| format!("Bearer {t}");
+    let refused: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("no credential", vec![]),
+        (
+            "forged signature",
+            vec![("authorization", bearer(other.token(json!({}))))],
+        ),
+        (
+            "expired",
+            vec![(
+                "authorization",
+                bearer(good.token(json!({"exp": now() - 3600}))),
+            )],
+        ),
+        (
+            "not yet valid",
+            vec![(
+                "authorization",
+                bearer(good.token(json!({"nbf": now() + 3600}))),
+            )],
+        ),
+        (
+            "wrong audience",
+            vec![(
+                "authorization",
+                bearer(good.token(json!({"aud": "someone-else"}))),
+            )],
+        ),
+        (
+            "wrong issuer",
+            vec![(
+                "authorization",
+                bearer(good.token(json!({"iss": "https://evil"}))),
+            )],
+        ),
+        (
+            "no exp",
+            vec![("authorization", bearer(good.token(json!({"exp": null}))))],
+        ),
+        (
+            "alg none",
+            vec![(
+                "authorization",
+                // {"alg":"none"}.{"sub":"alice",...}. : an unsigned token
+                bearer(format!(
+                    "eyJhbGciOiJub25lIn0.{}.",
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(
+                        json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": now() + 3600})
+                            .to_string()
+                    )
+                )),
+            )],
+        ),
+        (
+            "unknown API key",
+            vec![("x-api-key", "ak-guess".to_string())],
+        ),
+        (
+            "not a bearer",
+            vec![("authorization", "Basic YTpi".to_string())],
+        ),
+    ];
+    for (case, headers) in &refused {
+        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, body, challenge) = send(&gw.url, &h).await;
+        assert_eq!(status, 401, "{case}: {body}");
+        assert_eq!(body["error"]["code"], -32600, "{case}: {body}");
+        assert_eq!(body["id"], Value::Null, "{case}: {body}");
+        let challenge = challenge.unwrap_or_else(|| panic!("{case}: no WWW-Authenticate"));
+        assert!(
+            challenge.starts_with("Bearer realm=\"a2a-gateway\""),
+            "{case}: {challenge}"
+        );
+        assert_eq!(
+            challenge.contains("invalid_token"),
+            *case != "no credential",
+            "{case}: {challenge}"
+        );
+    }
+    assert_eq!(
+        worker.tasks_started(),
+        0,
+        "no refused call reached the worker"
+    );
+
+    // REST callers get the REST shape.
+    let r = post_json(
+        &gw.url,
+        "/message:send",
+        &[],
+        &json!({"message": message("quick")}),
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(r.json()["error"]["status"], "UNAUTHENTICATED");
+    // The agent card stays public.
+    let r = request("GET", &gw.url, "/.well-known/agent-card.json", &[], b"").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(worker.tasks_started(), 0);
+
+    // Verified callers pass: EdDSA and ES256 JWTs, and the API key.
+    for (case, h) in [
+        ("EdDSA", ("authorization", bearer(good.token(json!({}))))),
+        (
+            "ES256",
+            ("authorization", bearer(es.token(json!({"sub": "bob"})))),
+        ),
+        ("API key", ("x-api-key", API_KEY.to_string())),
+    ] {
+        let (status, body, _) = send(&gw.url, &[(h.0, h.1.as_str())]).await;
+        assert_eq!(status, 200, "{case}: {body}");
+        assert!(body["result"]["task"]["id"].is_string(), "{case}: {body}");
+    }
+    assert_eq!(worker.tasks_started(), 3);
+    assert_eq!(
+        gw.counter("a2agw_refusals_total", &["reason=\"credential_rejected\""])
+            .await,
+        (refused.len() - 1) as f64
+    );
+    assert_eq!(
+        gw.counter("a2agw_refusals_total", &["reason=\"unauthenticated\""])
+            .await,
+        2.0
+    );
+    // Nothing secret in the log: not the API key, not a token.
+    let log = gw.log_text();
+    assert!(!log.contains(API_KEY), "{log}");
+    assert!(!log.contains(&good.token(json!({}))[..40]), "{log}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A JWT's subject and an API key's name are identities of two kinds: a
+/// token whose `sub` is `key:billing` does not land in the account of the
+/// API key named `billing`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_kinds_of_identity_never_share_an_account() {
+    let signer = Signer::p256("k");
+    let dir = files("accounts", &[&signer]);
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let route = auth_table(
+        &dir,
+        "jwt_public_key",
+        "[routes.budget]\nmeters = { tokens = 100 }\n\n\
+         [routes.budget.callers.\"key:billing\"]\nmeters = { tokens = 10 }\n\n\
+         [[routes.budget.accounts]]\nper = \"caller\"\nwindow = \"24h\"\nmeters = { tokens = 1000 }\n",
+    );
+    let gw = Gateway::in_front_of(&worker.url(), &route).await;
+    let forged = format!("Bearer {}", signer.token(json!({"sub": "key:billing"})));
+    let mut ids = Vec::new();
+    for h in [("authorization", forged.as_str()), ("x-api-key", API_KEY)] {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+            "params": {"message": message("quick")}});
+        let mut s = SseStream::open(&gw.url, "/", &[h], &body).await;
+        assert_eq!(s.status, 200, "{h:?}");
+        let events = s.rest(scaled_secs(5)).await;
+        ids.push(events.iter().find_map(task_id_of).expect("a task"));
+    }
+    let v = request("GET", &gw.admin, "/budgets", &[], b"").await.json();
+    let mut holders: Vec<String> = v["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["holder"].as_str().map(str::to_owned))
+        .collect();
+    holders.sort();
+    assert_eq!(holders, ["jwt:key:billing", "key:billing"], "{v}");
+    // The caps by caller apply to the API key's identity only.
+    for (id, want) in ids.iter().zip([100, 10]) {
+        let body = json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
+            "params": {"id": id, "historyLength": 10}});
+        let got = post_json(&worker.url(), "/", &[], &body).await.json();
+        let granted =
+            &got["result"]["history"][0]["metadata"]["a2a-rust.com/budget"]["meters"]["tokens"];
+        assert_eq!(granted.as_f64(), Some(f64::from(want)), "{got}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `mode = "optional"`: a caller without a credential passes unidentified;
+/// a bad credential is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_auth_passes_anonymous_callers_only() {
+    let signer = Signer::ed25519("k");
+    let dir = files("optional", &[&signer]);
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw = Gateway::in_front_of(
+        &worker.url(),
+        &auth_table(&dir, "jwks_file", "mode = \"optional\"\n"),
+    )
+    .await;
+    let (status, body, _) = send(&gw.url, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body, _) = send(&gw.url, &[("x-api-key", "wrong")]).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(worker.tasks_started(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
