@@ -1,9 +1,12 @@
-//! The admin endpoint: `/healthz` (the process is up), `/readyz` (every
-//! proxy listener accepts connections), `/metrics` (Prometheus text),
-//! `/tasks` (what the store holds, as JSON, for debugging), `/budgets`
-//! (accounts: limit, spent, reserved, left; and this replica's in-flight
-//! child budgets) and `POST /reload` (re-reads the config file, as SIGHUP
-//! does; see [`crate::reload`]).
+//! The admin endpoint: `/healthz` (the process is up and its background
+//! services run, [`crate::health`]), `/readyz` (every proxy listener
+//! accepts connections), `/metrics` (Prometheus text), `/tasks` (what the
+//! store holds, as JSON, for debugging), `/tasks/{id}` (one task: its
+//! record, lease, budget and owed cancel), `POST /tasks/{id}:cancel` (a
+//! `CancelTask` sent by the gateway's own canceller), `/budgets` (accounts:
+//! limit, spent, reserved, left; and this replica's in-flight child
+//! budgets) and `POST /reload` (re-reads the config file, as SIGHUP does;
+//! see [`crate::reload`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +19,11 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde_json::json;
 
+use crate::a2a::classify::percent_decode;
+use crate::cancel::{CancelJob, CancelOutcome, Canceller};
 use crate::metrics;
-use crate::store::TaskStore;
+use crate::reload::LiveRoutes;
+use crate::store::{StoreError, TaskKey, TaskRecord, TaskStore};
 
 /// Serves the admin paths.
 #[derive(Debug)]
@@ -35,7 +41,27 @@ pub struct Admin {
     pub ready: AtomicBool,
     /// What `POST /reload` runs; `None`: not offered (404).
     pub reload: Option<Arc<crate::reload::Reloader>>,
+    /// What `/tasks/{id}` looks in by route name and `POST
+    /// /tasks/{id}:cancel` sends with; `None`: lookups by scan only, no
+    /// cancel (404).
+    pub tasks: Option<TaskAdmin>,
+    /// The background services `/healthz` answers for.
+    pub services: Arc<crate::health::Services>,
 }
+
+/// What the admin endpoint needs to find a task by its routes and to
+/// cancel it.
+#[derive(Debug)]
+pub struct TaskAdmin {
+    /// Where the admin listens: a cancel without a token only on loopback.
+    pub addr: SocketAddr,
+    pub routes: Arc<LiveRoutes>,
+    pub canceller: Canceller,
+}
+
+/// How many records a `/tasks/{id}` lookup scans for a task whose tenant
+/// (or route) it was not given.
+const LOOKUP_SCAN: usize = 10_000;
 
 /// How long `/readyz` waits for one listener to accept.
 const READY_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -64,7 +90,31 @@ impl Admin {
             token,
             ready: AtomicBool::new(false),
             reload: None,
+            tasks: None,
+            services: Arc::default(),
         }
+    }
+
+    /// Finds tasks by `routes`' names and offers `POST /tasks/{id}:cancel`,
+    /// sent by `canceller`; `addr`: where the admin listens.
+    pub fn with_tasks(
+        mut self,
+        addr: SocketAddr,
+        routes: Arc<LiveRoutes>,
+        canceller: Canceller,
+    ) -> Admin {
+        self.tasks = Some(TaskAdmin {
+            addr,
+            routes,
+            canceller,
+        });
+        self
+    }
+
+    /// `/healthz` answers 503 once one of `services` stopped.
+    pub fn with_health(mut self, services: Arc<crate::health::Services>) -> Admin {
+        self.services = services;
+        self
     }
 
     /// Offers `POST /reload`, run by `reloader`.
@@ -168,7 +218,7 @@ fn not_found() -> Response<Vec<u8>> {
     reply(
         404,
         "text/plain",
-        b"not found: try /healthz, /readyz, /metrics, /tasks, /budgets or POST /reload\n".to_vec(),
+        b"not found: try /healthz, /readyz, /metrics, /tasks, /tasks/{id}, POST /tasks/{id}:cancel, /budgets or POST /reload\n".to_vec(),
     )
 }
 
@@ -179,6 +229,323 @@ fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
         .header("content-length", body.len())
         .body(body)
         .unwrap_or_else(|_| Response::new(Vec::new()))
+}
+
+/// Which task `/tasks/{id}` names: its id (the path segment, decoded) and,
+/// when given, its route and tenant (`?route=R&tenant=T`; `tenant=` is the
+/// default tenant).
+#[derive(Debug, PartialEq, Eq)]
+struct Lookup {
+    id: String,
+    route: Option<String>,
+    tenant: Option<String>,
+}
+
+impl Lookup {
+    /// From the path after `/tasks/` (without `:cancel`) and the query.
+    fn parse(raw_id: &str, query: Option<&str>) -> Result<Lookup, String> {
+        if raw_id.is_empty() || raw_id.contains('/') {
+            return Err("the path is /tasks/{id} or /tasks/{id}:cancel".into());
+        }
+        let mut lookup = Lookup {
+            id: percent_decode(raw_id).into_owned(),
+            route: None,
+            tenant: None,
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(&v.replace('+', " ")).into_owned();
+            match k {
+                "route" => lookup.route = Some(v),
+                "tenant" => lookup.tenant = Some(v),
+                _ => {
+                    return Err(format!(
+                        "unknown query parameter {k:?}: only route and tenant"
+                    ))
+                }
+            }
+        }
+        Ok(lookup)
+    }
+
+    fn matches(&self, key: &TaskKey) -> bool {
+        *key.task_id == *self.id
+            && self.route.as_deref().is_none_or(|r| r == &*key.route)
+            && self.tenant.as_deref().is_none_or(|t| t == &*key.tenant)
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({"id": self.id, "route": self.route, "tenant": self.tenant})
+    }
+}
+
+/// A task's name in the admin's answers.
+fn key_json(key: &TaskKey) -> serde_json::Value {
+    json!({"route": &*key.route, "tenant": &*key.tenant, "id": &*key.task_id})
+}
+
+/// The admin's words for a cancel's outcome.
+fn outcome_word(outcome: CancelOutcome) -> &'static str {
+    match outcome {
+        CancelOutcome::Canceled => "canceled",
+        CancelOutcome::NotCancelable => "already_terminal",
+        CancelOutcome::NotFound => "unknown_to_worker",
+        CancelOutcome::Failed | CancelOutcome::NotOwed => "worker_error",
+    }
+}
+
+/// The budget of the in-flight child `key` names in `/budgets`' view of
+/// this replica (`children`), with what is left of its grant at `now_ms`.
+fn budget_of(view: &serde_json::Value, key: &TaskKey, now_ms: u64) -> Option<serde_json::Value> {
+    let child = view["children"].as_array()?.iter().find(|c| {
+        c["taskId"].as_str() == Some(&*key.task_id)
+            && c["route"].as_str() == Some(&*key.route)
+            && c["tenant"].as_str().unwrap_or("") == &*key.tenant
+    })?;
+    let mut left = serde_json::Map::new();
+    if let Some(meters) = child["grant"]["meters"].as_object() {
+        let meters: serde_json::Map<String, serde_json::Value> = meters
+            .iter()
+            .map(|(m, grant)| {
+                let spent = child["spent"][m].as_u64().unwrap_or(0);
+                let grant = grant.as_u64().unwrap_or(0);
+                (m.clone(), grant.saturating_sub(spent).into())
+            })
+            .collect();
+        left.insert("meters".into(), meters.into());
+    }
+    if let Some(deadline) = child["deadlineMs"].as_u64() {
+        left.insert("remainingMs".into(), deadline.saturating_sub(now_ms).into());
+    }
+    Some(json!({
+        "grant": child["grant"],
+        "spent": child["spent"],
+        "left": left,
+        "deadlineMs": child["deadlineMs"],
+        "exhausted": child["exhausted"],
+        "reserved": child["reserved"],
+        "caller": child["caller"],
+    }))
+}
+
+fn json_reply(status: u16, body: &serde_json::Value) -> Response<Vec<u8>> {
+    reply(status, "application/json", body.to_string().into_bytes())
+}
+
+fn method_not_allowed(allow: &'static str, what: &str) -> Response<Vec<u8>> {
+    let mut r = reply(
+        405,
+        "text/plain",
+        format!("method not allowed: {allow} {what}\n").into_bytes(),
+    );
+    r.headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    r
+}
+
+impl Admin {
+    /// `/tasks/{id}` and `/tasks/{id}:cancel`; `rest`: the path after
+    /// `/tasks/`, as sent. An id that itself ends in `:cancel` is written
+    /// with its colon escaped (`%3A`).
+    async fn task(&self, session: &ServerSession, rest: &str) -> Response<Vec<u8>> {
+        let (raw_id, cancel) = match rest.strip_suffix(":cancel") {
+            Some(id) => (id, true),
+            None => (rest, false),
+        };
+        let method = &session.req_header().method;
+        if cancel && method != http::Method::POST {
+            return method_not_allowed("POST", "/tasks/{id}:cancel");
+        }
+        if !cancel && method != http::Method::GET {
+            return method_not_allowed("GET", "/tasks/{id}");
+        }
+        if cancel && self.tasks.is_none() {
+            return not_found();
+        }
+        let lookup = match Lookup::parse(raw_id, session.req_header().uri.query()) {
+            Ok(l) => l,
+            Err(e) => return json_reply(400, &json!({"error": e})),
+        };
+        let found = match self.find(&lookup).await {
+            Ok(found) => found,
+            Err(e) => return json_reply(503, &json!({"error": e.to_string()})),
+        };
+        let from = session
+            .client_addr()
+            .map_or_else(|| "?".to_string(), ToString::to_string);
+        let record = match <[TaskRecord; 1]>::try_from(found) {
+            Ok([record]) => record,
+            Err(found) => {
+                let (status, body) = if found.is_empty() {
+                    (
+                        404,
+                        json!({"error": "no such task in the store", "lookup": lookup.to_json()}),
+                    )
+                } else {
+                    let candidates: Vec<_> = found
+                        .iter()
+                        .map(|r| {
+                            let mut k = key_json(&r.key);
+                            k["state"] = json!(r.state.map(|s| s.as_wire()));
+                            k
+                        })
+                        .collect();
+                    (
+                        409,
+                        json!({
+                            "error": "several tasks have this id: name one with ?route=R&tenant=T",
+                            "lookup": lookup.to_json(),
+                            "candidates": candidates,
+                        }),
+                    )
+                };
+                if cancel {
+                    tracing::info!(id = %lookup.id, route = ?lookup.route, tenant = ?lookup.tenant, from = %from, status, "admin cancel: not sent (no single task matches)");
+                }
+                return json_reply(status, &body);
+            }
+        };
+        if cancel {
+            self.cancel(record, &from).await
+        } else {
+            json_reply(200, &self.view(&record).await)
+        }
+    }
+
+    /// The records `lookup` matches: read directly under each route (the
+    /// one given, else every route this replica has) in the tenant given
+    /// (else the default one), and, unless both were given, found by a
+    /// scan of up to [`LOOKUP_SCAN`] records. Sorted by key.
+    async fn find(&self, lookup: &Lookup) -> Result<Vec<TaskRecord>, StoreError> {
+        let routes: Vec<Arc<str>> = match (&lookup.route, &self.tasks) {
+            (Some(r), _) => vec![Arc::from(r.as_str())],
+            (None, Some(t)) => t.routes.claim_names().to_vec(),
+            (None, None) => Vec::new(),
+        };
+        let tenant: Arc<str> = Arc::from(lookup.tenant.as_deref().unwrap_or(""));
+        let mut found = Vec::new();
+        for route in routes {
+            let key = TaskKey {
+                route,
+                tenant: tenant.clone(),
+                task_id: Arc::from(lookup.id.as_str()),
+            };
+            if let Some(record) = self.store.get(&key).await? {
+                found.push(record);
+            }
+        }
+        if lookup.route.is_none() || lookup.tenant.is_none() {
+            for record in self.store.list(LOOKUP_SCAN).await? {
+                if lookup.matches(&record.key) && !found.iter().any(|f| f.key == record.key) {
+                    found.push(record);
+                }
+            }
+        }
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    /// `GET /tasks/{id}`: the record, its lease (and what is left of it),
+    /// the budget this replica's ledger holds for it, and its owed cancel.
+    async fn view(&self, record: &TaskRecord) -> serde_json::Value {
+        let now = self.store.clock_ms();
+        let owed = match self.store.outbox_get(&record.key).await {
+            Ok(owed) => owed.map(|o| {
+                json!({
+                    "cause": o.cause,
+                    "owner": o.owner,
+                    "handedBack": o.owner.is_empty(),
+                })
+            }),
+            Err(e) => Some(json!({"error": e.to_string()})),
+        };
+        let budget = budget_of(
+            &self.budgets.admin_view().await,
+            &record.key,
+            crate::store::now_ms(),
+        );
+        let caller = budget
+            .as_ref()
+            .map_or(serde_json::Value::Null, |b| b["caller"].clone());
+        let mut view = key_json(&record.key);
+        let fields = json!({
+            "store": self.store.kind(),
+            "contextId": record.context_id,
+            "state": record.state.map(|s| s.as_wire()),
+            "binding": record.target.as_ref().map(|t| t.binding.as_str()),
+            "watchers": record.watchers,
+            "lease": record.lease.as_ref().map(|l| json!({
+                "ttlMs": l.ttl_ms,
+                "deadlineMs": l.deadline_ms,
+                "leftMs": i128::from(l.deadline_ms) - i128::from(now),
+                "holder": l.holder,
+            })),
+            "caller": caller,
+            "budget": budget,
+            "cancelOwed": owed,
+            "updatedMs": record.updated_ms,
+        });
+        if let (Some(view), Some(fields)) = (view.as_object_mut(), fields.as_object()) {
+            view.extend(fields.clone());
+        }
+        view
+    }
+
+    /// `POST /tasks/{id}:cancel`: one `CancelTask` through the gateway's
+    /// canceller (its retries, the task's binding and tenant, the route's
+    /// credential and headers; cause `admin`), answered with its outcome.
+    /// Once the worker answered, the task's owed cancel and lease end, as
+    /// after any delivered cancel. One log line.
+    async fn cancel(&self, record: TaskRecord, from: &str) -> Response<Vec<u8>> {
+        let Some(tasks) = &self.tasks else {
+            return not_found();
+        };
+        let key = record.key;
+        if self.token.is_none() && config::admin_needs_token(tasks.addr) {
+            // Refused at start; kept here so that it never goes unchecked.
+            tracing::warn!(task = %key, from = %from, "admin cancel refused: no admin token off loopback");
+            return json_reply(
+                403,
+                &json!({"error": "cancel needs server.admin_token_* on an admin listener off loopback"}),
+            );
+        }
+        let unsent = |why: &str| {
+            tracing::info!(task = %key, from = %from, why, "admin cancel: not sent");
+            json_reply(422, &json!({"task": key_json(&key), "error": why}))
+        };
+        let Some(route) = tasks.routes.by_name(&key.route) else {
+            return unsent("the task's route is not configured on this replica");
+        };
+        let Some(target) = record.target else {
+            return unsent("the store does not say how the task was reached (no binding recorded)");
+        };
+        let job = CancelJob {
+            key: key.clone(),
+            worker: route.cfg.worker.clone(),
+            target,
+            headers: crate::cancel::cancel_headers(&route.cfg, &[]),
+            cause: "admin",
+        };
+        // A drain waits for it.
+        let _work = crate::drain::Work::start();
+        let started = std::time::Instant::now();
+        let (outcome, error) = tasks.canceller.cancel_reporting(&job).await;
+        if outcome.is_done() {
+            if let Err(e) = self.store.outbox_done(&key).await {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["outbox_done"])
+                    .inc();
+                tracing::warn!(task = %key, error = %e, "could not end the task's lease and owed cancel after an admin cancel");
+            }
+        }
+        let ms = started.elapsed().as_millis() as u64;
+        let word = outcome_word(outcome);
+        tracing::info!(task = %key, from = %from, outcome = word, ms, "admin cancel");
+        json_reply(
+            200,
+            &json!({"task": key_json(&key), "outcome": word, "error": error, "ms": ms}),
+        )
+    }
 }
 
 #[async_trait]
@@ -205,8 +572,14 @@ impl ServeHttp for Admin {
                 }
             }
         }
+        if let Some(rest) = path.strip_prefix("/tasks/") {
+            return self.task(session, rest).await;
+        }
         match path.as_str() {
-            "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
+            "/healthz" => match self.services.unhealthy() {
+                None => reply(200, "text/plain", b"ok\n".to_vec()),
+                Some(why) => reply(503, "text/plain", why.into_bytes()),
+            },
             "/readyz" => self.readiness().await,
             "/metrics" => reply(
                 200,
@@ -292,6 +665,58 @@ mod tests {
             assert!(!bearer_matches(Some(bad), t));
         }
         assert!(!bearer_matches(None, t));
+    }
+
+    /// The id is decoded after `:cancel` is split off; `tenant=` names the
+    /// default tenant; unknown parameters and nested paths are refused.
+    #[test]
+    fn lookups_from_paths_and_queries() {
+        let l = Lookup::parse("a%3Acancel", Some("route=w&tenant=")).unwrap();
+        assert_eq!(
+            l,
+            Lookup {
+                id: "a:cancel".into(),
+                route: Some("w".into()),
+                tenant: Some(String::new()),
+            }
+        );
+        let key = TaskKey::new(&Arc::from("w"), None, "a:cancel");
+        assert!(l.matches(&key));
+        let l = Lookup::parse("t1", Some("tenant=acme%20co")).unwrap();
+        assert_eq!(l.tenant.as_deref(), Some("acme co"));
+        assert!(!l.matches(&TaskKey::new(&Arc::from("w"), None, "t1")));
+        assert!(l.matches(&TaskKey::new(&Arc::from("x"), Some("acme co"), "t1")));
+        assert!(Lookup::parse("t1", None)
+            .unwrap()
+            .matches(&key_of("r", "t", "t1")));
+        assert!(Lookup::parse("t1", Some("tennant=x")).is_err());
+        assert!(Lookup::parse("", None).is_err());
+        assert!(Lookup::parse("a/b", None).is_err());
+    }
+
+    fn key_of(route: &str, tenant: &str, id: &str) -> TaskKey {
+        TaskKey::new(&Arc::from(route), Some(tenant), id)
+    }
+
+    /// The child is found by route, tenant and id; what is left is the
+    /// grant less the spend, and the time to its deadline.
+    #[test]
+    fn budget_left_of_a_child() {
+        let view = json!({"accounts": [], "children": [
+            {"route": "w", "tenant": null, "caller": "key:ab12", "taskId": "t1",
+             "grant": {"remainingMs": 60000, "meters": {"tokens": 100}},
+             "deadlineMs": 1_060_000u64, "spent": {"tokens": 30},
+             "exhausted": null, "reserved": []},
+        ]});
+        let b = budget_of(&view, &key_of("w", "", "t1"), 1_010_000).unwrap();
+        assert_eq!(
+            b["left"],
+            json!({"meters": {"tokens": 70}, "remainingMs": 50000})
+        );
+        assert_eq!(b["caller"], "key:ab12");
+        assert!(budget_of(&view, &key_of("w", "acme", "t1"), 0).is_none());
+        assert!(budget_of(&view, &key_of("v", "", "t1"), 0).is_none());
+        assert!(budget_of(&view, &key_of("w", "", "t2"), 0).is_none());
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub struct CancelJob {
     /// Headers sent besides the gateway's own (`host`, `content-type`,
     /// `a2a-version`, `content-length`); built by [`cancel_headers`].
     pub headers: Vec<(String, String)>,
-    /// Why (`caller_gone`, `stream_lost`, …), for logs and metrics.
+    /// Why (`caller_gone`, `stream_lost`, `admin`, …), for logs and metrics.
     pub cause: &'static str,
 }
 
@@ -354,7 +354,26 @@ impl Canceller {
     /// [`Canceller::cancel`], stopping before a retry when `still_owed`
     /// says the cancel is no longer this replica's to send
     /// ([`CancelOutcome::NotOwed`]).
-    pub async fn cancel_while<F, Fut>(&self, job: &CancelJob, mut still_owed: F) -> CancelOutcome
+    pub async fn cancel_while<F, Fut>(&self, job: &CancelJob, still_owed: F) -> CancelOutcome
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        self.run(job, still_owed).await.0
+    }
+
+    /// [`Canceller::cancel`], and why it failed (the last attempt's error)
+    /// when it did: for the admin endpoint's `POST /tasks/{id}:cancel`.
+    pub async fn cancel_reporting(&self, job: &CancelJob) -> (CancelOutcome, Option<String>) {
+        let (outcome, last_err) = self.run(job, || std::future::ready(true)).await;
+        (
+            outcome,
+            (outcome == CancelOutcome::Failed).then_some(last_err),
+        )
+    }
+
+    /// [`Canceller::cancel_while`] and the last attempt's error.
+    async fn run<F, Fut>(&self, job: &CancelJob, mut still_owed: F) -> (CancelOutcome, String)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
@@ -413,7 +432,7 @@ impl Canceller {
         } else {
             tracing::warn!(task = %job.key, cause = job.cause, error = %last_err, "CancelTask failed; the child may still be running");
         }
-        outcome
+        (outcome, last_err)
     }
 
     /// Asks the worker for the job's task state (`GetTask`, one attempt

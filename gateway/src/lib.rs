@@ -12,6 +12,7 @@ pub mod budget;
 pub mod cancel;
 pub mod cascade;
 pub mod drain;
+pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod proxy;
