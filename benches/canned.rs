@@ -20,22 +20,41 @@
 //!   carried blocking send asks for: the pass-through is what is compared).
 //!
 //! Per column: `wrk -t1 -c32` for [`SECONDS`] s, best of [`ROUNDS`]
-//! interleaved rounds: requests/s, and the CPU (user + system from `/proc`)
-//! its processes spent per request in that run; then latency at a fixed
-//! rate, half of nginx's saturation (the open-loop driver of the main table,
-//! 16 connections), p50 and p99. The same for `SendStreamingMessage`, one
-//! request being one whole stream. The direct column is the canned
-//! responder alone.
+//! interleaved rounds: requests/s (the column's saturation), and the CPU
+//! (user + system from `/proc`, and the system part alone) its processes
+//! spent per request in that run. Then latency from the open-loop driver of
+//! the main table (16 connections, [`FIXED_SECONDS`] s per column, one run
+//! each), p50 and p99, at two fixed rates:
+//! - half of the slowest proxy's saturation, below every proxy's: the rate
+//!   at which the columns' latencies compare;
+//! - half of nginx's saturation (issue 35's rate), which on a small machine
+//!   is at or near the saturation of the slower proxies: a cell offered 80%
+//!   or more of its own column's saturation is marked, since what it shows
+//!   is queueing under overload, not the proxy's latency, and no ratio is
+//!   given for it.
+//!
+//! The same for `SendStreamingMessage`, one request being one whole stream.
+//! The direct column is the canned responder alone.
+//!
+//! `proxy --canned --responder` starts only the canned responder, prints
+//! its two addresses (`send HOST:PORT`, `sse HOST:PORT`) and keeps it up
+//! until SIGINT or SIGTERM: `benches/cpu-split.sh` counts instructions in
+//! front of it.
 
 use super::*;
 
 pub const FLAG: &str = "--canned";
+/// With [`FLAG`]: only the canned responder, for `benches/cpu-split.sh`.
+const RESPONDER: &str = "--responder";
 /// Events in the canned SSE stream.
 const EVENTS: usize = 50;
 const SECONDS: u32 = 5;
 const ROUNDS: usize = 3;
 const FIXED_SECONDS: f64 = 5.0;
 const WRK_THREADS: u32 = 1;
+/// A fixed-rate cell offered this share of its own column's saturation or
+/// more is marked as overloaded.
+const OVERLOAD: f64 = 0.8;
 
 /// The canned `SendMessage` answer: a completed task, ~1 KB.
 fn send_answer() -> String {
@@ -176,30 +195,89 @@ async fn nginx_proxy(send_up: &str, sse_up: &str) -> Result<(Proc, String, Strin
 /// One column: where SendMessage and SSE go, and whose CPU counts.
 struct Col {
     name: &'static str,
+    /// The name in a row's label.
+    short: &'static str,
     send: String,
     sse: String,
     procs: Vec<u32>,
 }
 
+/// A `wrk` run, with the CPU its column's processes spent per request in it
+/// (`s.cpu_us`: user + system).
+struct Run {
+    s: Send,
+    /// The system (kernel) part of `s.cpu_us`.
+    sys_us: Option<f64>,
+}
+
+/// One column's figures, per scenario (0: SendMessage, 1: SSE stream).
 #[derive(Default)]
 struct Figures {
-    send: Option<Send>,
-    sse: Option<Send>,
-    send_fixed: Option<Fixed>,
-    sse_fixed: Option<Fixed>,
+    /// The best `wrk` run: the column's saturation.
+    best: [Option<Run>; 2],
+    /// At half of the slowest proxy's saturation.
+    low: [Option<Fixed>; 2],
+    /// At half of nginx's saturation.
+    nginx_half: [Option<Fixed>; 2],
+}
+
+impl Figures {
+    fn rps(&self, k: usize) -> Option<f64> {
+        self.best[k].as_ref().map(|r| r.s.rps)
+    }
+}
+
+/// The fixed rates, per scenario.
+#[derive(Default)]
+struct Rates {
+    /// Half of the slowest proxy's saturation, and that proxy's column.
+    low: [Option<(f64, usize)>; 2],
+    /// Half of nginx's saturation.
+    nginx_half: [Option<f64>; 2],
+}
+
+/// CPU time of `pids` and their child processes from `/proc`, in clock
+/// ticks: (user, system).
+fn cpu_split(pids: &[u32]) -> Option<(u64, u64)> {
+    let mut all = pids.to_vec();
+    for p in pids {
+        let children = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
+        all.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    let (mut user, mut sys) = (0, 0);
+    for p in all {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // utime and stime: the 12th and 13th fields after the command.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        user += f.get(11)?.parse::<u64>().ok()?;
+        sys += f.get(12)?.parse::<u64>().ok()?;
+    }
+    Some((user, sys))
+}
+
+/// µs per request of `ticks` over `requests`.
+fn per_request(ticks: u64, requests: f64) -> f64 {
+    ticks as f64 / USER_HZ * 1e6 / requests.max(1.0)
 }
 
 /// `wrk` against `url`, with the CPU `procs` spent per request.
-async fn run_wrk(url: &str, body: &str, procs: &[u32]) -> Option<Send> {
-    let before = cpu_ticks(procs);
+async fn run_wrk(url: &str, body: &str, procs: &[u32]) -> Option<Run> {
+    let before = cpu_split(procs);
     let (u, b) = (format!("http://{url}"), body.to_string());
     let mut s = tokio::task::spawn_blocking(move || wrk_with(&u, &b, WRK_THREADS, SECONDS))
         .await
         .ok()??;
-    if let (Some(b), Some(a)) = (before, cpu_ticks(procs)) {
-        s.cpu_us = Some((a - b) as f64 / USER_HZ * 1e6 / s.requests.max(1.0));
+    let mut sys_us = None;
+    if let (Some((u0, s0)), Some((u1, s1))) = (before, cpu_split(procs)) {
+        s.cpu_us = Some(per_request((u1 + s1) - (u0 + s0), s.requests));
+        sys_us = Some(per_request(s1 - s0, s.requests));
     }
-    Some(s)
+    Some(Run { s, sys_us })
 }
 
 async fn fixed(url: &str, body: &str, rate: f64) -> Option<Fixed> {
@@ -212,13 +290,45 @@ async fn fixed(url: &str, body: &str, rate: f64) -> Option<Fixed> {
     }
 }
 
+/// [`RESPONDER`]: the canned responder alone, its addresses on standard
+/// output, until SIGINT or SIGTERM.
+fn responder() {
+    let rt = driver_runtime();
+    rt.block_on(async {
+        let (p, send, sse) = canned().await.expect("the canned responder");
+        println!("send {send}");
+        println!("sse {sse}");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        drop(p);
+    });
+}
+
+/// A row of the table.
+struct Row {
+    label: String,
+    get: fn(&Figures) -> Option<f64>,
+    digits: usize,
+    /// A fixed-rate row's scenario and rate: a cell offered [`OVERLOAD`] of
+    /// its own column's saturation or more is marked, and given no ratio.
+    rate: Option<(usize, f64)>,
+}
+
 pub fn run() {
+    if std::env::args().any(|a| a == RESPONDER) {
+        responder();
+        return;
+    }
     harness::gateway::quiet_log_unless_set();
     let rt = driver_runtime();
     let load_before = loadavg();
     let ticks_before = machine_ticks();
     let started = Instant::now();
-    let (cols, figs, canned_cpu) = rt.block_on(async {
+    let (cols, figs, canned_cpu, rates) = rt.block_on(async {
         let (canned_p, c_send, c_sse) = canned().await.expect("the canned responder");
         let canned_pid = vec![canned_p.child.id()];
         let (nginx_p, n_send, n_sse) = nginx_proxy(&c_send, &c_sse).await.expect("nginx proxy");
@@ -234,86 +344,111 @@ pub fn run() {
         let cols = vec![
             Col {
                 name: "direct (the canned nginx)",
+                short: "direct",
                 send: c_send.clone(),
                 sse: c_sse.clone(),
                 procs: canned_pid.clone(),
             },
             Col {
                 name: "nginx (2 workers)",
+                short: "nginx",
                 send: n_send,
                 sse: n_sse,
                 procs: vec![nginx_p.child.id()],
             },
             Col {
                 name: "bare pingora (2 threads)",
+                short: "bare pingora",
                 send: b_send,
                 sse: b_sse,
                 procs: vec![bare_send_p.child.id(), bare_sse_p.child.id()],
             },
             Col {
                 name: "gateway (memory, pass; 2 threads)",
+                short: "the gateway",
                 send: authority(&gw_send.url),
                 sse: authority(&gw_sse.url),
                 procs: gw_send.pid().into_iter().chain(gw_sse.pid()).collect(),
             },
         ];
-        let (send_b, sse_b) = (send_body(1), stream_body());
+        let bodies = [send_body(1), stream_body()];
+        let target = |c: &Col, k: usize| -> String {
+            if k == 0 {
+                c.send.clone()
+            } else {
+                c.sse.clone()
+            }
+        };
         let mut figs: Vec<Figures> = cols.iter().map(|_| Figures::default()).collect();
         // The canned responder's CPU per request in each column's best runs.
         let mut canned_cpu: Vec<[Option<f64>; 2]> = cols.iter().map(|_| [None, None]).collect();
         for c in &cols {
-            let _ = run_wrk(&c.send, &send_b, &c.procs).await;
-            let _ = run_wrk(&c.sse, &sse_b, &c.procs).await;
+            for (k, body) in bodies.iter().enumerate() {
+                let _ = run_wrk(&target(c, k), body, &c.procs).await;
+            }
         }
         for round in 0..ROUNDS {
             eprintln!("canned, round {}/{ROUNDS}", round + 1);
             for (i, c) in cols.iter().enumerate() {
-                for (k, (url, body)) in [(&c.send, &send_b), (&c.sse, &sse_b)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let cb = cpu_ticks(&canned_pid);
-                    let Some(s) = run_wrk(url, body, &c.procs).await else {
+                for (k, body) in bodies.iter().enumerate() {
+                    let cb = cpu_split(&canned_pid);
+                    let Some(r) = run_wrk(&target(c, k), body, &c.procs).await else {
                         continue;
                     };
-                    let cc = match (cb, cpu_ticks(&canned_pid)) {
-                        (Some(b), Some(a)) => {
-                            Some((a - b) as f64 / USER_HZ * 1e6 / s.requests.max(1.0))
+                    let cc = match (cb, cpu_split(&canned_pid)) {
+                        (Some((u0, s0)), Some((u1, s1))) => {
+                            Some(per_request((u1 + s1) - (u0 + s0), r.s.requests))
                         }
                         _ => None,
                     };
-                    let best = if k == 0 {
-                        &mut figs[i].send
-                    } else {
-                        &mut figs[i].sse
-                    };
-                    if best.as_ref().is_none_or(|b| s.rps > b.rps) {
-                        *best = Some(s);
+                    let best = &mut figs[i].best[k];
+                    if best.as_ref().is_none_or(|b| r.s.rps > b.s.rps) {
+                        *best = Some(r);
                         canned_cpu[i][k] = cc;
                     }
                 }
             }
         }
-        // Latency at half of nginx's saturation.
-        let half = |k: usize| {
-            let f = &figs[1];
-            (if k == 0 { &f.send } else { &f.sse })
-                .as_ref()
-                .map(|s| (s.rps / 2.0).floor())
-        };
-        if let (Some(rs), Some(rx)) = (half(0), half(1)) {
-            eprintln!("canned, fixed rate: {rs} SendMessage/s, {rx} streams/s");
+        // The fixed rates: half of the slowest proxy's saturation (the
+        // direct column is no proxy), and half of nginx's.
+        let mut rates = Rates::default();
+        for k in 0..2 {
+            rates.low[k] = (1..cols.len())
+                .filter_map(|i| Some((figs[i].rps(k)?, i)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(r, i)| ((r / 2.0).floor(), i));
+            rates.nginx_half[k] = figs[1].rps(k).map(|r| (r / 2.0).floor());
+        }
+        eprintln!(
+            "canned, fixed rates: {:?} (half of the slowest proxy's), {:?} (half of nginx's); SendMessage/s, streams/s",
+            rates.low, rates.nginx_half
+        );
+        // Below every proxy's saturation first, then half of nginx's.
+        for nginx_half in [false, true] {
             for (i, c) in cols.iter().enumerate() {
-                figs[i].send_fixed = fixed(&c.send, &send_b, rs).await;
-                figs[i].sse_fixed = fixed(&c.sse, &sse_b, rx).await;
+                for (k, body) in bodies.iter().enumerate() {
+                    let rate = if nginx_half {
+                        rates.nginx_half[k]
+                    } else {
+                        rates.low[k].map(|(r, _)| r)
+                    };
+                    let Some(rate) = rate else { continue };
+                    let f = fixed(&target(c, k), body, rate).await;
+                    if nginx_half {
+                        figs[i].nginx_half[k] = f;
+                    } else {
+                        figs[i].low[k] = f;
+                    }
+                }
             }
         }
         drop((canned_p, nginx_p, bare_send_p, bare_sse_p));
         gw_send.kill().await;
         gw_sse.kill().await;
-        (cols, figs, canned_cpu)
+        (cols, figs, canned_cpu, rates)
     });
     let steal = steal_pct(ticks_before, machine_ticks());
+    let rate_text = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.0}"));
     println!();
     println!(
         "proxy bench, canned responder, {} — {}; load average {load_before} before, {} after; {:.0} s; CPU time stolen by the host {steal}",
@@ -323,8 +458,12 @@ pub fn run() {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "{}; canned responder: nginx, 1 worker process (SendMessage ~1 KB, SSE {EVENTS} events); wrk -t{WRK_THREADS} -c32 {SECONDS}s, best of {ROUNDS} rounds; fixed rate: half of nginx's saturation, {FIXED_CONNS} connections, {FIXED_SECONDS}s",
-        sh(NGINX, &["-v"])
+        "{}; canned responder: nginx, 1 worker process (SendMessage ~1 KB, SSE {EVENTS} events); wrk -t{WRK_THREADS} -c32 {SECONDS}s, best of {ROUNDS} rounds; fixed rates (open loop, {FIXED_CONNS} connections, {FIXED_SECONDS}s, one run per cell): half of the slowest proxy's saturation ({} SendMessage/s, {} streams/s) and half of nginx's ({} SendMessage/s, {} streams/s)",
+        sh(NGINX, &["-v"]),
+        rate_text(rates.low[0].map(|(r, _)| r)),
+        rate_text(rates.low[1].map(|(r, _)| r)),
+        rate_text(rates.nginx_half[0]),
+        rate_text(rates.nginx_half[1]),
     );
     println!();
     let mut header = String::from("| |");
@@ -334,63 +473,114 @@ pub fn run() {
     header.push_str(" gw / bare | gw / nginx | bare / nginx |");
     println!("{header}");
     println!("|{}", "---|".repeat(cols.len() + 4));
-    type Get = fn(&Figures) -> Option<f64>;
-    let rows: Vec<(String, Get, usize)> = vec![
-        (
-            "SendMessage requests/s".into(),
-            |f| f.send.as_ref().map(|s| s.rps),
-            0,
-        ),
-        (
-            "SendMessage: CPU per request (µs, user + system; direct: the responder's)".into(),
-            |f| f.send.as_ref()?.cpu_us,
+    let low_label = |k: usize, what: &str, unit: &str| -> (String, Option<(usize, f64)>) {
+        match rates.low[k] {
+            Some((r, i)) => (
+                format!(
+                    "{what} at {r:.0}/s = half of the slowest proxy's saturation ({}), below every proxy's: {unit}",
+                    cols[i].short
+                ),
+                Some((k, r)),
+            ),
+            None => (format!("{what} at half of the slowest proxy's saturation: {unit}"), None),
+        }
+    };
+    let nginx_label = |k: usize, what: &str, unit: &str| -> (String, Option<(usize, f64)>) {
+        match rates.nginx_half[k] {
+            Some(r) => (
+                format!(
+                    "{what} at {r:.0}/s = half of nginx's saturation: {unit} (‡: overload, see below)"
+                ),
+                Some((k, r)),
+            ),
+            None => (format!("{what} at half of nginx's saturation: {unit}"), None),
+        }
+    };
+    let plain = |label: &str, get: fn(&Figures) -> Option<f64>, digits: usize| Row {
+        label: label.to_string(),
+        get,
+        digits,
+        rate: None,
+    };
+    let fixed_row = |(label, rate): (String, Option<(usize, f64)>),
+                     get: fn(&Figures) -> Option<f64>| Row {
+        label,
+        get,
+        digits: 3,
+        rate,
+    };
+    let rows: Vec<Row> = vec![
+        plain("SendMessage requests/s (saturation)", |f| f.rps(0), 0),
+        plain(
+            "SendMessage: CPU per request (µs, user + system; direct: the responder's)",
+            |f| f.best[0].as_ref()?.s.cpu_us,
             1,
         ),
-        (
-            "SendMessage at half of nginx's saturation, p50 (ms)".into(),
-            |f| f.send_fixed.as_ref().map(|x| x.p50_ms),
-            3,
-        ),
-        (
-            "SendMessage at half of nginx's saturation, p99 (ms)".into(),
-            |f| f.send_fixed.as_ref().map(|x| x.p99_ms),
-            3,
-        ),
-        (
-            format!("SSE streams/s ({EVENTS} events each)"),
-            |f| f.sse.as_ref().map(|s| s.rps),
-            0,
-        ),
-        (
-            "SSE events/s".into(),
-            |f| f.sse.as_ref().map(|s| s.rps * EVENTS as f64),
-            0,
-        ),
-        (
-            "SSE: CPU per stream (µs; direct: the responder's)".into(),
-            |f| f.sse.as_ref()?.cpu_us,
+        plain(
+            "SendMessage: of which system (kernel) time (µs)",
+            |f| f.best[0].as_ref()?.sys_us,
             1,
         ),
-        (
-            "SSE stream at half of nginx's saturation, p50 (ms, whole stream)".into(),
-            |f| f.sse_fixed.as_ref().map(|x| x.p50_ms),
-            3,
+        fixed_row(low_label(0, "SendMessage", "p50 (ms)"), |f| {
+            f.low[0].as_ref().map(|x| x.p50_ms)
+        }),
+        fixed_row(low_label(0, "SendMessage", "p99 (ms)"), |f| {
+            f.low[0].as_ref().map(|x| x.p99_ms)
+        }),
+        fixed_row(nginx_label(0, "SendMessage", "p50 (ms)"), |f| {
+            f.nginx_half[0].as_ref().map(|x| x.p50_ms)
+        }),
+        fixed_row(nginx_label(0, "SendMessage", "p99 (ms)"), |f| {
+            f.nginx_half[0].as_ref().map(|x| x.p99_ms)
+        }),
+        plain(
+            &format!("SSE streams/s ({EVENTS} events each; saturation)"),
+            |f| f.rps(1),
+            0,
         ),
-        (
-            "SSE stream at half of nginx's saturation, p99 (ms)".into(),
-            |f| f.sse_fixed.as_ref().map(|x| x.p99_ms),
-            3,
+        plain("SSE events/s", |f| f.rps(1).map(|r| r * EVENTS as f64), 0),
+        plain(
+            "SSE: CPU per stream (µs; direct: the responder's)",
+            |f| f.best[1].as_ref()?.s.cpu_us,
+            1,
         ),
+        plain(
+            "SSE: of which system (kernel) time (µs)",
+            |f| f.best[1].as_ref()?.sys_us,
+            1,
+        ),
+        fixed_row(low_label(1, "SSE stream", "p50 (ms, whole stream)"), |f| {
+            f.low[1].as_ref().map(|x| x.p50_ms)
+        }),
+        fixed_row(low_label(1, "SSE stream", "p99 (ms)"), |f| {
+            f.low[1].as_ref().map(|x| x.p99_ms)
+        }),
+        fixed_row(
+            nginx_label(1, "SSE stream", "p50 (ms, whole stream)"),
+            |f| f.nginx_half[1].as_ref().map(|x| x.p50_ms),
+        ),
+        fixed_row(nginx_label(1, "SSE stream", "p99 (ms)"), |f| {
+            f.nginx_half[1].as_ref().map(|x| x.p99_ms)
+        }),
     ];
-    for (label, get, digits) in &rows {
-        let mut line = format!("| {label} |");
-        for f in &figs {
-            match get(f) {
+    // Whether column `i`'s cell in `row` was offered OVERLOAD of its own
+    // saturation or more.
+    let overloaded = |row: &Row, i: usize| {
+        row.rate
+            .is_some_and(|(k, rate)| figs[i].rps(k).is_some_and(|sat| rate >= OVERLOAD * sat))
+    };
+    for row in &rows {
+        let digits = row.digits;
+        let mut line = format!("| {} |", row.label);
+        for (i, f) in figs.iter().enumerate() {
+            match (row.get)(f) {
+                Some(v) if overloaded(row, i) => line.push_str(&format!(" {v:.digits$} ‡ |")),
                 Some(v) => line.push_str(&format!(" {v:.digits$} |")),
                 None => line.push_str(" n/a |"),
             }
         }
-        let ratio = |a: usize, b: usize| match (get(&figs[a]), get(&figs[b])) {
+        let ratio = |a: usize, b: usize| match ((row.get)(&figs[a]), (row.get)(&figs[b])) {
+            _ if overloaded(row, a) || overloaded(row, b) => " - |".to_string(),
             (Some(a), Some(b)) if b > 0.0 => format!(" {:.2} |", a / b),
             _ => " - |".to_string(),
         };
@@ -399,8 +589,12 @@ pub fn run() {
         line.push_str(&ratio(2, 1));
         println!("{line}");
     }
-    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!();
+    println!(
+        "‡ offered {:.0}% or more of this column's own saturation (its requests/s or streams/s above): what it shows is queueing under overload, not the proxy's latency, and no ratio is given for it.",
+        OVERLOAD * 100.0
+    );
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
         "the canned responder's own CPU per request in each column's best run (µs, SendMessage / SSE stream): {}",
         cols.iter()
