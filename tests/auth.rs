@@ -13,13 +13,15 @@ use serde_json::{json, Value};
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
-use crate::harness::scaled_secs;
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of};
+use crate::harness::{scaled_ms, scaled_secs};
 
 const ISS: &str = "https://idp.test";
 const AUD: &str = "a2a-gateway";
 const API_KEY: &str = "ak-billing-0123456789";
+const OPS_KEY: &str = "ak-ops-9876543210";
+const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
 /// A signing key and its public half as a JWK.
 struct Signer {
@@ -92,9 +94,19 @@ fn files(test: &str, signers: &[&Signer]) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let keys: Vec<&Value> = signers.iter().map(|s| &s.jwk).collect();
     std::fs::write(dir.join("jwks.json"), json!({ "keys": keys }).to_string()).unwrap();
-    let digest = ring::digest::digest(&ring::digest::SHA256, API_KEY.as_bytes());
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(dir.join("keys"), format!("# test keys\n{hex} billing\n")).unwrap();
+    let hex = |key: &str| -> String {
+        let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    };
+    std::fs::write(
+        dir.join("keys"),
+        format!(
+            "# test keys\n{} billing\n{} ops\n",
+            hex(API_KEY),
+            hex(OPS_KEY)
+        ),
+    )
+    .unwrap();
     std::fs::write(dir.join("pub.pem"), &signers[0].public_pem).unwrap();
     dir
 }
@@ -321,5 +333,136 @@ async fn optional_auth_passes_anonymous_callers_only() {
     let (status, body, _) = send(&gw.url, &[("x-api-key", "wrong")]).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(worker.tasks_started(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The worker's state of `id`, polled until it is `want` (at most
+/// `within`); the last state seen.
+async fn wait_state(
+    worker: &RustWorker,
+    id: &str,
+    want: &str,
+    within: std::time::Duration,
+) -> Option<String> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let s = worker.state(None, id).await;
+        if s.as_deref() == Some(want) || tokio::time::Instant::now() > until {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Opens a stream of `method` (`params`) as the caller of `key`; the
+/// stream and the task id its first events name.
+async fn stream_as(url: &str, key: &str, method: &str, params: Value) -> (SseStream, String) {
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params});
+    let mut s = SseStream::open(url, "/", &[("x-api-key", key)], &body).await;
+    assert_eq!(s.status, 200, "{method}");
+    for _ in 0..10 {
+        let ev = s.next(scaled_secs(10)).await.expect("an event");
+        if let Some(id) = task_id_of(&ev) {
+            return (s, id);
+        }
+    }
+    panic!("no event named the task");
+}
+
+/// Issue 32 item 2: the identity that started a task owns it. Another
+/// identity's subscription is passed to the worker but does not keep the
+/// child alive, and its `GetTask`s with the lease extension do not renew
+/// the child's lease; the owner's own second stream does keep it alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_keeps_a_child_alive_or_renews_its_lease() {
+    let signer = Signer::ed25519("k");
+    let dir = files("owner", &[&signer]);
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw = Gateway::in_front_of(&worker.url(), &auth_table(&dir, "jwks_file", "")).await;
+    let send = |text: &str| json!({"message": message(text)});
+
+    // Another identity subscribes; the owner leaves: the child is cancelled.
+    let (owner, id) = stream_as(&gw.url, API_KEY, "SendStreamingMessage", send("work:30000")).await;
+    let (other, sub_id) = stream_as(&gw.url, OPS_KEY, "SubscribeToTask", json!({"id": id})).await;
+    assert_eq!(
+        sub_id, id,
+        "the worker served the other identity's subscription"
+    );
+    let v = request("GET", &gw.admin, &format!("/tasks/{id}"), &[], b"")
+        .await
+        .json();
+    assert_eq!(v["owner"], "key:billing", "{v}");
+    assert_eq!(v["watchers"], 1, "the other identity does not watch: {v}");
+    owner.close();
+    let got = wait_state(&worker, &id, "TASK_STATE_CANCELED", scaled_secs(5)).await;
+    assert_eq!(
+        got.as_deref(),
+        Some("TASK_STATE_CANCELED"),
+        "{}",
+        gw.log_text()
+    );
+    drop(other);
+    tokio::time::sleep(scaled_secs(1)).await;
+    assert_eq!(worker.cancels(), 1, "one cancel, for the owner's leaving");
+
+    // The owner's own subscription keeps its child alive; it leaving last
+    // cancels the child.
+    let (first, id) = stream_as(&gw.url, API_KEY, "SendStreamingMessage", send("work:30000")).await;
+    let (second, _) = stream_as(&gw.url, API_KEY, "SubscribeToTask", json!({"id": id})).await;
+    first.close();
+    tokio::time::sleep(scaled_ms(1500)).await;
+    assert_eq!(
+        worker.state(None, &id).await.as_deref(),
+        Some("TASK_STATE_WORKING"),
+        "the owner still watches"
+    );
+    second.close();
+    let got = wait_state(&worker, &id, "TASK_STATE_CANCELED", scaled_secs(5)).await;
+    assert_eq!(got.as_deref(), Some("TASK_STATE_CANCELED"));
+
+    // A leased child (2 s): the other identity's renewals do not count.
+    let mut m = message("work:30000");
+    m["metadata"] = json!({"a2a-rust.com/lease": {"ttlMs": 2000}});
+    m["extensions"] = json!([LEASE_URI]);
+    let opened = tokio::time::Instant::now();
+    let (_owner, id) = stream_as(
+        &gw.url,
+        API_KEY,
+        "SendStreamingMessage",
+        json!({"message": m}),
+    )
+    .await;
+    let get = json!({"jsonrpc": "2.0", "id": 5, "method": "GetTask", "params": {"id": id}});
+    let mut lapsed = None;
+    while opened.elapsed() < std::time::Duration::from_secs(2) + scaled_secs(1) {
+        let r = post_json(
+            &gw.url,
+            "/",
+            &[("x-api-key", OPS_KEY), ("a2a-extensions", LEASE_URI)],
+            &get,
+        )
+        .await;
+        assert_eq!(r.status, 200, "passed to the worker: {}", r.text());
+        if worker.state(None, &id).await.as_deref() == Some("TASK_STATE_CANCELED") {
+            lapsed = Some(opened.elapsed());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    assert!(
+        lapsed.is_some(),
+        "the lease lapsed though another identity polled: {}",
+        gw.log_text()
+    );
+    assert!(
+        gw.counter("a2agw_lease_renewals_total", &["outcome=\"not_owner\""])
+            .await
+            >= 1.0
+    );
+    assert_eq!(
+        gw.counter("a2agw_lease_renewals_total", &["outcome=\"renewed\""])
+            .await,
+        0.0
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

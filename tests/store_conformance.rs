@@ -54,9 +54,9 @@ async fn redis_store_conformance() {
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
-    // Records, leases, lapses, handed-back lapses; and the outbox's four
-    // tasks (a put writes the task's hash).
-    assert_eq!(other.list(100).await.unwrap().len(), 2 + 5 + 3 + 2 + 4);
+    // Records, an owned record, leases, lapses, handed-back lapses; and
+    // the outbox's four tasks (a put writes the task's hash).
+    assert_eq!(other.list(100).await.unwrap().len(), 2 + 1 + 5 + 3 + 2 + 4);
 }
 
 #[tokio::test]

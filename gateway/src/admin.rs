@@ -474,6 +474,7 @@ impl Admin {
             "state": record.state.map(|s| s.as_wire()),
             "binding": record.target.as_ref().map(|t| t.binding.as_str()),
             "watchers": record.watchers,
+            "owner": record.owner,
             "lease": record.lease.as_ref().map(|l| json!({
                 "ttlMs": l.ttl_ms,
                 "deadlineMs": l.deadline_ms,
@@ -604,6 +605,7 @@ impl ServeHttp for Admin {
                                 "contextId": t.context_id,
                                 "state": t.state.map(|s| s.as_wire()),
                                 "watchers": t.watchers,
+                                "owner": t.owner,
                                 "lease": t.lease.as_ref().map(|l| json!({
                                     "ttlMs": l.ttl_ms,
                                     "deadlineMs": l.deadline_ms,

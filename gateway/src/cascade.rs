@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
-use crate::store::{CancelTarget, TaskKey, TaskStore, TaskUpdate};
+use crate::store::{Asker, CancelTarget, TaskKey, TaskStore, TaskUpdate};
 
 /// Changes to the store, sent from the synchronous body filters.
 #[derive(Debug)]
@@ -127,6 +127,9 @@ pub struct StreamEnd {
     /// What the cancel carries besides the gateway's own headers
     /// ([`crate::cancel::cancel_headers`]); in memory only.
     pub cancel_headers: Vec<(String, String)>,
+    /// Who the stream's caller is: another identity than the task's owner
+    /// moves none of its state, and its leaving cascades nothing.
+    pub asker: Asker,
 }
 
 /// The call a cancel (or its probe) makes for a stream's task.
@@ -180,6 +183,7 @@ impl Cascade {
             let rec = if end.was_watching {
                 let update = TaskUpdate {
                     watchers_delta: -1,
+                    asker: end.asker.clone(),
                     ..TaskUpdate::default()
                 };
                 self.store
@@ -189,6 +193,17 @@ impl Cascade {
             } else {
                 self.store.get(key).await
             };
+            if let Ok(Some(r)) = &rec {
+                if !end.asker.moves(Some(r)) {
+                    // Someone else's child: passed to the worker, but this
+                    // caller leaving cancels nothing (policies::owner).
+                    metrics::CASCADE_DECISIONS
+                        .with_label_values(&[&end.route, "keep_not_owner"])
+                        .inc();
+                    tracing::debug!(route = %end.route, task = %key, "stream of another caller than the task's owner ended; nothing to cancel");
+                    return;
+                }
+            }
             watchers = self.merge(key, rec, &mut end.seen);
         }
         let mut event = end.event;

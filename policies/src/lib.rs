@@ -11,6 +11,7 @@ pub mod carry;
 pub mod cascade;
 pub mod failure;
 pub mod lease;
+pub mod owner;
 pub mod task_state;
 pub mod track;
 

@@ -137,6 +137,19 @@ impl Gateway {
     async fn renew_by(&self, ctx: &Ctx, tenant: Option<&str>, task_id: &str, by: RenewBy) {
         let Some(route) = &ctx.route else { return };
         let key = TaskKey::new(&route.name, tenant, task_id);
+        if route.auth.is_some() {
+            // Only the task's owner renews its lease (policies::owner); the
+            // request itself still goes to the worker.
+            let asker = ctx.asker(route);
+            if let Ok(rec) = self.store.get(&key).await {
+                if !asker.moves(rec.as_ref()) {
+                    metrics::LEASE_RENEWALS
+                        .with_label_values(&[&route.name, by.as_str(), "not_owner"])
+                        .inc();
+                    return;
+                }
+            }
+        }
         let outcome = match self.store.lease_renew(&key, self.store.clock_ms()).await {
             Ok(Renewal::Renewed { .. }) => "renewed",
             Ok(Renewal::Lapsed) => "lapsed",

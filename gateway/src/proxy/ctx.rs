@@ -122,6 +122,18 @@ pub fn shape_of(method: A2aMethod) -> Option<Shape> {
     })
 }
 
+impl Ctx {
+    /// Who is asking, for ownership ([`policies::owner`]): on a route with
+    /// `[routes.auth]`, the verified identity or anonymous; else unverified.
+    pub fn asker(&self, route: &super::route::Route) -> crate::store::Asker {
+        match (&route.auth, &self.req.caller) {
+            (None, _) => crate::store::Asker::Unverified,
+            (Some(_), Some(c)) => crate::store::Asker::Identity(c.shown.as_str().into()),
+            (Some(_), None) => crate::store::Asker::Anonymous,
+        }
+    }
+}
+
 /// How the request body is read on its way to the worker.
 #[derive(Debug, Default)]
 pub enum RequestBody {

@@ -135,6 +135,7 @@ impl Gateway {
             was_watching: ctx.track.watching,
             imposed_lease,
             cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
+            asker: ctx.asker(&route),
         })
     }
 

@@ -27,7 +27,7 @@ use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{observe, Binding, Call, Observation};
 use crate::cancel::{cancel_headers, CancelJob};
 use crate::metrics::{self, Untracked};
-use crate::store::{CancelTarget, TaskKey, TaskUpdate};
+use crate::store::{Asker, CancelTarget, TaskKey, TaskUpdate};
 
 /// A route's lease rules, as `policies::track` reads them.
 pub fn lease_rules(route: &Route) -> LeaseRules {
@@ -39,6 +39,16 @@ pub fn lease_rules(route: &Route) -> LeaseRules {
     }
 }
 
+/// The call a task is first seen through, who made it, and where its
+/// cancel goes: a send's
+/// verified caller owns the task it starts ([`policies::owner`]).
+pub(super) struct By {
+    pub shape: Shape,
+    pub asker: Asker,
+    /// Where a cancel of the task goes.
+    pub target: Option<CancelTarget>,
+}
+
 impl Gateway {
     /// Applies the first sight of a task (see `policies::track::first_sight`).
     pub(super) fn first_sight(
@@ -48,7 +58,7 @@ impl Gateway {
         sight: &FirstSight,
         state: Option<TaskState>,
         context_id: Option<String>,
-        target: Option<CancelTarget>,
+        by: By,
     ) {
         metrics::TASKS_TRACKED
             .with_label_values(&[&route.name])
@@ -60,8 +70,13 @@ impl Gateway {
                 TaskUpdate {
                     context_id,
                     state,
-                    target,
+                    target: by.target,
                     watchers_delta: i32::from(sight.watch),
+                    // A send's verified caller owns the task it starts.
+                    owner: matches!(by.shape, Shape::Send | Shape::Stream)
+                        .then(|| by.asker.as_policy().owner().map(str::to_owned))
+                        .flatten(),
+                    asker: by.asker,
                 },
             );
         }
@@ -304,7 +319,11 @@ impl Gateway {
                     &sight,
                     ctx.track.seen.state,
                     obs.context_id.map(std::borrow::Cow::into_owned),
-                    target.clone(),
+                    By {
+                        shape,
+                        asker: ctx.asker(&route),
+                        target: target.clone(),
+                    },
                 );
                 if sight.hold_ms.is_some() {
                     ctx.lease.held = Some(Box::new(key.clone()));

@@ -311,7 +311,11 @@ impl Gateway {
             &sight,
             obs.state,
             obs.context_id.map(std::borrow::Cow::into_owned),
-            Some(target),
+            super::observe::By {
+                shape,
+                asker: ctx.asker(&route),
+                target: Some(target),
+            },
         );
         if !sight.keep {
             return;
@@ -388,6 +392,7 @@ impl Gateway {
             was_watching: t.watching,
             imposed_lease: t.held,
             cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
+            asker: ctx.asker(route),
         };
         let cascade = self.cascade.clone();
         crate::drain::spawn_work(async move { cascade.stream_ended(end).await });

@@ -20,6 +20,7 @@ fn key(id: &str) -> TaskKey {
 /// Every check, on an empty store.
 pub async fn run(store: &dyn TaskStore) {
     records(store).await;
+    owners(store).await;
     leases(store).await;
     accounts(store).await;
     outbox(store).await;
@@ -395,6 +396,7 @@ async fn records(store: &dyn TaskStore) {
                 state: Some(TaskState::Working),
                 target: Some(target.clone()),
                 watchers_delta: 1,
+                ..TaskUpdate::default()
             },
             10,
         )
@@ -464,6 +466,64 @@ async fn records(store: &dyn TaskStore) {
     let listed = store.list(10).await.unwrap();
     assert_eq!(listed.len(), 2);
     assert_eq!(store.list(1).await.unwrap().len(), 1);
+}
+
+/// The identity a send records owns the task: another identity's (or an
+/// anonymous caller's) watcher counts change nothing, the owner's do, and
+/// a route without auth (`Unverified`) is not held to it.
+async fn owners(store: &dyn TaskStore) {
+    use crate::store::Asker;
+    let k = TaskKey {
+        route: "own".into(),
+        tenant: String::new().into(),
+        task_id: "o1".into(),
+    };
+    let watch = |delta: i32, asker: Asker| TaskUpdate {
+        watchers_delta: delta,
+        asker,
+        ..TaskUpdate::default()
+    };
+    let alice = || Asker::Identity("key:alice".into());
+    let rec = store
+        .update(
+            &k,
+            TaskUpdate {
+                owner: Some("key:alice".into()),
+                ..watch(1, alice())
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!((rec.owner.as_deref(), rec.watchers), (Some("key:alice"), 1));
+    for other in [Asker::Identity("jwt:alice".into()), Asker::Anonymous] {
+        let rec = store.update(&k, watch(1, other.clone()), 11).await.unwrap();
+        assert_eq!(rec.watchers, 1, "{other:?} counts nothing");
+        let rec = store.update(&k, watch(-1, other), 12).await.unwrap();
+        assert_eq!(rec.watchers, 1);
+    }
+    // A later send names no new owner.
+    let rec = store
+        .update(
+            &k,
+            TaskUpdate {
+                owner: Some("key:bob".into()),
+                ..watch(1, alice())
+            },
+            13,
+        )
+        .await
+        .unwrap();
+    assert_eq!((rec.owner.as_deref(), rec.watchers), (Some("key:alice"), 2));
+    let rec = store
+        .update(&k, watch(-1, Asker::Unverified), 14)
+        .await
+        .unwrap();
+    assert_eq!(rec.watchers, 1);
+    assert_eq!(
+        store.get(&k).await.unwrap().and_then(|r| r.owner),
+        Some("key:alice".to_string())
+    );
 }
 
 /// The routes a claimer has: `lkey`'s.

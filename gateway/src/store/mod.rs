@@ -71,6 +71,10 @@ pub struct TaskRecord {
     pub lease: Option<LeaseRecord>,
     /// Unix milliseconds of the last update.
     pub updated_ms: u64,
+    /// The verified identity that started the task (`jwt:<sub>`,
+    /// `key:<name>`), on a route with `[routes.auth]`: only its requests
+    /// move the task's gateway state ([`policies::owner`]). `None`: no owner.
+    pub owner: Option<String>,
 }
 
 /// A lease the gateway enforces: who holds it and until when.
@@ -90,8 +94,39 @@ pub struct TaskUpdate {
     pub context_id: Option<String>,
     pub state: Option<TaskState>,
     pub target: Option<CancelTarget>,
-    /// Added to `watchers` (saturating at zero).
+    /// Added to `watchers` (saturating at zero), unless `asker` may not
+    /// move the state of a task whose owner is someone else.
     pub watchers_delta: i32,
+    /// The identity that started the task; recorded if the record has no
+    /// owner yet (a send's first update).
+    pub owner: Option<String>,
+    /// Who the update is for (the caller whose stream it counts).
+    pub asker: Asker,
+}
+
+/// Who an update is for, as [`policies::owner::Asker`] names it, owned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Asker {
+    /// A route without `[routes.auth]` (and the gateway's own updates).
+    #[default]
+    Unverified,
+    Anonymous,
+    Identity(Arc<str>),
+}
+
+impl Asker {
+    pub fn as_policy(&self) -> policies::owner::Asker<'_> {
+        match self {
+            Asker::Unverified => policies::owner::Asker::Unverified,
+            Asker::Anonymous => policies::owner::Asker::Anonymous,
+            Asker::Identity(id) => policies::owner::Asker::Identity(id),
+        }
+    }
+
+    /// Whether this asker may move the state of `rec` (no record: yes).
+    pub fn moves(&self, rec: Option<&TaskRecord>) -> bool {
+        policies::owner::moves_state(rec.and_then(|r| r.owner.as_deref()), self.as_policy())
+    }
 }
 
 /// One account in one window: a tenant's, a caller's or a route's meter
@@ -410,6 +445,7 @@ impl TaskRecord {
             watchers: 0,
             lease: None,
             updated_ms: now_ms,
+            owner: None,
         }
     }
 
@@ -432,7 +468,12 @@ impl TaskRecord {
         if u.target.is_some() {
             self.target = u.target;
         }
-        self.watchers = self.watchers.saturating_add_signed(u.watchers_delta);
+        if self.owner.is_none() {
+            self.owner = u.owner;
+        }
+        if policies::owner::moves_state(self.owner.as_deref(), u.asker.as_policy()) {
+            self.watchers = self.watchers.saturating_add_signed(u.watchers_delta);
+        }
         self.updated_ms = now_ms;
     }
 }

@@ -101,8 +101,8 @@ use redis::{Script, Value};
 
 use super::clock::{self, StoreClock};
 use super::{
-    AccountKey, AccountView, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation, Shortfall,
-    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    AccountKey, AccountView, Asker, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation,
+    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
@@ -599,7 +599,17 @@ impl TaskStore for RedisStore {
             .arg(update.target.as_ref().map_or("", |t| t.binding.as_str()))
             .arg(update.target.as_ref().map_or("", |t| t.path.as_str()))
             .arg(update.watchers_delta)
-            .arg(&self.replica);
+            .arg(&self.replica)
+            .arg(update.owner.as_deref().unwrap_or(""))
+            .arg(match &update.asker {
+                Asker::Unverified => "u",
+                Asker::Anonymous => "a",
+                Asker::Identity(_) => "i",
+            })
+            .arg(match &update.asker {
+                Asker::Identity(id) => &**id,
+                _ => "",
+            });
         let v: Value = self
             .call(
                 "update",
@@ -1201,6 +1211,7 @@ fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord
         watchers: u64_of(f.get("watchers")).map_or(0, |w| w.min(u64::from(u32::MAX)) as u32),
         lease,
         updated_ms: u64_of(f.get("updated_ms")).unwrap_or(0),
+        owner: f.get("owner").cloned(),
     }
 }
 

@@ -13,12 +13,21 @@ if s ~= '' then
   end
 end
 if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
-local wf = 'w:' .. ARGV[12]
-local w = math.max(num(redis.call('HGET', k, wf)), 0) + num(ARGV[11])
-if w <= 0 then
-  redis.call('HDEL', k, wf)
-else
-  redis.call('HSET', k, wf, fmt(math.min(w, 4294967295)))
+-- ARGV[13]: the owner a send records if there is none ('' none);
+-- ARGV[14]: who asks, 'u' (no auth), 'a' (anonymous) or 'i' (ARGV[15]).
+-- Only an asker that may move the task's state counts (policies::owner).
+if ARGV[13] ~= '' and redis.call('HEXISTS', k, 'owner') == 0 then
+  redis.call('HSET', k, 'owner', ARGV[13])
+end
+local owner = redis.call('HGET', k, 'owner')
+if (not owner) or ARGV[14] == 'u' or (ARGV[14] == 'i' and owner == ARGV[15]) then
+  local wf = 'w:' .. ARGV[12]
+  local w = math.max(num(redis.call('HGET', k, wf)), 0) + num(ARGV[11])
+  if w <= 0 then
+    redis.call('HDEL', k, wf)
+  else
+    redis.call('HSET', k, wf, fmt(math.min(w, 4294967295)))
+  end
 end
 expire(k)
 return record(k)
