@@ -23,13 +23,14 @@ start_worker() {
     wait_port "$wport"
 }
 
-# drive PORT N: N sequential SendMessage requests (JSON-RPC, ~1 KB, head and
-# body in one send) on one keep-alive connection.
+# drive PORT N [METHOD]: N sequential SendMessage requests (JSON-RPC, ~1 KB,
+# head and body in one send) on one keep-alive connection; with METHOD
+# SendStreamingMessage, the same body as a stream, each read to its end.
 drive() {
-    "$py" - "$1" "$2" <<'EOF'
+    "$py" - "$1" "$2" "${3:-SendMessage}" <<'EOF'
 import http.client, json, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+port, n, method = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
     "params": {"message": {"messageId": "cg", "role": "ROLE_USER",
         "parts": [{"text": "quick"}], "metadata": {"pad": "x" * 600}}}})
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
