@@ -466,3 +466,53 @@ async fn only_the_owner_keeps_a_child_alive_or_renews_its_lease() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A `poll_lease` child is held while its owner subscribes; another
+/// identity's subscription (passed to the worker) holds nothing, and the
+/// child is cancelled once its lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owners_subscription_holds_a_poll_lease() {
+    let signer = Signer::ed25519("k");
+    let dir = files("hold", &[&signer]);
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let route = format!("poll_lease = \"2s\"\n{}", auth_table(&dir, "jwks_file", ""));
+    let gw = Gateway::in_front_of(&worker.url(), &route).await;
+    let fire = |text: &str| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": message(text), "configuration": {"returnImmediately": true}}})
+    };
+    // Past the lease, its lapse's probe and cancel.
+    let past = std::time::Duration::from_secs(2) + scaled_ms(1500);
+    for (subscriber, survives) in [(API_KEY, true), (OPS_KEY, false)] {
+        let r = post_json(&gw.url, "/", &[("x-api-key", API_KEY)], &fire("work:30000")).await;
+        let id = r.json()["result"]["task"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}", r.text()))
+            .to_owned();
+        let (sub, _) = stream_as(&gw.url, subscriber, "SubscribeToTask", json!({"id": id})).await;
+        tokio::time::sleep(past).await;
+        let state = worker.state(None, &id).await;
+        if survives {
+            assert_eq!(
+                state.as_deref(),
+                Some("TASK_STATE_WORKING"),
+                "the owner's subscription holds it"
+            );
+            sub.close();
+        } else {
+            assert_eq!(
+                state.as_deref(),
+                Some("TASK_STATE_CANCELED"),
+                "another identity's subscription held the lease: {}",
+                gw.log_text()
+            );
+            drop(sub);
+        }
+    }
+    assert!(
+        gw.counter("a2agw_lease_renewals_total", &["outcome=\"not_owner\""])
+            .await
+            >= 1.0
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -35,7 +35,7 @@ use policies::lease::{self, AtLapse};
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
 use crate::reload::LiveRoutes;
-use crate::store::{now_ms, StoreHealth, TaskKey, TaskStore, TaskUpdate};
+use crate::store::{now_ms, Asker, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
@@ -59,51 +59,63 @@ struct Held {
     leases: HashMap<TaskKey, HeldLease>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct HeldLease {
     ttl_ms: u64,
     /// Next renewal due, unix ms.
     due: u64,
     holders: u32,
+    /// Who each holder is; only holders who may move the task's state
+    /// ([`policies::owner`]) keep it renewed. All `Unverified` on routes
+    /// without `[routes.auth]`.
+    askers: Vec<Asker>,
 }
 
 impl Held {
-    fn hold(&mut self, key: TaskKey, ttl_ms: u64, now: u64) {
+    fn hold(&mut self, key: TaskKey, ttl_ms: u64, now: u64, asker: Asker) {
         let due = now + lease::renew_every_ms(ttl_ms);
-        self.leases
-            .entry(key)
-            .and_modify(|h| {
-                h.holders = h.holders.saturating_add(1);
-                // The shorter TTL's renewals keep both holders' leases alive.
-                if ttl_ms < h.ttl_ms {
-                    h.ttl_ms = ttl_ms;
-                    h.due = h.due.min(due);
-                }
-            })
-            .or_insert(HeldLease {
-                ttl_ms,
-                due,
-                holders: 1,
-            });
+        let h = self.leases.entry(key).or_insert(HeldLease {
+            ttl_ms,
+            due,
+            holders: 0,
+            askers: Vec::new(),
+        });
+        h.holders = h.holders.saturating_add(1);
+        h.askers.push(asker);
+        // The shorter TTL's renewals keep both holders' leases alive.
+        if ttl_ms < h.ttl_ms {
+            h.ttl_ms = ttl_ms;
+            h.due = h.due.min(due);
+        }
     }
 
-    fn release(&mut self, key: &TaskKey) {
+    fn release(&mut self, key: &TaskKey, asker: &Asker) {
         if let Some(h) = self.leases.get_mut(key) {
             h.holders = h.holders.saturating_sub(1);
+            if let Some(i) = h.askers.iter().position(|a| a == asker) {
+                h.askers.swap_remove(i);
+            }
             if h.holders == 0 {
                 self.leases.remove(key);
             }
         }
     }
 
-    /// The keys due for renewal at `now`, each moved to its next due time.
-    fn take_due(&mut self, now: u64) -> Vec<TaskKey> {
+    /// The keys due for renewal at `now`, each moved to its next due time,
+    /// with the holders that must be the task's owner to renew it (empty:
+    /// a holder on a route without auth, which always renews).
+    fn take_due(&mut self, now: u64) -> Vec<(TaskKey, Vec<Asker>)> {
         self.leases
             .iter_mut()
             .filter(|(_, h)| h.due <= now)
             .map(|(k, h)| {
                 h.due = now + lease::renew_every_ms(h.ttl_ms);
-                k.clone()
+                let checked = if h.askers.contains(&Asker::Unverified) {
+                    Vec::new()
+                } else {
+                    h.askers.clone()
+                };
+                (k.clone(), checked)
             })
             .collect()
     }
@@ -155,19 +167,43 @@ impl Leases {
 
     /// Starts renewing `key` for a caller connected here (one more holder
     /// if another of this replica's streams holds it already).
-    pub fn hold(&self, key: TaskKey, ttl_ms: u64) {
-        self.held().hold(key, ttl_ms, self.store.clock_ms());
+    /// `asker`: the stream's caller; on a route with `[routes.auth]` only
+    /// the task's owner's streams keep it renewed.
+    pub fn hold(&self, key: TaskKey, ttl_ms: u64, asker: Asker) {
+        self.held().hold(key, ttl_ms, self.store.clock_ms(), asker);
     }
 
     /// One holder of `key` is gone (its caller's connection ended); renewals
     /// stop with the last.
-    pub fn release(&self, key: &TaskKey) {
-        self.held().release(key);
+    pub fn release(&self, key: &TaskKey, asker: &Asker) {
+        self.held().release(key, asker);
     }
 
-    /// Renews the held leases that are due, in one store call.
+    /// Renews the held leases that are due, in one store call (and, for
+    /// leases held only by verified callers, one read of each record to
+    /// find its owner).
     pub async fn renew_due(&self, now: u64) {
-        let due: Vec<TaskKey> = self.held().take_due(now);
+        let taken = self.held().take_due(now);
+        let mut due = Vec::new();
+        for (key, checked) in taken {
+            if checked.is_empty() {
+                due.push(key);
+                continue;
+            }
+            // Renewed if any holder is the owner; a store error renews
+            // (as an unreadable store counts as a live parent).
+            let rec = self.store.get(&key).await.ok();
+            if rec
+                .as_ref()
+                .is_none_or(|r| checked.iter().any(|a| a.moves(r.as_ref())))
+            {
+                due.push(key);
+            } else {
+                metrics::LEASE_RENEWALS
+                    .with_label_values(&[&key.route, "held", "not_owner"])
+                    .inc();
+            }
+        }
         if due.is_empty() {
             return;
         }
@@ -448,27 +484,41 @@ mod tests {
     #[test]
     fn held_until_the_last_holder_releases() {
         let mut held = Held::default();
-        held.hold(key("t"), 30_000, 0);
-        held.hold(key("t"), 30_000, 5_000);
-        held.release(&key("t"));
+        let u = Asker::Unverified;
+        held.hold(key("t"), 30_000, 0, u.clone());
+        held.hold(key("t"), 30_000, 5_000, u.clone());
+        held.release(&key("t"), &u);
         assert_eq!(
             held.take_due(10_000),
-            vec![key("t")],
+            vec![(key("t"), vec![])],
             "still held by the second"
         );
-        held.release(&key("t"));
+        held.release(&key("t"), &u);
         assert!(held.leases.is_empty());
         assert!(held.take_due(1_000_000).is_empty());
         // A stray release (a stream that held nothing) changes nothing.
-        held.release(&key("t"));
+        held.release(&key("t"), &u);
         assert!(held.leases.is_empty());
 
-        held.hold(key("u"), 30_000, 0);
-        held.hold(key("u"), 3_000, 0);
-        let h = held.leases[&key("u")];
+        held.hold(key("u"), 30_000, 0, u.clone());
+        held.hold(key("u"), 3_000, 0, u.clone());
+        let h = held.leases[&key("u")].clone();
         assert_eq!((h.ttl_ms, h.holders), (3_000, 2));
         assert_eq!(h.due, lease::renew_every_ms(3_000));
-        assert_eq!(held.take_due(h.due), vec![key("u")]);
+        assert_eq!(held.take_due(h.due), vec![(key("u"), vec![])]);
         assert_eq!(held.leases[&key("u")].due, 2 * lease::renew_every_ms(3_000));
+
+        // Verified holders are named, to be checked against the owner.
+        let a = Asker::Identity("key:a".into());
+        let b = Asker::Identity("key:b".into());
+        held.hold(key("v"), 30_000, 0, a.clone());
+        held.hold(key("v"), 30_000, 0, b.clone());
+        held.release(&key("v"), &a);
+        let due: Vec<_> = held
+            .take_due(1_000_000)
+            .into_iter()
+            .filter(|(k, _)| *k == key("v"))
+            .collect();
+        assert_eq!(due, vec![(key("v"), vec![b])]);
     }
 }

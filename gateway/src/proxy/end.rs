@@ -73,7 +73,8 @@ impl Gateway {
         }
         let imposed_lease = ctx.lease.held.is_some();
         if let Some(key) = ctx.lease.held.take() {
-            self.leases.release(&key);
+            let asker = ctx.route.as_ref().map(|r| ctx.asker(r)).unwrap_or_default();
+            self.leases.release(&key, &asker);
         }
         let end = self.stream_end(e, ctx, imposed_lease)?;
         let event = match end.event {

@@ -76,7 +76,7 @@ impl Gateway {
                     owner: matches!(by.shape, Shape::Send | Shape::Stream)
                         .then(|| by.asker.as_policy().owner().map(str::to_owned))
                         .flatten(),
-                    asker: by.asker,
+                    asker: by.asker.clone(),
                 },
             );
         }
@@ -98,7 +98,7 @@ impl Gateway {
             tracker.lease_start(key.clone(), ttl_ms, holder);
         }
         if let Some(ttl) = sight.hold_ms {
-            self.leases.hold(key.clone(), ttl);
+            self.leases.hold(key.clone(), ttl, by.asker.clone());
         }
     }
 

@@ -371,7 +371,7 @@ impl Gateway {
     ) {
         let key = TaskKey::new(&route.name, t.tenant.as_deref(), task_id.clone());
         if t.held {
-            self.leases.release(&key);
+            self.leases.release(&key, &ctx.asker(route));
         }
         if t.seen.is_settled() && !t.watching {
             return;
