@@ -108,6 +108,24 @@ pub fn scaled_count(n: u32) -> u32 {
     }
 }
 
+/// How many file descriptors process `pid` holds open (`/proc/PID/fd`).
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+        .count()
+}
+
+/// Process `pid`'s resident set size in KiB (`VmRSS` in `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
 /// Declares one `#[tokio::test]` (multi-threaded, two workers) per line,
 /// `name => future;`, each awaiting its future: a scenario run over each
 /// worker and binding.

@@ -120,60 +120,96 @@ impl PythonWorker {
         // it: try a few.
         let mut last_err = String::new();
         for _ in 0..3 {
-            let port = free_port();
-            let mut child = Command::new(venv.join("bin").join("python"))
-                .arg(&script)
-                .arg("--port")
-                .arg(port.to_string())
-                .args(args)
-                .env("PYTHONUNBUFFERED", "1")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn {}: {e}", script.display()));
-            let stdout = Arc::new(Mutex::new(Vec::new()));
-            let stderr = Arc::new(Mutex::new(Vec::new()));
-            drain(child.stdout.take().unwrap(), stdout.clone());
-            drain(child.stderr.take().unwrap(), stderr.clone());
-
-            let url = format!("http://127.0.0.1:{port}");
-            let started = tokio::time::Instant::now();
-            loop {
-                if let Some(status) = child.try_wait().expect("poll agent") {
-                    // Let the drain tasks catch the last words.
-                    tokio::time::sleep(super::scaled_ms(100)).await;
-                    last_err = format!(
-                        "python agent exited ({status}) before it answered; stderr:\n{}",
-                        String::from_utf8_lossy(&stderr.lock().unwrap())
-                    );
-                    break;
-                }
-                if card_answers(&url).await {
-                    return PythonWorker {
-                        child,
-                        port,
-                        stderr,
-                    };
-                }
-                if started.elapsed() > start_timeout() {
-                    let _ = child.start_kill();
-                    panic!(
-                        "python agent did not answer {url}/.well-known/agent-card.json \
-                         within {:?}; stdout:\n{}\nstderr:\n{}",
-                        start_timeout(),
-                        String::from_utf8_lossy(&stdout.lock().unwrap()),
-                        String::from_utf8_lossy(&stderr.lock().unwrap())
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            match Self::spawn_on(&venv, &script, free_port(), args).await {
+                Ok(w) => return w,
+                Err(e) => last_err = e,
             }
             if !last_err.contains("address already in use") {
                 break;
             }
         }
         panic!("{last_err}");
+    }
+
+    /// Starts the agent on `port` (one that a killed agent held: the
+    /// address may stay in use for a moment, so it retries for up to 10 s,
+    /// scaled), with `args` as [`PythonWorker::start_with_args`] takes them.
+    pub async fn start_on_port(port: u16, args: &[&str]) -> PythonWorker {
+        let venv = tokio::task::spawn_blocking(ensure_venv)
+            .await
+            .expect("venv setup thread")
+            .unwrap_or_else(|e| panic!("python venv setup failed: {e}"));
+        let script = agent_script();
+        let deadline = tokio::time::Instant::now() + super::scaled_secs(10);
+        loop {
+            match Self::spawn_on(&venv, &script, port, args).await {
+                Ok(w) => return w,
+                Err(e)
+                    if e.contains("address already in use")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// One attempt to start the agent on `port`: the agent once it answers,
+    /// or why it exited first (panics when it neither answers nor exits).
+    async fn spawn_on(
+        venv: &Path,
+        script: &Path,
+        port: u16,
+        args: &[&str],
+    ) -> Result<PythonWorker, String> {
+        let mut child = Command::new(venv.join("bin").join("python"))
+            .arg(script)
+            .arg("--port")
+            .arg(port.to_string())
+            .args(args)
+            .env("PYTHONUNBUFFERED", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", script.display()));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        drain(child.stdout.take().unwrap(), stdout.clone());
+        drain(child.stderr.take().unwrap(), stderr.clone());
+
+        let url = format!("http://127.0.0.1:{port}");
+        let started = tokio::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("poll agent") {
+                // Let the drain tasks catch the last words.
+                tokio::time::sleep(super::scaled_ms(100)).await;
+                return Err(format!(
+                    "python agent exited ({status}) before it answered; stderr:\n{}",
+                    String::from_utf8_lossy(&stderr.lock().unwrap())
+                ));
+            }
+            if card_answers(&url).await {
+                return Ok(PythonWorker {
+                    child,
+                    port,
+                    stderr,
+                });
+            }
+            if started.elapsed() > start_timeout() {
+                let _ = child.start_kill();
+                panic!(
+                    "python agent did not answer {url}/.well-known/agent-card.json \
+                     within {:?}; stdout:\n{}\nstderr:\n{}",
+                    start_timeout(),
+                    String::from_utf8_lossy(&stdout.lock().unwrap()),
+                    String::from_utf8_lossy(&stderr.lock().unwrap())
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// `http://127.0.0.1:PORT`: JSON-RPC at `/`, REST under it.
