@@ -19,7 +19,9 @@
 # `Vec`, iterators, `Arc`, hash maps) inlined into either side cannot be
 # told apart this way and is a bucket of its own; so is libc's.
 # Instructions run in the kernel (system calls) are not counted by callgrind
-# at all: `proxy -- --canned` gives the system time per request.
+# at all: `proxy -- --canned` gives the system time per request, and with
+# strace installed the same runs are made under `strace -f -c` for a table
+# of system calls per request.
 #
 # Columns, each its own process under callgrind, in front of the canned
 # responder (nginx, one worker process, started by the proxy bench binary
@@ -49,11 +51,14 @@ for c in valgrind nginx; do
     command -v $c >/dev/null || { echo "$c not installed" >&2; exit 1; }
 done
 dir=$(mktemp -d /tmp/a2agw-cpu-split.XXXXXX)
+# The gateway's log: warnings only (not its debug lines' formatting).
+export A2A_GATEWAY_LOG=warn
 
 # The canned responder, from the proxy bench binary.
 "$bare" --canned --responder > "$dir/responder.out" 2> "$dir/responder.err" &
 rpid=$!
-trap 'kill $rpid 2>/dev/null || true' EXIT
+vpid=
+trap 'kill $rpid $vpid 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
     [[ -f $dir/responder.out && $(wc -l < "$dir/responder.out") -ge 2 ]] && break
     sleep 0.1
@@ -62,10 +67,11 @@ send_up=$(awk '$1 == "send" {print $2}' "$dir/responder.out")
 sse_up=$(awk '$1 == "sse" {print $2}' "$dir/responder.out")
 [[ -n $send_up && -n $sse_up ]] || { echo "the canned responder did not start: $dir/responder.err" >&2; exit 1; }
 
-# run NAME KIND N: the proxy under callgrind, N requests of KIND (send: a
-# SendMessage; sse: a SendStreamingMessage, its whole stream) through it.
+# run TOOL NAME KIND N: the proxy under TOOL (callgrind or strace), N
+# requests of KIND (send: a SendMessage; sse: a SendStreamingMessage, its
+# whole stream) through it.
 run() {
-    local name=$1 kind=$2 n=$3
+    local tool=$1 name=$2 kind=$3 n=$4
     local up=$send_up method=SendMessage
     [[ $kind == sse ]] && { up=$sse_up; method=SendStreamingMessage; }
     # lib.sh's config writers put their upstream at 127.0.0.1:$wport.
@@ -86,11 +92,15 @@ run() {
             echo 'blocking_sends = "pass"' >> "$dir/gw.$p.toml"
             cmd=("$gw" --config "$dir/gw.$p.toml") ;;
     esac
-    A2A_GATEWAY_LOG=warn valgrind --tool=callgrind \
-        --callgrind-out-file="$dir/$name.$kind.$n.cg" "${cmd[@]}" \
-        > "$dir/$name.$kind.$n.log" 2>&1 &
+    local out="$dir/$name.$kind.$n"
+    if [[ $tool == callgrind ]]; then
+        valgrind --tool=callgrind --callgrind-out-file="$out.cg" "${cmd[@]}" > "$out.log" 2>&1 &
+    else
+        strace -f -c -o "$out.strace" "${cmd[@]}" > "$out.log" 2>&1 &
+    fi
     local pid=$!
-    wait_port "$p" || { echo "$name did not start; $dir/$name.$kind.$n.log" >&2; exit 1; }
+    vpid=$pid
+    wait_port "$p" || { echo "$name did not start; $out.log" >&2; exit 1; }
     drive "$p" 1 "$method"   # warm: connections, lazy statics
     if (( n > 0 )); then
         local t0=$EPOCHREALTIME
@@ -102,18 +112,40 @@ run() {
         # it is not counted as the requests'.
         sleep "$took"
     fi
-    kill -TERM $pid; wait $pid || true
+    if [[ $tool == callgrind ]]; then
+        kill -TERM $pid
+    else
+        # The proxy (strace's child) stops; strace writes its summary when
+        # the last traced process has ended.
+        pkill -TERM -P $pid
+    fi
+    wait $pid || true
 }
 
 proxies=(nginx bare bare-read-0 gateway)
 for kind in send sse; do
     for proxy in "${proxies[@]}"; do
         for n in "$N" 0; do
-            echo "$proxy $kind $n" >&2
-            run "$proxy" "$kind" "$n"
+            echo "callgrind $proxy $kind $n" >&2
+            run callgrind "$proxy" "$kind" "$n"
         done
     done
 done
+# System calls, whose instructions callgrind does not see.
+straced=()
+if command -v strace > /dev/null; then
+    straced=(nginx bare gateway)
+    for kind in send sse; do
+        for proxy in "${straced[@]}"; do
+            for n in "$N" 0; do
+                echo "strace $proxy $kind $n" >&2
+                run strace "$proxy" "$kind" "$n"
+            done
+        done
+    done
+else
+    echo "strace not installed: no table of system calls" >&2
+fi
 
 python3 - "$dir" "$N" "${proxies[@]}" <<'EOF'
 import collections, re, sys
@@ -333,4 +365,31 @@ with open(f"{dir}/details.txt", "w") as out:
             print(f"    {gm.get(f, 0):10,.0f} {bm.get(f, 0):10,.0f}  {f}", file=out)
 print()
 print(f"per function: {dir}/details.txt")
+
+# System calls per request, from strace -f -c.
+def syscalls(path):
+    out = {}
+    for line in open(path):
+        f = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] syscall
+        if len(f) >= 5 and re.fullmatch(r"[\d.]+", f[0]) and f[3].isdigit() and f[-1] != "total":
+            out[f[-1]] = int(f[3])
+    return out
+import os
+straced = [p for p in ("nginx", "bare", "gateway") if os.path.exists(f"{dir}/{p}.send.0.strace")]
+if straced:
+    sc = {}
+    for p in straced:
+        for kind in ("send", "sse"):
+            a, b = syscalls(f"{dir}/{p}.{kind}.0.strace"), syscalls(f"{dir}/{p}.{kind}.{n}.strace")
+            sc[(p, kind)] = {k: (b.get(k, 0) - a.get(k, 0)) / n for k in set(a) | set(b)}
+    print()
+    print(f"system calls per request (strace -f -c, {n} sequential requests, the same runs under strace instead of callgrind):")
+    print()
+    print("| system call | " + " | ".join(f"SendMessage: {p}" for p in straced) + " | " + " | ".join(f"SSE stream: {p}" for p in straced) + " |")
+    print("|---|" + "---|" * (2 * len(straced)))
+    rows = sorted({k for c in sc.values() for k, v in c.items() if abs(v) >= 0.05})
+    for k in rows:
+        print(f"| `{k}` | " + " | ".join(f"{sc[(p, kind)].get(k, 0):.2f}" for kind in ("send", "sse") for p in straced) + " |")
+    print("| all | " + " | ".join(f"{sum(v for v in sc[(p, kind)].values() if v > 0):.2f}" for kind in ("send", "sse") for p in straced) + " |")
 EOF

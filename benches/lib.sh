@@ -28,15 +28,21 @@ start_worker() {
 # SendStreamingMessage, the same body as a stream, each read to its end.
 drive() {
     "$py" - "$1" "$2" "${3:-SendMessage}" <<'EOF'
-import http.client, json, sys
+import http.client, json, socket, sys
 port, n, method = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
     "params": {"message": {"messageId": "cg", "role": "ROLE_USER",
-        "parts": [{"text": "quick"}], "metadata": {"pad": "x" * 600}}}})
-c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        "parts": [{"text": "quick"}], "metadata": {"pad": "x" * 600}}}}).encode()
+# Head and body in one send (http.client sends them in two, and a proxy
+# whose upstream answers before the body came may then close the
+# connection, as nginx in front of benches/cpu-split.sh's canned responder).
+req = (f"POST / HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+       f"a2a-version: 1.0\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+s = socket.create_connection(("127.0.0.1", port), timeout=60)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 for i in range(n):
-    c.request("POST", "/", body, {"content-type": "application/json", "a2a-version": "1.0"})
-    r = c.getresponse(); data = r.read()
+    s.sendall(req)
+    r = http.client.HTTPResponse(s); r.begin(); data = r.read()
     assert r.status == 200 and b'"result"' in data, data[:200]
 EOF
 }
