@@ -1,8 +1,8 @@
 //! Issue 32 (production hardening), items 4 and 5 in part: a listener that
 //! cannot be bound stops the gateway at once, naming it; `0.0.0.0:P` and
 //! `[::]:P` together start (IPv6 listeners are IPv6 only), as
-//! `config/examples/full.toml` lists them; `rediss://` is refused before
-//! start; no message prints a Redis URL's password.
+//! `config/examples/full.toml` lists them; no message prints a Redis URL's
+//! password.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -133,26 +133,23 @@ async fn full_example_starts_dual_stack() {
     child.kill().await.ok();
 }
 
-/// `rediss://` fails `check-config` and `--store` with why; no message
-/// (config errors, `--store`'s, a Redis that does not answer) prints the
-/// password.
+/// A URL with a password and `password_env` too fails `check-config` and
+/// the start with why, as do bad `--store` URLs; no message (config errors,
+/// `--store`'s, a Redis that does not answer) prints the password.
 #[tokio::test]
 async fn redis_urls_refused_or_failed_without_their_password() {
     let dir = scratch_dir("hardening");
     let path = dir.join("rediss.toml");
     std::fs::write(
         &path,
-        "[store]\nurl = \"rediss://:hunter2@cache:6380/0\"\n\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:1\"\n",
+        "[store]\nurl = \"rediss://:hunter2@cache:6380/0\"\npassword_env = \"PATH\"\n\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:1\"\n",
     )
     .unwrap();
     let path = path.to_str().unwrap();
     let (out, _) = run_to_exit(&["check-config", path], scaled_secs(5)).await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("rediss:// (Redis over TLS) is not supported"),
-        "{err}"
-    );
+    assert!(err.contains("the store URL has a password too"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 
     let (out, _) = run_to_exit(&["--config", path], scaled_secs(5)).await;
@@ -160,7 +157,10 @@ async fn redis_urls_refused_or_failed_without_their_password() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 
-    for store in ["rediss://:hunter2@cache:6380/0", "postgres://u:hunter2@db"] {
+    for store in [
+        "rediss://:hunter2@cache:6380/0#insecure",
+        "postgres://u:hunter2@db",
+    ] {
         let (out, _) = run_to_exit(
             &["--worker", "http://127.0.0.1:1", "--store", store],
             scaled_secs(5),

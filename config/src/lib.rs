@@ -36,11 +36,6 @@ pub use auth::{
 pub use units::{parse_duration, parse_size};
 pub use url::{redact_url, WorkerUrl};
 
-/// Why `rediss://` is refused: this build's Redis client has no TLS.
-pub const REDISS_UNSUPPORTED: &str = "rediss:// (Redis over TLS) is not supported by this build; \
-use redis:// on a private network or loopback (a TLS tunnel such as stunnel in front of Redis \
-works too)";
-
 /// Everything the gateway runs with, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -172,7 +167,7 @@ impl Default for Server {
 pub enum StoreKind {
     /// In this process (`memory://`): lost on restart, not shared.
     Memory,
-    /// A Redis server (`redis://`; `rediss://` is refused), shared by
+    /// A Redis server (`redis://`, or `rediss://` over TLS), shared by
     /// gateway replicas.
     Redis { url: String },
 }
@@ -199,10 +194,23 @@ pub enum OnStoreError {
 }
 
 /// `[store]`.
+///
+/// `Debug` shows no password: the URL's is `***`, [`Secret`] hides the rest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Store {
     pub kind: StoreKind,
     pub on_store_error: OnStoreError,
+    /// The Redis password from `store.password_env` or `store.password_file`,
+    /// sent in place of one in the URL (which then has none). `None`: the
+    /// URL's, if any.
+    pub password: Option<Secret>,
+    /// `store.tls_ca_file`: for `rediss://`, the CA certificates the
+    /// server's certificate must chain to, in place of the system's roots.
+    pub tls_ca: Option<WorkerCa>,
+    /// `store.tls_client_cert` and `store.tls_client_key`: for `rediss://`,
+    /// the certificate the gateway presents to a server that asks clients
+    /// for one.
+    pub tls_client_cert: Option<ClientCert>,
 }
 
 impl Default for Store {
@@ -210,6 +218,46 @@ impl Default for Store {
         Store {
             kind: StoreKind::Memory,
             on_store_error: OnStoreError::FailOpen,
+            password: None,
+            tls_ca: None,
+            tls_client_cert: None,
+        }
+    }
+}
+
+/// A store URL as `store.url` takes it (`--store`): `memory://`, or a
+/// `redis://` or `rediss://` URL. Errors show the URL with its password as
+/// `***`.
+pub fn parse_store_url(s: &str) -> Result<StoreKind, String> {
+    schema::parse_store_url(s)
+}
+
+impl Store {
+    /// Whether the settings fit the store's URL: a password from
+    /// `password_env` or `password_file` only for a Redis URL without one
+    /// of its own, TLS files only for `rediss://`. The config file's check
+    /// makes the same when it names `store.url`; this one is for the URL
+    /// `--store` gives. Messages show no password.
+    pub fn check(&self) -> Result<(), String> {
+        let url = match &self.kind {
+            StoreKind::Memory => "memory://",
+            StoreKind::Redis { url } => url,
+        };
+        let mut problems = Vec::new();
+        if self.password.is_some() {
+            if let Some(why) = schema::password_misfit(url) {
+                problems.push(format!("store.password_env or store.password_file: {why}"));
+            }
+        }
+        if self.tls_ca.is_some() || self.tls_client_cert.is_some() {
+            if let Some(why) = schema::tls_misfit(url) {
+                problems.push(format!("store.tls_ca_file or store.tls_client_cert: {why}"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
         }
     }
 }
@@ -634,9 +682,9 @@ impl fmt::Debug for Route {
     }
 }
 
-/// A route's `worker_ca`: a PEM file of trust anchors, read and checked
-/// when the config loads, so that a missing or broken file stops start-up
-/// rather than failing each connection.
+/// A route's `worker_ca` (or `store.tls_ca_file`): a PEM file of trust
+/// anchors, read and checked when the config loads, so that a missing or
+/// broken file stops start-up rather than failing each connection.
 #[derive(Clone, PartialEq, Eq)]
 pub struct WorkerCa {
     /// The file as configured, resolved against the config file's directory.
@@ -654,8 +702,9 @@ impl fmt::Debug for WorkerCa {
     }
 }
 
-/// A route's `worker_client_cert` and `worker_client_key`: what the gateway
-/// presents to a worker that asks callers for a certificate. Read and parsed
+/// A route's `worker_client_cert` and `worker_client_key` (or
+/// `store.tls_client_cert` and `store.tls_client_key`): what the gateway
+/// presents to a worker (or Redis) that asks callers for a certificate. Read and parsed
 /// when the config loads; that the key is the certificate's is checked when
 /// the gateway starts.
 ///

@@ -38,7 +38,7 @@ const MIB: u64 = 1 << 20;
 /// Reads the whole document; `None` if anything was recorded in `sink`.
 pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -> Option<Config> {
     let server = server(root.section("server"), env);
-    let store = store(root.section("store"));
+    let store = store(root.section("store"), env);
     let limits = limits(root.section("limits"));
     let timeouts = timeouts(root.section("timeouts"));
     let cancel = cancel(root.section("cancel"));
@@ -387,9 +387,9 @@ fn server_tls(
     })
 }
 
-fn store(mut r: Reader<'_>) -> Store {
+fn store(mut r: Reader<'_>, env: Env<'_>) -> Store {
     let d = Store::default();
-    let kind = r.or("url", d.kind, store_url);
+    let url = r.opt("url", store_url);
     let on_store_error = r.or(
         "on_store_error",
         d.on_store_error,
@@ -398,11 +398,106 @@ fn store(mut r: Reader<'_>) -> Store {
             ("fail-closed", OnStoreError::FailClosed),
         ]),
     );
+    let password = store_password(&mut r, env);
+    let tls_ca = r.opt("tls_ca_file", |item| worker_ca(item, env));
+    let tls_client_cert = client_cert(&mut r, env, ["tls_client_cert", "tls_client_key"]);
+    // Against the file's URL when it names one (a bad one is reported as
+    // such); without it, `--store` may name it, and `Store::check` runs at
+    // start.
+    if let Some(kind) = &url {
+        let url = match kind {
+            StoreKind::Memory => "memory://",
+            StoreKind::Redis { url } => url,
+        };
+        for (key, misfit) in [
+            (
+                "password_env",
+                password_misfit as fn(&str) -> Option<String>,
+            ),
+            ("password_file", password_misfit),
+            ("tls_ca_file", tls_misfit),
+            ("tls_client_cert", tls_misfit),
+        ] {
+            if let Some(why) = r.has(key).then(|| misfit(url)).flatten() {
+                let at = r.pos(key);
+                r.report_at(at, key, why);
+            }
+        }
+    }
     r.finish();
     Store {
-        kind,
+        kind: url.unwrap_or(d.kind),
         on_store_error,
+        password,
+        tls_ca,
+        tls_client_cert,
     }
+}
+
+/// `store.password_env` (an environment variable's name) or
+/// `store.password_file` (a file holding the password; one trailing newline
+/// dropped), never both. Errors never echo the password.
+fn store_password(r: &mut Reader<'_>, env: Env<'_>) -> Option<crate::Secret> {
+    fn password(s: &str, from: &str) -> Result<crate::Secret, String> {
+        if s.is_empty() {
+            return Err(format!("{from}: the password is empty"));
+        }
+        Ok(crate::Secret(s.to_owned()))
+    }
+    let from_env = r.opt("password_env", |item| {
+        let var = string(item)?;
+        if var.is_empty() || var.contains(['=', '\0']) {
+            return Err(format!("{var:?} is not an environment variable name"));
+        }
+        let value =
+            (env.env)(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
+        password(&value, &format!("environment variable {var}"))
+    });
+    let from_file = r.opt("password_file", |item| {
+        let path = config_path(string(item)?, env)?;
+        let shown = path.display();
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        let text = text.strip_suffix('\r').unwrap_or(text);
+        password(text, &shown.to_string())
+    });
+    if r.has("password_env") && r.has("password_file") {
+        let at = r.pos("password_file");
+        r.report_at(
+            at,
+            "password_file",
+            "give password_env or password_file, not both",
+        );
+    }
+    from_env.or(from_file)
+}
+
+/// Why a password from `password_env` or `password_file` does not fit the
+/// store `url` (`memory://` or a checked Redis URL), if it does not.
+pub(crate) fn password_misfit(url: &str) -> Option<String> {
+    if url == "memory://" {
+        return Some("a password is for a Redis store; the store is memory://".into());
+    }
+    let has_password = split_url(url)
+        .ok()
+        .and_then(|u| u.userinfo)
+        .is_some_and(|i| i.split_once(':').is_some_and(|(_, p)| !p.is_empty()));
+    has_password.then(|| {
+        "the store URL has a password too: give it in one place (the URL, password_env or password_file)".into()
+    })
+}
+
+/// Why `tls_ca_file` or `tls_client_cert` does not fit the store `url`, if
+/// it does not: both are for `rediss://` only.
+pub(crate) fn tls_misfit(url: &str) -> Option<String> {
+    let scheme = split_url(url).map_or_else(|_| "memory".to_owned(), |u| u.scheme);
+    if scheme == "rediss" {
+        return None;
+    }
+    Some(format!(
+        "applies to rediss:// (Redis over TLS) only; the store URL is {scheme}://"
+    ))
 }
 
 fn limits(mut r: Reader<'_>) -> Limits {
@@ -606,7 +701,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let cascade = cascade(r, defaults.cascade);
     let worker_credential = credential(r, env);
     let worker_ca = r.opt("worker_ca", |item| worker_ca(item, env));
-    let worker_client_cert = client_cert(r, env);
+    let worker_client_cert = client_cert(r, env, ["worker_client_cert", "worker_client_key"]);
     let plain = worker.as_ref().is_some_and(|w| !w.tls);
     for (key, given) in [
         ("worker_ca", worker_ca.is_some()),
@@ -651,18 +746,17 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     })
 }
 
-/// `worker_client_cert` and `worker_client_key`: both or neither.
-fn client_cert(r: &mut Reader<'_>, env: Env<'_>) -> Option<ClientCert> {
-    let cert = r.opt("worker_client_cert", |item| {
-        pem_file(item, env, read_certificates)
-    });
-    let key = r.opt("worker_client_key", |item| {
-        pem_file(item, env, read_private_key)
-    });
-    for (given, missing) in [
-        ("worker_client_cert", "worker_client_key"),
-        ("worker_client_key", "worker_client_cert"),
-    ] {
+/// A client certificate and its key (`worker_client_cert` and
+/// `worker_client_key`, or the store's `tls_client_cert` and
+/// `tls_client_key`, as `keys` names them): both or neither.
+fn client_cert(
+    r: &mut Reader<'_>,
+    env: Env<'_>,
+    [cert_key, key_key]: [&'static str; 2],
+) -> Option<ClientCert> {
+    let cert = r.opt(cert_key, |item| pem_file(item, env, read_certificates));
+    let key = r.opt(key_key, |item| pem_file(item, env, read_private_key));
+    for (given, missing) in [(cert_key, key_key), (key_key, cert_key)] {
         if r.has(given) && !r.has(missing) {
             let at = r.pos(given);
             r.report_at(at, given, format!("give {missing} too"));
@@ -1331,23 +1425,25 @@ fn public_url(item: &Item) -> Result<String, String> {
     ))
 }
 
-/// `memory://` or a `redis://` URL. Errors show the URL with its password
-/// replaced ([`crate::redact_url`]).
+/// `memory://` or a `redis://` or `rediss://` URL. Errors show the URL
+/// with its password replaced ([`crate::redact_url`]).
 fn store_url(item: &Item) -> Result<StoreKind, String> {
-    let s = string(item)?;
+    parse_store_url(string(item)?)
+}
+
+/// [`store_url`] of a string (`--store` too).
+pub(crate) fn parse_store_url(s: &str) -> Result<StoreKind, String> {
     if s == "memory://" {
         return Ok(StoreKind::Memory);
     }
     let shown = format!("{:?}", crate::redact_url(s));
-    let shape = || format!("expected \"memory://\" or a redis:// URL, found {shown}");
+    let shape = || format!("expected \"memory://\" or a redis:// or rediss:// URL, found {shown}");
     let u = split_url(s).map_err(|e| match e {
         UrlError::Shape => shape(),
         UrlError::Invalid(why) => format!("invalid store URL {shown}: {why}"),
     })?;
-    match u.scheme.as_str() {
-        "redis" => {}
-        "rediss" => return Err(crate::REDISS_UNSUPPORTED.to_owned()),
-        _ => return Err(shape()),
+    if !matches!(u.scheme.as_str(), "redis" | "rediss") {
+        return Err(shape());
     }
     let db = u.path.trim_start_matches('/');
     if u.path.len() > 1 && (db.is_empty() || !db.bytes().all(|b| b.is_ascii_digit())) {

@@ -438,6 +438,14 @@ fn valid_files() {
             matches!(c.store.kind, StoreKind::Redis { .. })
                 && c.store.on_store_error == OnStoreError::FailClosed
         }),
+        ("[store]\nurl = \"rediss://cache:6380/0\"", |c| {
+            c.store.kind
+                == StoreKind::Redis {
+                    url: "rediss://cache:6380/0".into(),
+                }
+                && c.store.tls_ca.is_none()
+                && c.store.password.is_none()
+        }),
         ("[limits]\nmax_inspect_body = 1024\nmax_sse_event = \"64MiB\"", |c| {
             c.limits.max_inspect_body == 1024 && c.limits.max_sse_event == 64 << 20
         }),
@@ -601,9 +609,9 @@ fn single_errors() {
         ("[server]\npublic_url = \"https://x/?a=b\"\n", "2:14: server.public_url: a public URL has no user info, query or fragment, found \"https://x/?a=b\""),
         ("[server]\nadmin = \"127.0.0.1:8080\"\n", "2:9: server.admin: the admin listener must not share an address with listen"),
         // bad values: store
-        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// URL, found \"postgres://db\""),
-        ("[store]\nurl = \"rediss://:pw@cache:6380/0\"\n", "2:7: store.url: rediss:// (Redis over TLS) is not supported by this build; use redis:// on a private network or loopback (a TLS tunnel such as stunnel in front of Redis works too)"),
-        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// URL, found \"postgres://u:***@db\""),
+        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// or rediss:// URL, found \"postgres://db\""),
+        ("[store]\nurl = \"rediss://:hunter2@cache:6380/0#insecure\"\n", "2:7: store.url: a redis URL has no fragment, found \"rediss://:***@cache:6380/0#insecure\""),
+        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// or rediss:// URL, found \"postgres://u:***@db\""),
         ("[store]\nurl = \"redis://:hunter2@cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://:***@cache/x\""),
         ("[store]\nurl = \"redis://cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://cache/x\""),
         ("[store]\nurl = \"redis://cache:99999\"\n", "2:7: store.url: invalid store URL \"redis://cache:99999\": invalid port \"99999\""),
@@ -1201,6 +1209,144 @@ fn store_url_debug_redacted() {
     let shown = format!("{c:?}");
     assert!(shown.contains("redis://user:***@cache:6379/0"), "{shown}");
     assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+/// The store's password from an environment variable or a file (never both,
+/// never with one in the URL), and its TLS files (for `rediss://` only):
+/// every error at once, none showing the password.
+#[test]
+fn store_password_and_tls() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+    let scratch = std::env::temp_dir().join(format!("a2agw-config-store-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(scratch.join("pw"), "from-a-file hunter3\r\n").unwrap();
+    std::fs::write(scratch.join("empty"), "\n").unwrap();
+    let env = |name: &str| match name {
+        "REDIS_PW" => Some("hunter2".to_owned()),
+        "EMPTY" => Some(String::new()),
+        _ => None,
+    };
+    let parse_in =
+        |store: &str, at: &Path| parse_at(&format!("[store]\n{store}\n{ROUTE}"), Some(at), &env);
+    let ok_in = |store: &str, at: &Path| match parse_in(store, at) {
+        Ok(c) => c.store,
+        Err(e) => panic!("{store}\n---\n{e}"),
+    };
+
+    let s = ok_in(
+        "url = \"redis://cache:6379/0\"\npassword_env = \"REDIS_PW\"",
+        &dir,
+    );
+    assert_eq!(s.password.as_ref().map(Secret::expose), Some("hunter2"));
+    assert!(!format!("{s:?}").contains("hunter2"), "{s:?}");
+    // A user name in the URL and the password from a file (one trailing
+    // newline dropped, spaces kept), relative to the config file.
+    let s = ok_in(
+        "url = \"rediss://gw@cache:6380/0\"\npassword_file = \"pw\"",
+        &scratch,
+    );
+    assert_eq!(
+        s.password.as_ref().map(Secret::expose),
+        Some("from-a-file hunter3")
+    );
+    let s = ok_in(
+        "url = \"rediss://cache:6380/0\"\ntls_ca_file = \"ca.pem\"\ntls_client_cert = \"ca.pem\"\ntls_client_key = \"ca-key.pem\"",
+        &dir,
+    );
+    assert_eq!(
+        s.tls_ca.as_ref().map(|c| c.path.clone()),
+        Some(dir.join("ca.pem"))
+    );
+    let client = s.tls_client_cert.as_ref().unwrap();
+    assert_eq!(
+        (&client.cert_path, &client.key_path),
+        (&dir.join("ca.pem"), &dir.join("ca-key.pem"))
+    );
+    // Without `url`, `--store` may name one: checked at start instead.
+    let s = ok_in(
+        "password_env = \"REDIS_PW\"\ntls_ca_file = \"ca.pem\"",
+        &dir,
+    );
+    assert!(s.check().unwrap_err().contains("the store is memory://"));
+    let mut with_url = s.clone();
+    with_url.kind = StoreKind::Redis {
+        url: "rediss://cache:6380/0".into(),
+    };
+    assert_eq!(with_url.check(), Ok(()));
+    with_url.kind = StoreKind::Redis {
+        url: "redis://:hunter2@cache:6379/0".into(),
+    };
+    let e = with_url.check().unwrap_err();
+    assert_eq!(
+        e,
+        "store.password_env or store.password_file: the store URL has a password too: give it in one place (the URL, password_env or password_file); store.tls_ca_file or store.tls_client_cert: applies to rediss:// (Redis over TLS) only; the store URL is redis://"
+    );
+    assert_eq!(Store::default().check(), Ok(()));
+
+    let shown = |name: &str| scratch.join(name).display().to_string();
+    let table: &[(&str, &[&str])] = &[
+        (
+            "url = \"redis://:hunter2@cache:6379/0\"\npassword_env = \"REDIS_PW\"",
+            &["3:16: store.password_env: the store URL has a password too: give it in one place (the URL, password_env or password_file)"],
+        ),
+        (
+            "url = \"rediss://u:hunter2@cache:6380/0\"\npassword_file = \"pw\"",
+            &["3:17: store.password_file: the store URL has a password too: give it in one place (the URL, password_env or password_file)"],
+        ),
+        (
+            "password_env = \"REDIS_PW\"\npassword_file = \"pw\"",
+            &["3:17: store.password_file: give password_env or password_file, not both"],
+        ),
+        (
+            "url = \"memory://\"\npassword_env = \"REDIS_PW\"",
+            &["3:16: store.password_env: a password is for a Redis store; the store is memory://"],
+        ),
+        (
+            "password_env = \"UNSET\"\npassword_file = \"missing\"",
+            &[
+                "2:16: store.password_env: environment variable UNSET is not set",
+                "3:17: store.password_file: cannot read ",
+                "3:17: store.password_file: give password_env or password_file, not both",
+            ],
+        ),
+        ("password_env = \"EMPTY\"", &["2:16: store.password_env: environment variable EMPTY: the password is empty"]),
+        ("password_env = \"A=B\"", &["2:16: store.password_env: \"A=B\" is not an environment variable name"]),
+        ("password_file = \"empty\"", &["2:17: store.password_file: "]),
+        ("password_file = \"\"", &["2:17: store.password_file: expected the path of a PEM file, found an empty string"]),
+        (
+            "url = \"redis://cache:6379/0\"\ntls_ca_file = \"missing.pem\"\ntls_client_cert = \"pw\"",
+            &[
+                "3:15: store.tls_ca_file: cannot read ",
+                "3:15: store.tls_ca_file: applies to rediss:// (Redis over TLS) only; the store URL is redis://",
+                "4:19: store.tls_client_cert: ",
+                "4:19: store.tls_client_cert: give tls_client_key too",
+                "4:19: store.tls_client_cert: applies to rediss:// (Redis over TLS) only; the store URL is redis://",
+            ],
+        ),
+        (
+            "url = \"memory://\"\ntls_ca_file = \"pw\"",
+            &[
+                "3:15: store.tls_ca_file: ",
+                "3:15: store.tls_ca_file: applies to rediss:// (Redis over TLS) only; the store URL is memory://",
+            ],
+        ),
+    ];
+    for (snippet, want) in table {
+        let got: Vec<String> = match parse_in(snippet, &scratch) {
+            Ok(c) => panic!("{snippet}\n--- parsed: {c:?}"),
+            Err(e) => e.errors.iter().map(ToString::to_string).collect(),
+        };
+        assert_eq!(got.len(), want.len(), "{snippet}: {got:?}");
+        for (g, w) in got.iter().zip(*want) {
+            assert!(g.starts_with(w), "{snippet}\n got: {g}\nwant: {w}");
+            assert!(!g.contains("hunter"), "{g}");
+        }
+    }
+    assert!(parse_in("password_file = \"empty\"", &scratch)
+        .unwrap_err()
+        .to_string()
+        .contains(&format!("{}: the password is empty", shown("empty"))));
+    std::fs::remove_dir_all(&scratch).ok();
 }
 
 /// `[tracing]`: off without the table; its keys, defaults and every error

@@ -32,7 +32,8 @@ struct Cli {
     /// POST /reload.
     #[arg(long, value_parser = known_port)]
     admin: Option<SocketAddr>,
-    /// Task store (overrides `store.url`): `memory://` or `redis://HOST:PORT/DB`.
+    /// Task store (overrides `store.url`): `memory://`, `redis://HOST:PORT/DB`
+    /// or `rediss://HOST:PORT/DB` (TLS).
     #[arg(long)]
     store: Option<String>,
     /// Proxy threads (overrides `server.threads`).
@@ -189,19 +190,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match &cli.store {
+    let store = match cli.store.as_deref().map(config::parse_store_url) {
         None => None,
-        Some(url) if url == "memory://" => Some(config::StoreKind::Memory),
-        Some(url) if url.starts_with("redis://") => {
-            Some(config::StoreKind::Redis { url: url.clone() })
-        }
-        Some(url) if url.starts_with("rediss://") => {
-            eprintln!("a2a-gateway: --store: {}", config::REDISS_UNSUPPORTED);
-            return ExitCode::from(2);
-        }
-        Some(url) => {
-            let url = config::redact_url(url);
-            eprintln!("a2a-gateway: --store {url:?}: expected memory:// or redis://HOST:PORT/DB");
+        Some(Ok(kind)) => Some(kind),
+        Some(Err(e)) => {
+            eprintln!("a2a-gateway: --store: {e}");
             return ExitCode::from(2);
         }
     };
@@ -225,6 +218,12 @@ fn main() -> ExitCode {
         }
     };
     overrides(&mut cfg);
+    // The file's password and TLS settings against `--store`'s URL (the
+    // file's own was checked with it).
+    if let Err(e) = cfg.store.check() {
+        eprintln!("a2a-gateway: {e}");
+        return ExitCode::from(2);
+    }
     let source = cli
         .config
         .clone()

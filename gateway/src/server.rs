@@ -83,9 +83,12 @@ pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskSt
                     .build()
                     .expect("a tokio runtime for the store")
             });
+            // rustls's provider, for rediss:// (as for every other TLS).
+            pingora::tls::install_default_crypto_provider();
             let store = rt
-                .block_on(crate::store::redis::RedisStore::connect_as(
+                .block_on(crate::store::redis::RedisStore::connect_with(
                     url,
+                    &cfg.store,
                     REDIS_NAMESPACE,
                     replica,
                 ))

@@ -383,9 +383,9 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to `url` (`redis://[user:pass@]host:port/db`, or `rediss://`
-    /// where the build has TLS) and keeps every key under `namespace`, as
-    /// replica `"default"` (see [`RedisStore::connect_as`]). Fails if the
-    /// server cannot be reached now.
+    /// over TLS with the system's roots) and keeps every key under
+    /// `namespace`, as replica `"default"` (see [`RedisStore::connect_as`]).
+    /// Fails if the server cannot be reached now.
     pub async fn connect(url: &str, namespace: &str) -> Result<RedisStore, StoreError> {
         RedisStore::connect_as(url, namespace, "default").await
     }
@@ -400,8 +400,21 @@ impl RedisStore {
         namespace: &str,
         replica: &str,
     ) -> Result<RedisStore, StoreError> {
-        let client =
-            redis::Client::open(url).map_err(|e| StoreError(format!("redis: bad url: {e}")))?;
+        RedisStore::connect_with(url, &config::Store::default(), namespace, replica).await
+    }
+
+    /// [`RedisStore::connect_as`] with the `[store]` settings beyond its URL:
+    /// the password from `password_env` or `password_file` (in place of the
+    /// URL's), and for `rediss://` the CA certificates to trust
+    /// (`tls_ca_file`; else the system's roots) and a client certificate.
+    /// Errors show neither the URL nor the password.
+    pub async fn connect_with(
+        url: &str,
+        settings: &config::Store,
+        namespace: &str,
+        replica: &str,
+    ) -> Result<RedisStore, StoreError> {
+        let client = client(url, settings)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_ATTEMPT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -414,7 +427,7 @@ impl RedisStore {
         )
         .await
         .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
-        .map_err(|e| StoreError(format!("redis: cannot connect: {e}")))?;
+        .map_err(|e| StoreError(format!("redis: cannot connect: {}", connect_error(&e))))?;
         let replica = pct(&format!("{replica}@{}", super::now_ms()));
         let store = RedisStore {
             conn,
@@ -572,6 +585,80 @@ impl RedisStore {
                 "redis {op}: no answer within {CALL_TIMEOUT:?}"
             ))),
         }
+    }
+}
+
+/// The client of `url` with `settings`' password and TLS files. The
+/// config checked that they fit the URL (TLS files only for `rediss://`).
+fn client(url: &str, settings: &config::Store) -> Result<redis::Client, StoreError> {
+    use redis::IntoConnectionInfo as _;
+    let bad_url = |e: redis::RedisError| StoreError(format!("redis: bad url: {e}"));
+    let mut info = url.into_connection_info().map_err(bad_url)?;
+    if let Some(password) = &settings.password {
+        let redis = info
+            .redis_settings()
+            .clone()
+            .set_password(password.expose());
+        info = info.set_redis_settings(redis);
+    }
+    if settings.tls_ca.is_none() && settings.tls_client_cert.is_none() {
+        return redis::Client::open(info).map_err(bad_url);
+    }
+    let certs = redis::TlsCertificates {
+        client_tls: settings
+            .tls_client_cert
+            .as_ref()
+            .map(|c| redis::ClientTlsConfig {
+                client_cert: pem("CERTIFICATE", &c.certs),
+                client_key: pem(key_label(&c.key), std::slice::from_ref(&c.key)),
+            }),
+        root_cert: settings
+            .tls_ca
+            .as_ref()
+            .map(|ca| pem("CERTIFICATE", &ca.certs)),
+    };
+    redis::Client::build_with_tls(info, certs)
+        .map_err(|e| StoreError(format!("redis: TLS settings: {e}")))
+}
+
+/// DER blocks as PEM text, as the Redis client reads certificates and keys.
+fn pem(label: &str, blocks: &[Vec<u8>]) -> Vec<u8> {
+    use base64::Engine as _;
+    let mut out = String::new();
+    for der in blocks {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let _ = writeln!(out, "-----BEGIN {label}-----");
+        let mut rest = b64.as_str();
+        while !rest.is_empty() {
+            let (line, tail) = rest.split_at(rest.len().min(64));
+            let _ = writeln!(out, "{line}");
+            rest = tail;
+        }
+        let _ = writeln!(out, "-----END {label}-----");
+    }
+    out.into_bytes()
+}
+
+/// The PEM label of a private key's DER (the config read PKCS#8, PKCS#1 or
+/// SEC1).
+fn key_label(der: &[u8]) -> &'static str {
+    match pingora::tls::PrivateKeyDer::try_from(der) {
+        Ok(pingora::tls::PrivateKeyDer::Pkcs1(_)) => "RSA PRIVATE KEY",
+        Ok(pingora::tls::PrivateKeyDer::Sec1(_)) => "EC PRIVATE KEY",
+        _ => "PRIVATE KEY",
+    }
+}
+
+/// Why connecting failed, in one line: a certificate the gateway does not
+/// trust says which setting decides it.
+fn connect_error(e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    if text.contains("invalid peer certificate") {
+        format!(
+            "{text} (the server's TLS certificate is not trusted: store.tls_ca_file names the CA that signed it, else the system's roots are used)"
+        )
+    } else {
+        text
     }
 }
 
