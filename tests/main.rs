@@ -20,6 +20,7 @@ mod outbox;
 mod parent_selftest;
 mod poll_lease;
 mod python_selftest;
+mod redis_tls;
 mod reload;
 mod shutdown;
 mod sse_recorded;

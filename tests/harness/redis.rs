@@ -1,6 +1,7 @@
-//! Starts a real `redis-server` on a free loopback port, without persistence.
+//! Starts a real `redis-server` on a free loopback port, without persistence,
+//! in plain TCP or ([`RedisServer::start_tls`]) TLS only, with a password.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -16,15 +17,46 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     dir: PathBuf,
+    tls: Option<RedisTls>,
+}
+
+/// How [`RedisServer::start_tls`] runs a server: TLS only (no plain port),
+/// with this certificate, and `requirepass`.
+#[derive(Clone, Debug)]
+pub struct RedisTls {
+    /// The server's certificate and key (PEM), for `127.0.0.1`.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA that signed them (and, with `client_auth`, the clients'
+    /// certificates).
+    pub ca: PathBuf,
+    /// What clients must `AUTH` with.
+    pub password: String,
+    /// `tls-auth-clients yes`: clients must present a certificate the CA
+    /// signed; else `no`.
+    pub client_auth: bool,
+    /// With `client_auth`: the certificate and key `redis-cli` presents.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers `PING`.
     pub async fn start() -> RedisServer {
+        RedisServer::start_with(None).await
+    }
+
+    /// Starts a server that speaks only TLS (`--port 0 --tls-port P`) and
+    /// requires a password, and waits until it answers `redis-cli --tls`.
+    pub async fn start_tls(tls: RedisTls) -> RedisServer {
+        RedisServer::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<RedisTls>) -> RedisServer {
         let mut server = RedisServer {
             port: free_port(),
             child: None,
             dir: scratch_dir("redis"),
+            tls,
         };
         server.spawn().await;
         server
@@ -33,6 +65,52 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT/0`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// `rediss://127.0.0.1:PORT/0` (no password in it).
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/0", self.port)
+    }
+
+    /// The server's working directory (where `SAVE` writes `dump.rdb`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs `redis-cli` against the server (over TLS, with the password and
+    /// the CA, for a TLS server) with `args`; its stdout, after checking
+    /// that it succeeded.
+    pub async fn cli(&self, args: &[&str]) -> Vec<u8> {
+        let out = self
+            .cli_command()
+            .args(args)
+            .output()
+            .await
+            .expect("run redis-cli");
+        assert!(
+            out.status.success(),
+            "redis-cli {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// `redis-cli` aimed at the server, its password in the environment
+    /// (`REDISCLI_AUTH`), not on its command line.
+    fn cli_command(&self) -> Command {
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--tls").arg("--cacert").arg(&tls.ca);
+            if let Some((cert, key)) = &tls.client_cert {
+                cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+            }
+            cmd.env("REDISCLI_AUTH", &tls.password);
+        }
+        cmd
     }
 
     /// The server's log, for failure messages.
@@ -63,8 +141,24 @@ impl RedisServer {
         let deadline = Instant::now() + super::scaled_secs(10);
         loop {
             let log = std::fs::File::create(self.dir.join("redis.log")).expect("redis log file");
-            let child = Command::new("redis-server")
-                .args(["--port", &self.port.to_string()])
+            let mut cmd = Command::new("redis-server");
+            match &self.tls {
+                None => cmd.args(["--port", &self.port.to_string()]),
+                Some(tls) => cmd
+                    .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .args([
+                        "--tls-auth-clients",
+                        if tls.client_auth { "yes" } else { "no" },
+                    ])
+                    .args(["--requirepass", &tls.password]),
+            };
+            let child = cmd
                 .args(["--bind", "127.0.0.1"])
                 .args(["--save", ""])
                 .args(["--appendonly", "no"])
@@ -86,7 +180,11 @@ impl RedisServer {
             // Until it answers PING, or exits (the port may still be held by
             // the previous instance for a moment after a kill).
             loop {
-                if ping(self.port).await {
+                let up = match self.tls {
+                    None => ping(self.port).await,
+                    Some(_) => self.ping_tls().await,
+                };
+                if up {
                     self.child = Some(child);
                     return;
                 }
@@ -111,6 +209,24 @@ impl RedisServer {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+    }
+}
+
+impl RedisServer {
+    /// Whether the TLS server answers `redis-cli PING` with `PONG`.
+    async fn ping_tls(&self) -> bool {
+        let out = tokio::time::timeout(
+            super::scaled_secs(2),
+            self.cli_command().arg("PING").output(),
+        )
+        .await;
+        match out {
+            Ok(Ok(out)) => out.stdout.starts_with(b"PONG"),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!("redis-cli not found: install redis-tools (scripts/deps installs redis-server, which brings it)")
+            }
+            _ => false,
         }
     }
 }
