@@ -161,7 +161,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
     ));
     let leases = Arc::new(Leases::new(
         store.clone(),
-        canceller,
+        canceller.clone(),
         routes.clone(),
         replica_id.clone(),
         cfg.leases.tick,
@@ -214,31 +214,41 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         }
     }
     server.add_service(proxy);
-    let reloader = Arc::new(Reloader::new(source, cfg.clone(), routes, server_cert));
-    server.add_service(background_service(
+    let reloader = Arc::new(Reloader::new(
+        source,
+        cfg.clone(),
+        routes.clone(),
+        server_cert,
+    ));
+    // The long-running ones are watched: one that stops turns /healthz 503.
+    let services = Arc::new(crate::health::Services::default());
+    let watched = |name, service: Arc<dyn BackgroundService + Send + Sync>| {
+        background_service(
+            name,
+            crate::health::Watched::new(name, service, services.clone()),
+        )
+    };
+    server.add_service(watched(
         "config reload",
-        SignalReload(reloader.clone()),
+        Arc::new(SignalReload(reloader.clone())),
     ));
     server.add_service(background_service(
         "worker addresses",
         WarmAddrs(worker_addrs),
     ));
-    server.add_service(background_service(
+    server.add_service(watched(
         "tracker",
-        TrackerLoop(Mutex::new(Some(Box::pin(tracker_run)))),
+        Arc::new(TrackerLoop(Mutex::new(Some(Box::pin(tracker_run))))),
     ));
-    server.add_service(background_service(
+    server.add_service(watched(
         "drain",
-        crate::drain::Drainer {
+        Arc::new(crate::drain::Drainer {
             tracker,
             store: store.clone(),
             timeout: cfg.timeouts.drain,
-        },
+        }),
     ));
-    server.add_service(pingora::services::background::GenBackgroundService::new(
-        "leases".to_string(),
-        leases,
-    ));
+    server.add_service(watched("leases", leases));
     if let Some(addr) = cfg.server.admin {
         let mut admin = pingora::services::listening::Service::new(
             "admin".to_string(),
@@ -254,7 +264,9 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
                         .collect(),
                     cfg.server.admin_token.clone(),
                 )
-                .with_reload(reloader),
+                .with_reload(reloader)
+                .with_tasks(addr, routes, canceller)
+                .with_health(services),
             ),
         );
         admin.add_tcp_with_settings(&addr.to_string(), socket_options(&addr));
