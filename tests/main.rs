@@ -8,6 +8,7 @@ mod blocking_send;
 mod budgets;
 mod cascade;
 mod demo;
+mod faults;
 mod gateway_basics;
 mod hardening;
 mod harness;
