@@ -3,6 +3,7 @@
 //!
 //! One test binary; `harness` holds the helpers that start each peer.
 
+mod admin;
 mod auth;
 mod blocking_send;
 mod budgets;
