@@ -213,7 +213,18 @@ async fn rust_worker_concurrent_requests_and_a_restart() {
         completed(&gw).await;
     }
     assert!(relay.accepted() > opened, "new connections after the cut");
-    assert!(!gw.log_text().contains("ERROR"), "{}", gw.log_text());
+    // pingora-core logs "failed to acquire reusable stream" at ERROR when a
+    // request takes a pooled connection the pool's idle watcher still
+    // holds for an instant (the watcher is closing it after the cut): the
+    // request then opens a new connection, as the assertions above show.
+    // Any other ERROR fails the test.
+    let log = gw.log_text();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .filter(|l| !l.contains("pingora_core::connectors: failed to acquire reusable stream"))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}\n{log}");
 }
 
 /// What a caller sends, in turn: each part after its pause; `None` waits
