@@ -94,10 +94,7 @@ fn files(test: &str, signers: &[&Signer]) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let keys: Vec<&Value> = signers.iter().map(|s| &s.jwk).collect();
     std::fs::write(dir.join("jwks.json"), json!({ "keys": keys }).to_string()).unwrap();
-    let hex = |key: &str| -> String {
-        let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-    };
+    let hex = |key: &str| a2a_gateway::budget::sha256_hex(key.as_bytes());
     std::fs::write(
         dir.join("keys"),
         format!(

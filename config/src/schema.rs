@@ -327,30 +327,42 @@ fn admin_token(r: &mut Reader<'_>, env: Env<'_>) -> Option<crate::Secret> {
         }
         Ok(crate::Secret(s.to_owned()))
     }
-    let from_env = r.opt("admin_token_env", |item| {
+    secret(r, env, ("admin_token_env", "admin_token_file"), token)
+}
+
+/// A secret from `keys.0` (an environment variable's name) or `keys.1` (a
+/// file holding it; one trailing newline dropped), never both, checked by
+/// `check(value, where_from)`. Errors never echo the secret.
+fn secret(
+    r: &mut Reader<'_>,
+    env: Env<'_>,
+    (env_key, file_key): (&'static str, &'static str),
+    check: fn(&str, &str) -> Result<crate::Secret, String>,
+) -> Option<crate::Secret> {
+    let from_env = r.opt(env_key, |item| {
         let var = string(item)?;
         if var.is_empty() || var.contains(['=', '\0']) {
             return Err(format!("{var:?} is not an environment variable name"));
         }
         let value =
             (env.env)(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
-        token(&value, &format!("environment variable {var}"))
+        check(&value, &format!("environment variable {var}"))
     });
-    let from_file = r.opt("admin_token_file", |item| {
+    let from_file = r.opt(file_key, |item| {
         let path = config_path(string(item)?, env)?;
         let shown = path.display();
         let text =
             std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
         let text = text.strip_suffix('\n').unwrap_or(&text);
         let text = text.strip_suffix('\r').unwrap_or(text);
-        token(text, &shown.to_string())
+        check(text, &shown.to_string())
     });
-    if r.has("admin_token_env") && r.has("admin_token_file") {
-        let at = r.pos("admin_token_file");
+    if r.has(env_key) && r.has(file_key) {
+        let at = r.pos(file_key);
         r.report_at(
             at,
-            "admin_token_file",
-            "give admin_token_env or admin_token_file, not both",
+            file_key,
+            format!("give {env_key} or {file_key}, not both"),
         );
     }
     from_env.or(from_file)
@@ -444,33 +456,7 @@ fn store_password(r: &mut Reader<'_>, env: Env<'_>) -> Option<crate::Secret> {
         }
         Ok(crate::Secret(s.to_owned()))
     }
-    let from_env = r.opt("password_env", |item| {
-        let var = string(item)?;
-        if var.is_empty() || var.contains(['=', '\0']) {
-            return Err(format!("{var:?} is not an environment variable name"));
-        }
-        let value =
-            (env.env)(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
-        password(&value, &format!("environment variable {var}"))
-    });
-    let from_file = r.opt("password_file", |item| {
-        let path = config_path(string(item)?, env)?;
-        let shown = path.display();
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-        let text = text.strip_suffix('\n').unwrap_or(&text);
-        let text = text.strip_suffix('\r').unwrap_or(text);
-        password(text, &shown.to_string())
-    });
-    if r.has("password_env") && r.has("password_file") {
-        let at = r.pos("password_file");
-        r.report_at(
-            at,
-            "password_file",
-            "give password_env or password_file, not both",
-        );
-    }
-    from_env.or(from_file)
+    secret(r, env, ("password_env", "password_file"), password)
 }
 
 /// Why a password from `password_env` or `password_file` does not fit the

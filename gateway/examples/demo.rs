@@ -265,6 +265,19 @@ async fn start_streaming(
     Ok((id, (stream, c)))
 }
 
+/// A caller starts a one-minute task at `url` and, once it is WORKING,
+/// disconnects; the task's id.
+async fn start_and_leave(clock: &Clock, url: &str, setup: &Setup) -> Result<String, String> {
+    let (id, caller) =
+        start_streaming(url, "work:60000", setup.patience(Duration::from_secs(10))).await?;
+    clock.say(
+        "caller",
+        format!("child {id} is WORKING; the caller disconnects now"),
+    );
+    drop(caller);
+    Ok(id)
+}
+
 /// Deletes the demo's config file when the demo ends.
 struct RemoveOnDrop(PathBuf);
 
@@ -366,17 +379,7 @@ async fn run(setup: Setup) -> Result<(), String> {
     let cancel_within = setup.patience(Duration::from_secs(5));
 
     println!("\n1. A caller starts a one-minute task through the gateway, then goes away.");
-    let (id, caller) = start_streaming(
-        &gw_url,
-        "work:60000",
-        setup.patience(Duration::from_secs(10)),
-    )
-    .await?;
-    clock.say(
-        "caller",
-        format!("child {id} is WORKING; the caller disconnects now"),
-    );
-    drop(caller);
+    let id = start_and_leave(&clock, &gw_url, &setup).await?;
     let took = wait_state(&worker, &id, TaskState::Canceled, cancel_within).await?;
     clock.say(
         "worker",
@@ -390,17 +393,7 @@ async fn run(setup: Setup) -> Result<(), String> {
     }
 
     println!("\n2. The same caller straight to the worker: nothing cancels its child.");
-    let (id, caller) = start_streaming(
-        &worker_url,
-        "work:60000",
-        setup.patience(Duration::from_secs(10)),
-    )
-    .await?;
-    clock.say(
-        "caller",
-        format!("child {id} is WORKING; the caller disconnects now"),
-    );
-    drop(caller);
+    let id = start_and_leave(&clock, &worker_url, &setup).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     match worker_state(&worker, &id).await {
         Some(TaskState::Working) => clock.say(

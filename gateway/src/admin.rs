@@ -205,13 +205,8 @@ fn bearer_matches(given: Option<&[u8]>, token: &str) -> bool {
     let Some((scheme, value)) = given.split_at_checked(7) else {
         return false;
     };
-    // Every byte is looked at whatever differs (the length is no secret).
-    let token = token.as_bytes();
-    let diff = value
-        .iter()
-        .zip(token)
-        .fold(0u8, |acc, (a, b)| acc | std::hint::black_box(a ^ b));
-    scheme.eq_ignore_ascii_case(b"bearer ") && value.len() == token.len() && diff == 0
+    let same = crate::auth::ct_eq(value, token.as_bytes());
+    scheme.eq_ignore_ascii_case(b"bearer ") && same
 }
 
 fn not_found() -> Response<Vec<u8>> {

@@ -256,11 +256,7 @@ pub fn check_keys(routes: &[config::Route]) -> Result<(), Vec<String>> {
 /// compared, in constant time, so the time taken does not say how close a
 /// guess came.
 fn api_key(keys: &config::ApiKeys, value: &[u8]) -> Option<String> {
-    let digest = ring::digest::digest(&ring::digest::SHA256, value);
-    let mut hex = String::with_capacity(64);
-    for b in digest.as_ref() {
-        hex.push_str(&format!("{b:02x}"));
-    }
+    let hex = crate::budget::sha256_hex(value);
     let mut found = None;
     for (hash, name) in &keys.keys {
         if ct_eq(hash.as_bytes(), hex.as_bytes()) {
@@ -270,9 +266,14 @@ fn api_key(keys: &config::ApiKeys, value: &[u8]) -> Option<String> {
     found
 }
 
-/// Equal, compared in time that depends only on the lengths.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Equal, compared in time that depends only on the lengths (a length is
+/// no secret): every byte is looked at whatever differs. For credentials.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0u8, |acc, (x, y)| acc | std::hint::black_box(x ^ y));
+    a.len() == b.len() && diff == 0
 }
 
 #[derive(serde::Deserialize)]

@@ -707,10 +707,17 @@ pub fn caller_identity(value: &str) -> Caller {
 
 /// `sha256:` and the first 16 hex digits of the SHA-256 of `secret`.
 pub fn fingerprint(secret: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
-    let mut out = String::from("sha256:");
-    for b in &digest.as_ref()[..8] {
-        out.push_str(&format!("{b:02x}"));
+    format!("sha256:{}", &sha256_hex(secret.as_bytes())[..16])
+}
+
+/// The SHA-256 of `bytes`, in 64 lowercase hex digits (as `sha256sum`
+/// prints it, and `[routes.auth] api_keys_file` lists keys).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest.as_ref() {
+        let _ = write!(out, "{b:02x}");
     }
     out
 }
