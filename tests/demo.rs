@@ -67,25 +67,60 @@ async fn demo_runs_to_completion() {
         "demo failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
-    // What it says happened, in order: the gateway's cancel of act 1 (with
-    // its metric), the orphan of act 2, the lease's lapse of act 3.
-    let expect = [
-        "cause=\"caller_gone\"",
-        "is TASK_STATE_CANCELED",
-        "a2agw_cancels_total{cause=\"caller_gone\"",
-        "still TASK_STATE_WORKING 2 s later",
-        "a2agw_lease_renewals_total",
-        "lease lapsed",
-        "cause=\"lease_lapsed\"",
-        "Done:",
-    ];
-    let mut rest: &str = &stdout;
-    for want in expect {
-        let at = rest
-            .find(want)
-            .unwrap_or_else(|| panic!("{want:?} missing (or out of order) in:\n{stdout}"));
-        rest = &rest[at + want.len()..];
+    // What it says happened, act by act: the gateway's cancel of act 1
+    // (its log line and its metric), the orphan of act 2, the lease's lapse
+    // of act 3. Within an act the gateway's log line and the worker's state
+    // may come in either order (both follow the same cancel); each act ends
+    // only once both have been printed.
+    let acts = ["\n1. ", "\n2. ", "\n3. ", "\nDone:"];
+    let mut at = Vec::new();
+    for act in acts {
+        at.push(
+            stdout
+                .find(act)
+                .unwrap_or_else(|| panic!("{act:?} missing in:\n{stdout}")),
+        );
     }
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "acts out of order:\n{stdout}"
+    );
+    let act = |i: usize| &stdout[at[i]..at[i + 1]];
+    let expect: [(usize, &[&str]); 3] = [
+        (
+            0,
+            &[
+                "CancelTask sent",
+                "cause=\"caller_gone\"",
+                "is TASK_STATE_CANCELED",
+                "a2agw_cancels_total{cause=\"caller_gone\"",
+            ],
+        ),
+        (1, &["still TASK_STATE_WORKING 2 s later"]),
+        (
+            2,
+            &[
+                "a2agw_lease_renewals_total",
+                "lease lapsed",
+                "is TASK_STATE_CANCELED",
+                "a2agw_cancels_total{cause=\"lease_lapsed\"",
+            ],
+        ),
+    ];
+    for (i, wants) in expect {
+        for want in wants {
+            assert!(
+                act(i).contains(want),
+                "{want:?} missing in act {} of:\n{stdout}",
+                i + 1
+            );
+        }
+    }
+    // Act 2 is the direct connection: the gateway cancels nothing there.
+    assert!(
+        !act(1).contains("CancelTask sent"),
+        "act 2 cancelled:\n{stdout}"
+    );
 }
 
 /// Runs `a2a-gateway health ARGS`; its exit code and stderr.

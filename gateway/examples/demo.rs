@@ -29,6 +29,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -178,6 +179,36 @@ async fn metric_lines(admin: u16, name: &str) -> Vec<String> {
             .map(str::to_string)
             .collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+/// Waits until the gateway has logged `logged` cancels in all and its
+/// `a2agw_cancels_total` counts one with `cause`: the gateway logs and
+/// counts a cancel once the worker has answered it, a moment after the
+/// worker reports the task CANCELED.
+async fn settled(
+    cancels_logged: &AtomicUsize,
+    logged: usize,
+    admin: u16,
+    cause: &str,
+    within: Duration,
+) -> Result<(), String> {
+    let until = Instant::now() + within;
+    let label = format!("cause=\"{cause}\"");
+    loop {
+        let counted = metric_lines(admin, "a2agw_cancels_total")
+            .await
+            .iter()
+            .any(|l| l.contains(&label));
+        if counted && cancels_logged.load(Ordering::SeqCst) >= logged {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the gateway did not log and count its {cause} cancel within {within:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -353,13 +384,22 @@ async fn run(setup: Setup) -> Result<(), String> {
         "the gateway",
     )?;
     let _config = RemoveOnDrop(config);
-    // The gateway's own log lines about cancels and leases, as they come.
+    // The gateway's own log lines about cancels and leases, as they come;
+    // `cancels_logged` counts its "CancelTask sent" lines, so that each act
+    // ends only once the gateway has said what it did (it logs, and counts
+    // the metric, when the worker has answered the cancel: after the worker
+    // already reports CANCELED).
+    let cancels_logged = Arc::new(AtomicUsize::new(0));
     if let Some(err) = gateway.stderr.take() {
         let start = clock.0;
+        let cancels_logged = cancels_logged.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(err).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if line.contains("CancelTask") || line.contains("lease") {
+                    if line.contains("CancelTask sent") {
+                        cancels_logged.fetch_add(1, Ordering::SeqCst);
+                    }
                     let msg = line
                         .split_once(": ")
                         .map(|(_, m)| m.to_string())
@@ -388,6 +428,7 @@ async fn run(setup: Setup) -> Result<(), String> {
             took.as_millis()
         ),
     );
+    settled(&cancels_logged, 1, admin_port, "caller_gone", cancel_within).await?;
     for l in metric_lines(admin_port, "a2agw_cancels_total").await {
         clock.say("metrics", l);
     }
@@ -493,6 +534,14 @@ async fn run(setup: Setup) -> Result<(), String> {
             "the leased child {child} was cancelled {took:?} after its parent died, before its lease could lapse"
         ));
     }
+    settled(
+        &cancels_logged,
+        2,
+        admin_port,
+        "lease_lapsed",
+        cancel_within,
+    )
+    .await?;
     for l in metric_lines(admin_port, "a2agw_cancels_total").await {
         clock.say("metrics", l);
     }
