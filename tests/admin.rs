@@ -385,3 +385,52 @@ async fn task_paths_need_the_token_when_one_is_set() {
     assert_eq!(worker.cancels().await, 1);
     assert!(!gw.log_text().contains(token));
 }
+
+/// A child the gateway cancelled because its caller left: no stream saw
+/// its CANCELED, yet its record settles as CANCELED once the worker
+/// accepted the cancel (so it is shown as the worker holds it and kept for
+/// the settled retention, not the unsettled one), on the embedded store and
+/// on Redis, where the record's expiry shrinks to the settled retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascaded_childs_record_settles_as_canceled() {
+    let worker = Worker::start(Kind::Rust).await;
+    let redis = crate::harness::redis::RedisServer::start().await;
+    for store in ["", &format!("[store]\nurl = \"{}\"\n\n", redis.url())] {
+        let gw = Gateway::start(&format!(
+            "{store}[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+            worker.url()
+        ))
+        .await;
+        let (stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "work:60000").await;
+        worker
+            .wait_state(None, &id, WORKING, scaled_secs(5))
+            .await
+            .expect("the task runs");
+        let path = format!("/tasks/{id}");
+        task_view(&gw, &path, |v| v["watchers"] == 1).await;
+        stream.close();
+        worker
+            .wait_state(None, &id, CANCELED, scaled_secs(2))
+            .await
+            .unwrap_or_else(|last| {
+                panic!("not canceled (state {last:?}); log:\n{}", gw.log_text())
+            });
+        let view = task_view(&gw, &path, |v| v["state"] == CANCELED).await;
+        assert_eq!(view["watchers"], 0, "{view}");
+        assert!(view["cancelOwed"].is_null(), "{view}");
+        if !store.is_empty() {
+            // The task's hash now expires within the settled retention
+            // (10 minutes), not the unsettled one (24 hours).
+            let keys = redis.cli(&["--scan", "--pattern", "*"]).await;
+            let keys = String::from_utf8_lossy(&keys).into_owned();
+            let key = keys
+                .lines()
+                .find(|k| k.contains(id.as_str()) && !k.contains("outbox"))
+                .unwrap_or_else(|| panic!("no key for {id} in:\n{keys}"));
+            let ttl = redis.cli(&["TTL", key]).await;
+            let ttl: i64 = String::from_utf8_lossy(&ttl).trim().parse().expect("TTL");
+            assert!(ttl > 0 && ttl <= 600, "TTL {ttl} of {key}");
+        }
+        assert_eq!(worker.cancels().await, if store.is_empty() { 1 } else { 2 });
+    }
+}

@@ -527,6 +527,7 @@ impl Admin {
         let started = std::time::Instant::now();
         let (outcome, error) = tasks.canceller.cancel_reporting(&job).await;
         if outcome.is_done() {
+            crate::cancel::record_canceled(&*self.store, &key, outcome).await;
             if let Err(e) = self.store.outbox_done(&key).await {
                 metrics::STORE_ERRORS
                     .with_label_values(&["outbox_done"])

@@ -201,6 +201,26 @@ impl CancelOutcome {
     }
 }
 
+/// Settles the task's record as CANCELED when the worker accepted the
+/// gateway's cancel: the record then shows what the worker holds (the
+/// admin endpoint's `/tasks`) and is kept for the settled retention, not
+/// the unsettled one. Other outcomes say nothing certain about the state
+/// and leave the record as it is. A store error is counted and logged; the
+/// record then keeps its last state until it expires.
+pub async fn record_canceled(store: &dyn TaskStore, key: &TaskKey, outcome: CancelOutcome) {
+    if outcome != CancelOutcome::Canceled {
+        return;
+    }
+    let update = crate::store::TaskUpdate {
+        state: Some(TaskState::Canceled),
+        ..Default::default()
+    };
+    if let Err(e) = store.update(key, update, store.clock_ms()).await {
+        metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
+        tracing::warn!(task = %key, error = %e, "could not record a cancelled task as CANCELED; its record keeps its last state until it expires");
+    }
+}
+
 /// What one attempt learned.
 #[derive(Debug, PartialEq, Eq)]
 enum Attempt {
@@ -327,6 +347,7 @@ impl Canceller {
         };
         let outcome = self.cancel_while(job, owned).await;
         if outcome.is_done() {
+            record_canceled(store, &job.key, outcome).await;
             if let Err(e) = store.outbox_done(&job.key).await {
                 metrics::STORE_ERRORS
                     .with_label_values(&["outbox_done"])

@@ -280,7 +280,9 @@ impl Leases {
                 // Done: the lease ends (else its claim's hold would bring it
                 // back). Every attempt failed (the worker down, say): it goes
                 // back to be claimed and cancelled again, by any replica.
-                if canceller.cancel(&job).await.is_done() {
+                let outcome = canceller.cancel(&job).await;
+                if outcome.is_done() {
+                    crate::cancel::record_canceled(&*store, &job.key, outcome).await;
                     if let Err(e) = store.lease_end(&job.key).await {
                         metrics::STORE_ERRORS
                             .with_label_values(&["lease_end"])
