@@ -15,7 +15,7 @@ use crate::harness::http::{post_json, request};
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of};
-use crate::harness::{scaled_ms, scaled_secs};
+use crate::harness::{scaled_count, scaled_ms, scaled_secs};
 
 const ISS: &str = "https://idp.test";
 const AUD: &str = "a2a-gateway";
@@ -511,5 +511,186 @@ async fn only_the_owners_subscription_holds_a_poll_lease() {
             .await
             >= 1.0
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+impl Signer {
+    /// An RSA-2048 key made by the `openssl` command (rcgen makes no RSA
+    /// keys), signing RS256.
+    fn rsa(kid: &str, dir: &std::path::Path) -> Signer {
+        let pem = dir.join(format!("{kid}.pem"));
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("run openssl (scripts/deps installs it)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        let pem_s = pem.to_str().unwrap();
+        run(&[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            pem_s,
+        ]);
+        let public_pem = String::from_utf8(run(&["pkey", "-in", pem_s, "-pubout"])).unwrap();
+        // "Modulus=C0FFEE..." in hex; the exponent is openssl's default 65537.
+        let modulus = String::from_utf8(run(&["rsa", "-in", pem_s, "-noout", "-modulus"])).unwrap();
+        let hex = modulus.trim().trim_start_matches("Modulus=");
+        let n: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        Signer {
+            alg: Algorithm::RS256,
+            kid: kid.into(),
+            key: EncodingKey::from_rsa_pem(&std::fs::read(&pem).unwrap()).unwrap(),
+            jwk: json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": b64(&n), "e": "AQAB"}),
+            public_pem,
+        }
+    }
+}
+
+/// Serves `doc` (replaceable) as `application/json` to any GET on a port of
+/// its own, counting the fetches: an identity provider's JWKS endpoint.
+struct JwksServer {
+    url: String,
+    doc: std::sync::Arc<std::sync::Mutex<String>>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl JwksServer {
+    async fn start(doc: String) -> JwksServer {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/.well-known/jwks.json",
+            listener.local_addr().unwrap()
+        );
+        let doc = std::sync::Arc::new(std::sync::Mutex::new(doc));
+        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (d, f) = (doc.clone(), fetches.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (d, f) = (d.clone(), f.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let body = d.lock().unwrap().clone();
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        JwksServer {
+            url,
+            doc,
+            fetches,
+            task,
+        }
+    }
+
+    fn serve(&self, doc: String) {
+        *self.doc.lock().unwrap() = doc;
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for JwksServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// RS256 tokens verified with keys the gateway fetches from a JWKS URL (an
+/// HTTP endpoint the test serves) and fetches again every `jwks_refresh`:
+/// a token of the served key passes and starts a child; a token of a key
+/// the endpoint does not serve yet is refused and starts none, until the
+/// endpoint rotates to serve it, when the next fetch lets it in; the key
+/// rotated out is refused from then on. The PEM public key of an RSA key
+/// works as well (`jwt_public_key`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rs256_keys_fetched_from_a_jwks_url_and_rotated() {
+    let dir = files("rs256", &[&Signer::ed25519("unused")]);
+    let (old, new) = (Signer::rsa("rsa-old", &dir), Signer::rsa("rsa-new", &dir));
+    let jwks = |s: &Signer| json!({ "keys": [s.jwk] }).to_string();
+    let idp = JwksServer::start(jwks(&old)).await;
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let gw = Gateway::in_front_of(
+        &worker.url(),
+        &format!(
+            "[routes.auth]\njwks_url = \"{}\"\njwks_refresh = \"1s\"\nissuer = \"{ISS}\"\naudience = \"{AUD}\"\n",
+            idp.url
+        ),
+    )
+    .await;
+    let bearer = |s: &Signer| format!("Bearer {}", s.token(json!({})));
+
+    // The first fetch happens as the route is built, before the first call.
+    assert!(idp.fetches() >= 1, "the JWKS was fetched at start");
+    let (status, body, _) = send(&gw.url, &[("authorization", &bearer(&old))]).await;
+    assert_eq!(status, 200, "RS256 from the JWKS URL: {body}");
+    let (status, body, _) = send(&gw.url, &[("authorization", &bearer(&new))]).await;
+    assert_eq!(status, 401, "a key not served yet: {body}");
+    assert_eq!(
+        worker.tasks_started(),
+        1,
+        "the refused call started nothing"
+    );
+
+    // The provider rotates: the new key in, the old one out.
+    idp.serve(jwks(&new));
+    let fetched = idp.fetches();
+    let mut status = 0;
+    for _ in 0..scaled_count(100) {
+        status = send(&gw.url, &[("authorization", &bearer(&new))]).await.0;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status,
+        200,
+        "the rotated-in key passes once fetched; log:\n{}",
+        gw.log_text()
+    );
+    assert!(idp.fetches() > fetched, "fetched again in the background");
+    let (status, body, _) = send(&gw.url, &[("authorization", &bearer(&old))]).await;
+    assert_eq!(status, 401, "the rotated-out key: {body}");
+    assert_eq!(worker.tasks_started(), 2);
+    drop(gw);
+
+    // The same kind of key as a PEM file.
+    std::fs::write(dir.join("pub.pem"), &old.public_pem).unwrap();
+    let gw = Gateway::in_front_of(&worker.url(), &auth_table(&dir, "jwt_public_key", "")).await;
+    let (status, body, _) = send(&gw.url, &[("authorization", &bearer(&old))]).await;
+    assert_eq!(status, 200, "RS256 from a PEM: {body}");
+    let (status, _, _) = send(&gw.url, &[("authorization", &bearer(&new))]).await;
+    assert_eq!(status, 401, "another RSA key");
+    assert_eq!(worker.tasks_started(), 3);
     std::fs::remove_dir_all(&dir).ok();
 }
