@@ -469,6 +469,9 @@ pub fn restart_only(running: &config::Config, new: &config::Config) -> Vec<&'sta
         server.access_log => "server.access_log",
         store.kind => "store.url",
         store.on_store_error => "store.on_store_error",
+        store.password => "store.password_env/password_file",
+        store.tls_ca => "store.tls_ca_file",
+        store.tls_client_cert => "store.tls_client_cert/tls_client_key",
         limits.max_inspect_body => "limits.max_inspect_body",
         limits.max_sse_event => "limits.max_sse_event",
         limits.max_card_body => "limits.max_card_body",
@@ -578,6 +581,14 @@ mod tests {
             "{BASE}\n[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n"
         ));
         assert_eq!(restart_only(&old, &traced), vec!["tracing"]);
+        // The store's credentials are named too, not "other settings"
+        // (`PATH`: an environment variable every test run has).
+        let redis = format!("[store]\nurl = \"redis://127.0.0.1:6379\"\n\n{BASE}");
+        let with_password = redis.replace("6379\"\n", "6379\"\npassword_env = \"PATH\"\n");
+        assert_eq!(
+            restart_only(&cfg(&redis), &cfg(&with_password)),
+            vec!["store.password_env/password_file"]
+        );
     }
 
     /// With the memory store, a lease longer than any at start is named
