@@ -142,7 +142,7 @@ fn stream_docs(binding: Binding, budget: bool) -> Vec<String> {
         .map(|i| {
             let sr = stream_response(i, budget);
             match binding {
-                Binding::Rest => sr,
+                Binding::Rest | Binding::Grpc => sr,
                 Binding::JsonRpc | Binding::WebSocket => rpc_result(&sr),
             }
         })

@@ -647,7 +647,8 @@ impl ChildBudget {
     ) -> Vec<u8> {
         let update = failure_update(task_id, context_id, by, &self.shared.grant, &self.spent());
         let doc = match binding {
-            Binding::Rest => update,
+            // gRPC calls are refused on budgeted routes (Refusal::BudgetGrpc).
+            Binding::Rest | Binding::Grpc => update,
             Binding::JsonRpc | Binding::WebSocket => json!({
                 "jsonrpc": "2.0",
                 "id": rpc_id.cloned().unwrap_or(Value::Null),

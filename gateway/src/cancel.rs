@@ -612,6 +612,7 @@ impl Canceller {
                 };
                 (path, body)
             }
+            Binding::Grpc => unreachable!("send_grpc builds its own requests"),
             Binding::Rest => {
                 let mut path = job.target.path.trim_end_matches('/').to_string();
                 let mut body = json!({});
@@ -671,6 +672,9 @@ impl Canceller {
                 .send_ws(job, call, trace)
                 .await
                 .map(|frame| (200, frame));
+        }
+        if job.target.binding == Binding::Grpc {
+            return self.send_grpc(job, call, trace).await;
         }
         let (path, body) = self.request(job, call);
         let (method, body) = match call {
@@ -761,6 +765,129 @@ impl Canceller {
 }
 
 impl Canceller {
+    /// [`Canceller::send`] over gRPC: `CancelTask` or `GetTask` of the job's
+    /// task (its tenant in the request's `tenant` field, the caller's
+    /// headers as metadata) on an HTTP/2 connection to the worker (h2c, or
+    /// TLS with ALPN `h2`). The answer's `grpc-status` (from the trailers,
+    /// or the head of a trailers-only answer) is returned as the HTTP
+    /// status the judgement reads ([`crate::a2a::grpc::http_status`]), with
+    /// the framed answer. ListTasks (finding a child by its message) is not
+    /// sent over gRPC.
+    async fn send_grpc(
+        &self,
+        job: &CancelJob,
+        call: Call,
+        trace: &[(String, String)],
+    ) -> Result<(u16, Vec<u8>), Attempt> {
+        use crate::a2a::grpc;
+        let (method, history) = match call {
+            Call::Cancel => ("CancelTask", None),
+            Call::Get => ("GetTask", Some(0)),
+            Call::List => {
+                return Err(Attempt::Refused(
+                    "ListTasks is not sent over gRPC".to_string(),
+                ))
+            }
+        };
+        let body = grpc::task_request(job.key.tenant(), &job.key.task_id, history);
+        let path = format!("{}{method}", grpc::SERVICE_PREFIX);
+        let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
+        peer.options.set_http_version(2, 2);
+        peer.options.read_timeout = Some(self.cfg.timeout);
+        peer.options.write_timeout = Some(self.cfg.timeout);
+        let mut req = RequestHeader::build("POST", path.as_bytes(), None)
+            .map_err(|e| Attempt::Refused(format!("bad path {path}: {e}")))?;
+        for (k, v) in [
+            ("host", worker_addr.authority()),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("a2a-version", "1.0"),
+        ] {
+            if req.insert_header(k, v).is_err() {
+                return Err(Attempt::Refused(format!("bad header {k}")));
+            }
+        }
+        for (k, v) in &job.headers {
+            if req.append_header(k.clone(), v.as_str()).is_err() {
+                return Err(Attempt::Refused(format!("{k}: not a valid header value")));
+            }
+        }
+        for (k, v) in trace {
+            let _ = req.insert_header(k.clone(), v.as_str());
+        }
+        let (mut session, _reused) = self
+            .connector
+            .get_http_session(&peer)
+            .await
+            .map_err(|e| Attempt::Retry(format!("connect: {e}")))?;
+        session
+            .write_request_header(Box::new(req))
+            .await
+            .map_err(|e| Attempt::Retry(format!("write: {e}")))?;
+        session
+            .write_request_body(Bytes::from(body), true)
+            .await
+            .map_err(|e| Attempt::Retry(format!("write body: {e}")))?;
+        session
+            .finish_request_body()
+            .await
+            .map_err(|e| Attempt::Retry(format!("finish body: {e}")))?;
+        session
+            .read_response_header()
+            .await
+            .map_err(|e| Attempt::Retry(format!("read: {e}")))?;
+        let head = session.response_header().cloned();
+        let http = head.as_ref().map_or(0, |h| h.status.as_u16());
+        let mut resp = Vec::new();
+        loop {
+            match session.read_response_body().await {
+                Ok(Some(chunk)) => {
+                    if resp.len() + chunk.len() > ANSWER_CAP {
+                        return Err(Attempt::Refused(format!("answer over {ANSWER_CAP} bytes")));
+                    }
+                    resp.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(Attempt::Retry(format!("read body: {e}"))),
+            }
+        }
+        let trailers = match &mut session {
+            pingora::protocols::http::client::HttpSession::H2(h2) => h2
+                .read_trailers()
+                .await
+                .map_err(|e| Attempt::Retry(format!("read trailers: {e}")))?,
+            _ => None,
+        };
+        let grpc_status = |h: &http::HeaderMap| {
+            h.get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u32>().ok())
+        };
+        let status = trailers
+            .as_ref()
+            .and_then(grpc_status)
+            .or_else(|| head.as_ref().and_then(|h| grpc_status(&h.headers)));
+        let message = trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-message"))
+            .or_else(|| head.as_ref().and_then(|h| h.headers.get("grpc-message")))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.connector
+            .release_http_session(session, &peer, Some(Duration::from_secs(30)))
+            .await;
+        match status {
+            Some(0) => Ok((200, resp)),
+            Some(code) => Ok((
+                grpc::http_status(code),
+                format!("grpc-status {code}: {message}").into_bytes(),
+            )),
+            None if http != 200 => Ok((http, resp)),
+            None => Err(Attempt::Retry("no grpc-status in the answer".to_string())),
+        }
+    }
+
     /// `call` over a2a-rust's WebSocket binding: a fresh socket to the path
     /// the caller upgraded on (`wss://` for an `https` worker), one JSON-RPC
     /// text frame; returns the answer with the same id. (The caller's socket
@@ -898,7 +1025,9 @@ fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
                 None => Attempt::Retry(format!("no result and no error: {}", brief())),
             }
         }
-        Binding::Rest if (200..300).contains(&status) => Attempt::Final(CancelOutcome::Canceled),
+        Binding::Rest | Binding::Grpc if (200..300).contains(&status) => {
+            Attempt::Final(CancelOutcome::Canceled)
+        }
         _ if status == 404 => Attempt::Final(CancelOutcome::NotFound),
         _ if status == 409 => Attempt::Final(CancelOutcome::NotCancelable),
         _ if status == 400 && reason() == "TASK_NOT_CANCELABLE" => {

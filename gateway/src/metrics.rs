@@ -173,11 +173,19 @@ pub enum Untracked {
     WsInvalidLeaseGrant,
     /// A worker's WebSocket answer that is no A2A document.
     WsBadAnswer,
+    /// A gRPC request whose body is not one uncompressed A2A message.
+    GrpcBadRequest,
+    /// A gRPC answer message that is no A2A message.
+    BadGrpcMessage,
+    /// A compressed gRPC message (flag 1), passed unread.
+    CompressedGrpcMessage,
+    /// A gRPC message over `limits.max_sse_event`.
+    GrpcMessageTooLarge,
 }
 
 impl Untracked {
     /// Every reason, for documentation and tests.
-    pub const ALL: [Untracked; 24] = [
+    pub const ALL: [Untracked; 28] = [
         Untracked::NotJsonrpc,
         Untracked::JsonrpcBatch,
         Untracked::RequestBodyTooLarge,
@@ -202,6 +210,10 @@ impl Untracked {
         Untracked::WsTooManyTasks,
         Untracked::WsInvalidLeaseGrant,
         Untracked::WsBadAnswer,
+        Untracked::GrpcBadRequest,
+        Untracked::BadGrpcMessage,
+        Untracked::CompressedGrpcMessage,
+        Untracked::GrpcMessageTooLarge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -230,6 +242,10 @@ impl Untracked {
             Untracked::WsTooManyTasks => "ws_too_many_tasks",
             Untracked::WsInvalidLeaseGrant => "ws_invalid_lease_grant",
             Untracked::WsBadAnswer => "ws_bad_answer",
+            Untracked::GrpcBadRequest => "grpc_bad_request",
+            Untracked::BadGrpcMessage => "bad_grpc_message",
+            Untracked::CompressedGrpcMessage => "compressed_grpc_message",
+            Untracked::GrpcMessageTooLarge => "grpc_message_too_large",
         }
     }
 
@@ -405,8 +421,9 @@ counter!(
 /// a fixed set, so that the labels stay bounded whatever callers send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Called {
-    /// An A2A method over JSON-RPC (read from the body) or REST (from the
-    /// verb and path). Any other binding counts as [`Called::Upgrade`].
+    /// An A2A method over JSON-RPC (read from the body), REST (from the
+    /// verb and path) or gRPC (from the path). A WebSocket counts as
+    /// [`Called::Upgrade`].
     Method(crate::a2a::Binding, crate::a2a::A2aMethod),
     /// A `POST` to the JSON-RPC endpoint whose method the gateway did not
     /// read or know: a batch, a v0.3 method, no JSON-RPC, a body passed
@@ -425,7 +442,7 @@ const METHODS: usize = crate::a2a::A2aMethod::ALL.len();
 
 impl Called {
     /// How many (method, binding) pairs there are.
-    pub const COUNT: usize = 2 * METHODS + 4;
+    pub const COUNT: usize = 3 * METHODS + 4;
 
     fn index(self) -> usize {
         use crate::a2a::Binding;
@@ -438,13 +455,14 @@ impl Called {
                 match binding {
                     Binding::JsonRpc => i,
                     Binding::Rest => METHODS + i,
+                    Binding::Grpc => 2 * METHODS + i,
                     Binding::WebSocket => Called::Upgrade.index(),
                 }
             }
-            Called::JsonRpcOther => 2 * METHODS,
-            Called::AgentCard => 2 * METHODS + 1,
-            Called::Upgrade => 2 * METHODS + 2,
-            Called::Other => 2 * METHODS + 3,
+            Called::JsonRpcOther => 3 * METHODS,
+            Called::AgentCard => 3 * METHODS + 1,
+            Called::Upgrade => 3 * METHODS + 2,
+            Called::Other => 3 * METHODS + 3,
         }
     }
 
@@ -453,7 +471,8 @@ impl Called {
         use crate::a2a::{A2aMethod, Binding};
         let jsonrpc = A2aMethod::ALL.map(|m| Called::Method(Binding::JsonRpc, m));
         let rest = A2aMethod::ALL.map(|m| Called::Method(Binding::Rest, m));
-        jsonrpc.into_iter().chain(rest).chain([
+        let grpc = A2aMethod::ALL.map(|m| Called::Method(Binding::Grpc, m));
+        jsonrpc.into_iter().chain(rest).chain(grpc).chain([
             Called::JsonRpcOther,
             Called::AgentCard,
             Called::Upgrade,

@@ -185,6 +185,14 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         ),
         "a2a-gateway",
     );
+    // HTTP/2 with prior knowledge (h2c) on the plain listeners, for gRPC
+    // callers: pingora reads a connection's first 24 bytes to tell the
+    // HTTP/2 preface from an HTTP/1 request (docs/behaviour.md, gRPC).
+    if let Some(app) = proxy.app_logic_mut() {
+        let mut opts = pingora::apps::HttpServerOptions::default();
+        opts.h2c = true;
+        app.server_options = Some(opts);
+    }
     let buffers = L4BufferSettings::default().read(cfg.server.read_buffer);
     for addr in &cfg.server.listen {
         proxy.add_listener(
@@ -205,6 +213,8 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
             let mut settings = TlsSettings::intermediate(cert, key)
                 .map_err(|e| format!("server.tls listener {addr}: {e}"))?;
             settings.set_cert_resolver(server_cert.clone());
+            // ALPN: h2 (gRPC callers) or http/1.1.
+            settings.enable_h2();
             proxy.add_listener(
                 ListenerConfig::tcp(addr.to_string())
                     .tcp_socket_options(socket_options(addr))

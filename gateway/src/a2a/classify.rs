@@ -11,6 +11,8 @@ pub enum Binding {
     Rest,
     /// a2a-rust's WebSocket binding: JSON-RPC messages in text frames.
     WebSocket,
+    /// gRPC (`lf.a2a.v1.A2AService`) over HTTP/2: protobuf messages.
+    Grpc,
 }
 
 impl Binding {
@@ -19,6 +21,7 @@ impl Binding {
             Binding::JsonRpc => "jsonrpc",
             Binding::Rest => "rest",
             Binding::WebSocket => "websocket",
+            Binding::Grpc => "grpc",
         }
     }
 }
@@ -128,6 +131,11 @@ pub enum Call {
     JsonRpcCandidate,
     /// An HTTP/1.1 `Upgrade` (WebSocket): proxied as is.
     Upgrade,
+    /// A gRPC call (`content-type: application/grpc`) of the A2A service:
+    /// `method` is `None` for a method this version does not know (passed
+    /// untracked). A call of another gRPC service is [`Call::Other`], and
+    /// goes to the worker over HTTP/2 all the same.
+    Grpc { method: Option<A2aMethod> },
     /// Anything else: proxied verbatim, never tracked.
     Other,
 }

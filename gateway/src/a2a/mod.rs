@@ -6,6 +6,7 @@
 pub mod card;
 pub mod classify;
 pub mod extensions;
+pub mod grpc;
 pub mod json;
 pub mod observe;
 pub mod request;

@@ -238,6 +238,10 @@ pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
             let p: Payload<'_> = serde_json::from_slice(doc).ok()?;
             Some(p.into_observation())
         }
+        // A whole gRPC answer body: one framed `Task` (GetTask, CancelTask).
+        Binding::Grpc => {
+            super::grpc::observe(super::A2aMethod::GetTask, super::grpc::single_message(doc)?)
+        }
     }
 }
 

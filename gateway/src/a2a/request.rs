@@ -64,6 +64,9 @@ pub enum BodyFault {
     NotJson,
     /// A member policy reads appears twice.
     DuplicateKey(&'static str),
+    /// A gRPC body that is not one uncompressed message of the method's
+    /// type (a compressed message is not read).
+    NotGrpcMessage,
 }
 
 impl BodyFault {
@@ -75,6 +78,7 @@ impl BodyFault {
             BodyFault::NumberOutOfRange => "body_number_out_of_range",
             BodyFault::NotJson => "body_not_json",
             BodyFault::DuplicateKey(_) => "body_duplicate_key",
+            BodyFault::NotGrpcMessage => "body_not_grpc_message",
         }
     }
 }
@@ -108,9 +112,9 @@ pub fn diagnose(body: &[u8]) -> Option<BodyFault> {
 }
 
 /// The metadata key of a lease grant.
-const LEASE_KEY: &str = "a2a-rust.com/lease";
+pub(crate) const LEASE_KEY: &str = "a2a-rust.com/lease";
 /// The metadata key of a budget grant.
-const BUDGET_KEY: &str = "a2a-rust.com/budget";
+pub(crate) const BUDGET_KEY: &str = "a2a-rust.com/budget";
 
 /// A valid budget grant as the caller sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,7 +135,7 @@ fn amount(n: &serde_json::Number) -> Amount {
 
 /// Reads a budget grant `{"remainingMs"?: N, "meters"?: {name: N}}`; `null`
 /// parts count as absent, other fields are ignored (as serde does).
-fn budget_grant(v: &serde_json::Value) -> Result<SentGrant, BudgetRefusal> {
+pub(crate) fn budget_grant(v: &serde_json::Value) -> Result<SentGrant, BudgetRefusal> {
     use serde_json::Value;
     let malformed = |why: String| BudgetRefusal::Malformed(why);
     let obj = v.as_object().ok_or_else(|| {
@@ -173,7 +177,7 @@ fn budget_grant(v: &serde_json::Value) -> Result<SentGrant, BudgetRefusal> {
 
 /// Reads a lease grant `{"ttlMs": N}`. Python peers send numbers as floats
 /// (`2000.0`): an integral float is accepted.
-fn lease_grant(v: &serde_json::Value) -> Result<u64, String> {
+pub(crate) fn lease_grant(v: &serde_json::Value) -> Result<u64, String> {
     let obj = v
         .as_object()
         .ok_or_else(|| format!("invalid type: {v}, expected an object {{\"ttlMs\": N}}"))?;

@@ -33,11 +33,17 @@ impl Gateway {
     pub(super) fn classify(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Next, Refusal> {
         let fault = http1::conform(session).err();
         let req = session.req_header();
+        let grpc = req.method == http::Method::POST
+            && req
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|ct| crate::a2a::grpc::is_grpc_content_type(ct.as_bytes()));
+        ctx.req.grpc = grpc;
         let host = request_host(req).map(host_without_port);
         let full_path = req.uri.path();
         let routes = self.routes.load();
         let Some(Matched { route, prefix, rel }) = routes.find(host, full_path) else {
-            ctx.req.binding = Some(Binding::Rest);
+            ctx.req.binding = Some(if grpc { Binding::Grpc } else { Binding::Rest });
             if let Some(fault) = fault {
                 return Err(Refusal::Http1(fault));
             }
@@ -47,15 +53,16 @@ impl Gateway {
             });
         };
         let route = route.clone();
-        let call = classify(&req.method, rel, req.uri.query(), session.is_upgrade_req());
+        let call = match crate::a2a::grpc::method_of(rel).filter(|_| grpc) {
+            Some(method) => Call::Grpc { method },
+            None if grpc => Call::Other,
+            None => classify(&req.method, rel, req.uri.query(), session.is_upgrade_req()),
+        };
         if let Some(fault) = fault {
             // Refused before the body is read: a call to the JSON-RPC
             // endpoint gets a JSON-RPC error (its id unknown), others the
             // REST shape; HTTP 400 either way.
-            ctx.req.binding = Some(match call {
-                Call::JsonRpcCandidate => Binding::JsonRpc,
-                _ => Binding::Rest,
-            });
+            ctx.req.binding = Some(refused_as(&call, grpc));
             ctx.route = Some(route);
             return Err(Refusal::Http1(fault));
         }
@@ -78,10 +85,7 @@ impl Gateway {
                     if let crate::auth::Failure::Rejected { why } = &failure {
                         tracing::info!(route = %route.name, why = %why, "credential rejected");
                     }
-                    ctx.req.binding = Some(match call {
-                        Call::JsonRpcCandidate => Binding::JsonRpc,
-                        _ => Binding::Rest,
-                    });
+                    ctx.req.binding = Some(refused_as(&call, grpc));
                     return Err(Refusal::Unauthenticated {
                         rejected: matches!(failure, crate::auth::Failure::Rejected { .. }),
                         challenge: auth.challenge(&failure),
@@ -121,8 +125,31 @@ impl Gateway {
                 }
             }
             Call::JsonRpcCandidate => Next::ReadBody,
+            Call::Grpc { method } => {
+                ctx.req.binding = Some(Binding::Grpc);
+                ctx.req.method = *method;
+                // The tenant and the task are in the message, for every
+                // method policy reads.
+                if matches!(
+                    method,
+                    Some(
+                        A2aMethod::SendMessage
+                            | A2aMethod::SendStreamingMessage
+                            | A2aMethod::GetTask
+                            | A2aMethod::CancelTask
+                            | A2aMethod::SubscribeToTask
+                    )
+                ) {
+                    Next::ReadBody
+                } else {
+                    Next::Forward
+                }
+            }
             _ => Next::Forward,
         };
+        // (Not over gRPC: HTTP/2 has no half-close to wait through; a
+        // caller resetting its stream before the task is named leaves it to
+        // the worker.)
         let may_start_stream = match &call {
             Call::Rest { method, .. } => *method == A2aMethod::SendStreamingMessage,
             Call::JsonRpcCandidate => true,
@@ -139,6 +166,7 @@ impl Gateway {
         ctx.lease.extension =
             route.injects_lease_extension || activates_lease(session.req_header());
         let upgrade = matches!(call, Call::Upgrade);
+        let a2a_grpc = matches!(call, Call::Grpc { .. });
         let budgeted = route.cfg.budget.is_active();
         ctx.call = call;
         ctx.route = Some(route);
@@ -148,6 +176,10 @@ impl Gateway {
             ctx.req.binding = Some(Binding::Rest);
             return Err(Refusal::BudgetWebSocket);
         }
+        if budgeted && a2a_grpc {
+            // Nor are grants inside protobuf messages re-written.
+            return Err(Refusal::BudgetGrpc);
+        }
         // An idle WebSocket is not cut by read timeouts (ping/pong and long
         // silences pass); other requests get the configured one.
         if !upgrade {
@@ -156,6 +188,17 @@ impl Gateway {
             }
         }
         Ok(next)
+    }
+}
+
+/// The binding a call refused before its body is read is answered in: a
+/// gRPC status for a gRPC call (of any service), a JSON-RPC error for a
+/// call to the JSON-RPC endpoint (its id unknown), else the REST shape.
+fn refused_as(call: &Call, grpc: bool) -> Binding {
+    match call {
+        _ if grpc => Binding::Grpc,
+        Call::JsonRpcCandidate => Binding::JsonRpc,
+        _ => Binding::Rest,
     }
 }
 

@@ -16,6 +16,7 @@ use super::refusal::Refusal;
 use super::route::Route;
 use super::timing::ProxyTimes;
 use super::websocket::WsSession;
+use crate::a2a::grpc::GrpcFrames;
 use crate::a2a::sse::SseParser;
 use crate::a2a::{A2aMethod, Binding, Call};
 use crate::budget::{Caller, ChildBudget};
@@ -95,6 +96,9 @@ pub struct Request {
     pub continued: bool,
     /// A send's `configuration.returnImmediately` is `true` (non-blocking).
     pub return_immediately: bool,
+    /// A gRPC call (`content-type: application/grpc`), of the A2A service
+    /// or another: it goes to the worker over HTTP/2.
+    pub grpc: bool,
 }
 
 impl Request {
@@ -227,6 +231,9 @@ pub enum Answer {
     Card { held: Vec<u8>, jsonrpc: bool },
     /// A WebSocket upgraded by the worker: its frames are read both ways.
     WebSocket(Box<WsSession>),
+    /// gRPC messages of the call's `method`: `StreamResponse`s,
+    /// a `SendMessageResponse`, or a `Task`.
+    Grpc(Box<GrpcFrames>, A2aMethod),
 }
 
 impl Ctx {

@@ -197,7 +197,8 @@ fn count(session: &Session, e: Option<&Error>, ctx: &Ctx) {
             None => Called::JsonRpcOther,
         },
         Call::Upgrade => Called::Upgrade,
-        Call::Other => Called::Other,
+        Call::Grpc { method: Some(m) } => Called::Method(Binding::Grpc, *m),
+        Call::Grpc { method: None } | Call::Other => Called::Other,
     };
     let status = session.response_written().map(|r| r.status.as_u16());
     let Some(route) = &ctx.route else {

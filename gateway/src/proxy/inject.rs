@@ -44,8 +44,14 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
         || ctx.req.method.is_some_and(A2aMethod::returns_card);
     if reads_answer {
         upstream.remove_header(&http::header::ACCEPT_ENCODING);
+        // gRPC's own per-message compression, likewise.
+        upstream.remove_header("grpc-accept-encoding");
     }
     header_policy(upstream, route, &ctx.call)?;
+    if ctx.req.grpc {
+        // Held only to be read first, and sent unchanged: HTTP/2 frames it.
+        return Ok(());
+    }
     match &ctx.body {
         RequestBody::Replace(b) => {
             upstream.insert_header("content-length", b.len().to_string())?;

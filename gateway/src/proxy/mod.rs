@@ -194,6 +194,11 @@ impl ProxyHttp for Gateway {
             }
         };
         let mut peer = route.addr.peer(addr, route.cfg.worker.tls);
+        if ctx.req.grpc {
+            // gRPC needs HTTP/2: prior knowledge (h2c) on a plain
+            // connection, ALPN `h2` on TLS.
+            peer.options.set_http_version(2, 2);
+        }
         peer.options.connection_timeout = Some(self.timeouts.connect);
         if !matches!(ctx.call, Call::Upgrade) {
             peer.options.read_timeout = self.timeouts.upstream_idle;
@@ -264,6 +269,20 @@ impl ProxyHttp for Gateway {
         self.read_answer(session, body, end_of_stream, ctx);
         crate::trace::task_known(ctx);
         Ok(None)
+    }
+
+    /// Observe: a gRPC answer's trailers. A non-zero `grpc-status` before
+    /// any task was named is the worker refusing the call.
+    fn upstream_response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        if observe::grpc_status(trailers).is_some_and(|s| s != 0) && ctx.track.task_id.is_none() {
+            ctx.track.worker_refused = true;
+        }
+        Ok(())
     }
 
     /// End: every request ends here.

@@ -23,6 +23,7 @@ use super::ctx::{Answer, Ctx};
 use super::route::Route;
 use super::websocket::WsSession;
 use super::{stop_awaiting_id, Gateway};
+use crate::a2a::grpc::{self, GrpcFrames, GrpcItem};
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{observe, Binding, Call, Observation};
 use crate::cancel::{cancel_headers, CancelJob};
@@ -161,6 +162,23 @@ impl Gateway {
             stop_awaiting_id(session, ctx);
             return Ok(());
         }
+        if let (Some(Binding::Grpc), Some(method)) = (ctx.req.binding, ctx.req.method) {
+            // A trailers-only answer carries its error in the head.
+            if grpc_status(&resp.headers).is_some_and(|s| s != 0) {
+                ctx.track.worker_refused = true;
+            }
+            if header_starts_with(resp, &http::header::CONTENT_TYPE, "application/grpc") {
+                ctx.answer =
+                    Answer::Grpc(Box::new(GrpcFrames::new(self.limits.max_sse_event)), method);
+                ctx.track.shape = Some(if shape.is_stream() {
+                    metrics::OPEN_STREAMS.inc();
+                    shape
+                } else {
+                    Shape::Send
+                });
+            }
+            return Ok(());
+        }
         if is_sse(resp) {
             ctx.answer = Answer::Sse(SseParser::new(self.limits.max_sse_event));
             ctx.track.shape = Some(if shape.is_stream() {
@@ -223,6 +241,22 @@ impl Gateway {
                 }
                 ctx.answer = Answer::Sse(parser);
                 self.check_id_wait(session, ctx);
+            }
+            Answer::Grpc(mut frames, method) => {
+                if let Some(chunk) = body.as_ref() {
+                    frames.feed(chunk, |item| match item {
+                        GrpcItem::Message(m) => match grpc::observe(method, m) {
+                            Some(o) if !o.is_empty() => self.observed(ctx, o),
+                            Some(_) => {}
+                            None => unreadable_event(ctx, Untracked::BadGrpcMessage),
+                        },
+                        GrpcItem::Compressed => {
+                            unreadable_event(ctx, Untracked::CompressedGrpcMessage)
+                        }
+                        GrpcItem::Overlong => unreadable_event(ctx, Untracked::GrpcMessageTooLarge),
+                    });
+                }
+                ctx.answer = Answer::Grpc(frames, method);
             }
             Answer::Json(mut buf) => {
                 if let Some(chunk) = body.as_ref() {
@@ -367,6 +401,11 @@ impl Gateway {
                 binding: Binding::Rest,
                 path: ctx.req.worker_root.clone(),
             },
+            // The service's path is fixed.
+            Binding::Grpc => CancelTarget {
+                binding: Binding::Grpc,
+                path: String::new(),
+            },
         })
     }
 
@@ -380,6 +419,15 @@ impl Gateway {
             }
         }
     }
+}
+
+/// A gRPC answer's `grpc-status` (in its trailers, or the head of a
+/// trailers-only answer).
+pub fn grpc_status(headers: &http::HeaderMap) -> Option<u32> {
+    headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The worker path the request went to, without its query.

@@ -58,6 +58,9 @@ pub enum Refusal {
     BodyTooLarge { limit: usize },
     /// A WebSocket upgrade on a budgeted route.
     BudgetWebSocket,
+    /// A gRPC call on a budgeted route (grants inside protobuf are not
+    /// re-written).
+    BudgetGrpc,
     /// `[routes.auth]`: no credential on a route that requires one
     /// (`rejected: false`), or one that was not accepted. `challenge` is the
     /// `WWW-Authenticate` value, `what` what the caller must send. Why a
@@ -111,6 +114,7 @@ impl Refusal {
             Refusal::BudgetNotAttached => "budget_unreadable",
             Refusal::BodyTooLarge { .. } => "body_too_large",
             Refusal::BudgetWebSocket => "budget_websocket",
+            Refusal::BudgetGrpc => "budget_grpc",
             Refusal::Unauthenticated {
                 rejected: false, ..
             } => "unauthenticated",
@@ -174,6 +178,7 @@ impl Refusal {
                     BodyFault::NumberOutOfRange => "a number is out of the range of a 64-bit float".into(),
                     BodyFault::NotJson => "it is not JSON".into(),
                     BodyFault::DuplicateKey(key) => format!("the member {key:?} appears twice in its object"),
+                    BodyFault::NotGrpcMessage => "it is not one uncompressed protobuf message of the method's type (send it without grpc-encoding)".into(),
                 };
                 let code = if matches!(fault, BodyFault::DuplicateKey(_)) {
                     -32600
@@ -243,7 +248,7 @@ impl Refusal {
                 (413, "INVALID_ARGUMENT"),
                 format!("the request body is over {limit} bytes (limits.max_inspect_body): this route checks every send and must read a request whole"),
             ),
-            Refusal::BudgetWebSocket => parts(
+            Refusal::BudgetWebSocket | Refusal::BudgetGrpc => parts(
                 -32004,
                 (403, "PERMISSION_DENIED"),
                 "this route enforces budgets, which the gateway applies on the JSON-RPC and HTTP+JSON bindings only; use one of those".into(),
@@ -305,6 +310,16 @@ impl Refusal {
             Refusal::Unauthenticated { challenge, .. } => Some(challenge.clone()),
             _ => None,
         };
+        if binding == Some(Binding::Grpc) {
+            // Trailers-only: HTTP 200, the status in the head.
+            return Answer {
+                status: 200,
+                body: Value::Null,
+                retry_after: p.retry_after,
+                challenge,
+                grpc: Some((grpc_code(p.http.1), p.message)),
+            };
+        }
         if !matches!(binding, Some(Binding::JsonRpc | Binding::WebSocket)) {
             let mut error = json!({"code": p.http.0, "status": p.http.1, "message": p.message});
             if let Some(d) = &p.data {
@@ -315,6 +330,7 @@ impl Refusal {
                 body: json!({ "error": error }),
                 retry_after: p.retry_after,
                 challenge,
+                grpc: None,
             };
         }
         let mut error = json!({"code": p.code, "message": p.message});
@@ -339,8 +355,46 @@ impl Refusal {
             body,
             retry_after: p.retry_after,
             challenge,
+            grpc: None,
         }
     }
+}
+
+/// The gRPC status code of a gRPC-style status name (the names the REST
+/// shape already carries).
+fn grpc_code(name: &str) -> u32 {
+    match name {
+        "CANCELLED" => 1,
+        "INVALID_ARGUMENT" => 3,
+        "DEADLINE_EXCEEDED" => 4,
+        "NOT_FOUND" => 5,
+        "ALREADY_EXISTS" => 6,
+        "PERMISSION_DENIED" => 7,
+        "RESOURCE_EXHAUSTED" => 8,
+        "FAILED_PRECONDITION" => 9,
+        "ABORTED" => 10,
+        "OUT_OF_RANGE" => 11,
+        "UNIMPLEMENTED" => 12,
+        "INTERNAL" => 13,
+        "UNAVAILABLE" => 14,
+        "DATA_LOSS" => 15,
+        "UNAUTHENTICATED" => 16,
+        _ => 2,
+    }
+}
+
+/// `grpc-message`: percent-encoded outside printable ASCII (and `%`), as
+/// the gRPC HTTP/2 protocol spells it.
+fn grpc_message(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    for b in msg.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// What the caller is answered.
@@ -351,11 +405,24 @@ pub struct Answer {
     pub retry_after: Option<u64>,
     /// `WWW-Authenticate`, on a 401.
     pub challenge: Option<String>,
+    /// A gRPC caller's answer: `grpc-status` and its message, in the head
+    /// of an answer without a body (trailers-only).
+    pub grpc: Option<(u32, String)>,
 }
 
 impl Answer {
     /// The answer's head and body, as written.
     pub fn parts(self) -> pingora::Result<(ResponseHeader, Bytes)> {
+        if let Some((code, message)) = self.grpc {
+            let mut resp = ResponseHeader::build(200, Some(4))?;
+            resp.insert_header("content-type", "application/grpc")?;
+            resp.insert_header("grpc-status", code.to_string())?;
+            resp.insert_header("grpc-message", grpc_message(&message))?;
+            if let Some(c) = self.challenge {
+                resp.insert_header("www-authenticate", c)?;
+            }
+            return Ok((resp, Bytes::new()));
+        }
         let body = Bytes::from(self.body.to_string());
         let mut resp = ResponseHeader::build(self.status, Some(4))?;
         resp.insert_header("content-type", "application/json")?;
@@ -372,6 +439,9 @@ impl Answer {
     /// Writes the answer in place of the worker's.
     pub async fn write(self, session: &mut Session) -> pingora::Result<()> {
         let (resp, body) = self.parts()?;
+        if body.is_empty() {
+            return session.write_response_header(Box::new(resp), true).await;
+        }
         session.write_response_header(Box::new(resp), false).await?;
         session.write_response_body(Some(body), true).await
     }
@@ -398,6 +468,7 @@ mod tests {
             Refusal::Unreadable(BodyFault::TrailingBytes),
             Refusal::Unreadable(BodyFault::NumberOutOfRange),
             Refusal::Unreadable(BodyFault::NotJson),
+            Refusal::Unreadable(BodyFault::NotGrpcMessage),
             Refusal::Unreadable(BodyFault::DuplicateKey("method")),
             Refusal::V03Send,
             Refusal::BatchSend {
@@ -413,6 +484,7 @@ mod tests {
             Refusal::BudgetNotAttached,
             Refusal::BodyTooLarge { limit: 1 },
             Refusal::BudgetWebSocket,
+            Refusal::BudgetGrpc,
             Refusal::WorkerUnresolvable("no such host".into()),
             Refusal::WorkerFailed {
                 status: 504,
@@ -423,6 +495,29 @@ mod tests {
                 why: "refused".into(),
             },
         ]
+    }
+
+    /// A gRPC caller gets a trailers-only answer: HTTP 200, no body, a
+    /// non-zero `grpc-status` of the same name as the REST status, and a
+    /// printable `grpc-message`.
+    #[test]
+    fn grpc_callers_get_a_grpc_status() {
+        for r in every() {
+            let a = r.render(Some(Binding::Grpc), None);
+            let name = r.parts().http.1;
+            let (head, body) = a.parts().unwrap();
+            assert_eq!(head.status.as_u16(), 200, "{r:?}");
+            assert!(body.is_empty(), "{r:?}");
+            let h = |k: &str| head.headers.get(k).unwrap().to_str().unwrap().to_string();
+            assert_eq!(h("content-type"), "application/grpc");
+            let code: u32 = h("grpc-status").parse().unwrap();
+            assert_ne!(code, 0, "{r:?}");
+            assert_eq!(code, grpc_code(name), "{r:?}");
+            assert!(h("grpc-message").bytes().all(|b| (0x20..0x7f).contains(&b)));
+        }
+        assert_eq!(grpc_code("INVALID_ARGUMENT"), 3);
+        assert_eq!(grpc_code("RESOURCE_EXHAUSTED"), 8);
+        assert_eq!(grpc_message("50% – ok"), "50%25 %E2%80%93 ok");
     }
 
     #[test]

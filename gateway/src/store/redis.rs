@@ -1254,9 +1254,14 @@ fn records_of(v: &Value) -> Result<Vec<TaskRecord>, String> {
 
 /// A binding as stored (`Binding::as_str`).
 fn binding_of(s: &str) -> Option<Binding> {
-    [Binding::JsonRpc, Binding::Rest, Binding::WebSocket]
-        .into_iter()
-        .find(|b| b.as_str() == s)
+    [
+        Binding::JsonRpc,
+        Binding::Rest,
+        Binding::WebSocket,
+        Binding::Grpc,
+    ]
+    .into_iter()
+    .find(|b| b.as_str() == s)
 }
 
 fn u64_of(s: Option<&String>) -> Option<u64> {
@@ -1359,7 +1364,7 @@ mod tests {
             ("state", "bogus"),
             ("watchers", "-3"),
             ("updated_ms", "x"),
-            ("binding", "grpc"),
+            ("binding", "carrier-pigeon"),
             ("target_path", "/"),
             ("lease_ttl", "1000"),
         ] {

@@ -1,0 +1,814 @@
+//! The gRPC binding (`lf.a2a.v1.A2AService`): gRPC's length-prefixed
+//! messages read as they pass, and the few fields of A2A's protobuf
+//! messages that policy needs.
+//!
+//! The message types below are prost views of the published
+//! `proto/a2a_v1/a2a.proto` (package `lf.a2a.v1`, shipped with the
+//! `a2a-protocol-*` 0.15 crates): the same field numbers and types, only
+//! the fields the gateway reads. prost skips every other field without
+//! decoding it (artifacts, parts, history), which the generated types would
+//! build in full. The tests check each view against the generated types of
+//! `a2a-protocol-types` (its `proto` feature): a message those types encode
+//! reads here as they wrote it.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use policies::TaskState;
+use prost::Message as _;
+
+use super::observe::Observation;
+use super::request::{budget_grant, lease_grant, RequestFacts, BUDGET_KEY, LEASE_KEY};
+use super::A2aMethod;
+
+/// The path every A2A gRPC method sits under.
+pub const SERVICE_PREFIX: &str = "/lf.a2a.v1.A2AService/";
+
+/// Whether a `content-type` is gRPC's (`application/grpc`, `+proto` and
+/// other suffixes included).
+pub fn is_grpc_content_type(ct: &[u8]) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    ct.len() >= GRPC.len()
+        && ct[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+        && matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
+}
+
+/// The A2A method a gRPC path names: `Some(None)` for a path of the A2A
+/// service with a method this version does not know (passed untracked),
+/// `None` for another service.
+pub fn method_of(path: &str) -> Option<Option<A2aMethod>> {
+    let name = path.strip_prefix(SERVICE_PREFIX)?;
+    Some(A2aMethod::from_jsonrpc(name))
+}
+
+/// What [`GrpcFrames::feed`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GrpcItem<'a> {
+    /// One whole, uncompressed message (borrowed from the chunk when it
+    /// arrived in one, else from the reader's buffer).
+    Message(&'a [u8]),
+    /// A compressed message (flag 1): passed unread.
+    Compressed,
+    /// A message longer than the reader's limit: passed unread.
+    Overlong,
+}
+
+/// gRPC's message framing read incrementally: a 1-byte compressed flag, a
+/// 4-byte big-endian length, the message. Chunks may split a message (or
+/// its prefix) at any byte, or hold several; only a message split across
+/// chunks is copied, into a buffer bounded by `limit`.
+#[derive(Debug)]
+pub struct GrpcFrames {
+    head: [u8; 5],
+    /// Bytes of `head` read (5: reading the message).
+    have: usize,
+    /// The message's length.
+    need: usize,
+    /// The part of a split message read so far.
+    buf: Vec<u8>,
+    /// Skipping a message over `limit` (its bytes left in `need`).
+    skipping: bool,
+    limit: usize,
+}
+
+impl GrpcFrames {
+    pub fn new(limit: usize) -> Self {
+        GrpcFrames {
+            head: [0; 5],
+            have: 0,
+            need: 0,
+            buf: Vec::new(),
+            skipping: false,
+            limit,
+        }
+    }
+
+    /// Reads `chunk`, calling `f` for each message it completes.
+    pub fn feed(&mut self, mut chunk: &[u8], mut f: impl FnMut(GrpcItem<'_>)) {
+        loop {
+            if self.have < 5 {
+                if chunk.is_empty() {
+                    return;
+                }
+                let n = (5 - self.have).min(chunk.len());
+                self.head[self.have..self.have + n].copy_from_slice(&chunk[..n]);
+                self.have += n;
+                chunk = &chunk[n..];
+                if self.have < 5 {
+                    return;
+                }
+                self.need =
+                    u32::from_be_bytes([self.head[1], self.head[2], self.head[3], self.head[4]])
+                        as usize;
+                self.skipping = self.need > self.limit;
+                if self.skipping {
+                    f(GrpcItem::Overlong);
+                }
+            }
+            let compressed = self.head[0] & 1 == 1;
+            if self.skipping {
+                let n = self.need.min(chunk.len());
+                self.need -= n;
+                chunk = &chunk[n..];
+                if self.need > 0 {
+                    return;
+                }
+                self.have = 0;
+                continue;
+            }
+            if self.buf.is_empty() && chunk.len() >= self.need {
+                let (msg, rest) = chunk.split_at(self.need);
+                chunk = rest;
+                self.have = 0;
+                f(if compressed {
+                    GrpcItem::Compressed
+                } else {
+                    GrpcItem::Message(msg)
+                });
+                continue;
+            }
+            if chunk.is_empty() {
+                return;
+            }
+            let n = (self.need - self.buf.len()).min(chunk.len());
+            self.buf.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if self.buf.len() < self.need {
+                return;
+            }
+            self.have = 0;
+            f(if compressed {
+                GrpcItem::Compressed
+            } else {
+                GrpcItem::Message(&self.buf)
+            });
+            self.buf.clear();
+        }
+    }
+}
+
+/// `buf` as one uncompressed gRPC message: its 5-byte prefix and `msg`.
+pub fn frame(msg: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + msg.len());
+    out.push(0);
+    out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    out.extend_from_slice(msg);
+    out
+}
+
+/// A whole request body as the one uncompressed message it holds: `None`
+/// for anything else (compressed, several messages, a short prefix).
+pub fn single_message(body: &[u8]) -> Option<&[u8]> {
+    let (head, msg) = body.split_at_checked(5)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    (head[0] == 0 && msg.len() == len).then_some(msg)
+}
+
+// The views. Field numbers and types are `a2a.proto`'s.
+
+/// `google.protobuf.Struct`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PbStruct {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: BTreeMap<String, PbValue>,
+}
+
+/// `google.protobuf.Value`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PbValue {
+    #[prost(oneof = "PbKind", tags = "1, 2, 3, 4, 5, 6")]
+    pub kind: Option<PbKind>,
+}
+
+/// `google.protobuf.Value.kind`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum PbKind {
+    /// `NullValue` (an enum: a varint on the wire).
+    #[prost(int32, tag = "1")]
+    Null(i32),
+    #[prost(double, tag = "2")]
+    Number(f64),
+    #[prost(string, tag = "3")]
+    Text(String),
+    #[prost(bool, tag = "4")]
+    Bool(bool),
+    #[prost(message, tag = "5")]
+    Struct(PbStruct),
+    #[prost(message, tag = "6")]
+    List(PbList),
+}
+
+/// `google.protobuf.ListValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PbList {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<PbValue>,
+}
+
+/// A protobuf value as the JSON the other bindings carry. A number is a
+/// double on this wire; an integral one reads as a JSON integer, as the
+/// a2a-rust SDK converts it (so a grant of `{"ttlMs": 2000}` reads alike).
+pub fn to_json(v: &PbValue) -> serde_json::Value {
+    use serde_json::Value;
+    match &v.kind {
+        None | Some(PbKind::Null(_)) => Value::Null,
+        Some(PbKind::Number(n)) => {
+            if n.fract() == 0.0 && *n >= 0.0 && *n <= u64::MAX as f64 {
+                Value::from(*n as u64)
+            } else if n.fract() == 0.0 && *n < 0.0 && *n >= i64::MIN as f64 {
+                Value::from(*n as i64)
+            } else {
+                serde_json::Number::from_f64(*n).map_or(Value::Null, Value::Number)
+            }
+        }
+        Some(PbKind::Text(s)) => Value::String(s.clone()),
+        Some(PbKind::Bool(b)) => Value::Bool(*b),
+        Some(PbKind::Struct(s)) => Value::Object(
+            s.fields
+                .iter()
+                .map(|(k, v)| (k.clone(), to_json(v)))
+                .collect(),
+        ),
+        Some(PbKind::List(l)) => Value::Array(l.values.iter().map(to_json).collect()),
+    }
+}
+
+/// `SendMessageRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SendRequest {
+    #[prost(string, tag = "1")]
+    tenant: String,
+    #[prost(message, optional, tag = "2")]
+    message: Option<SentMessage>,
+    #[prost(message, optional, tag = "3")]
+    configuration: Option<SendConfiguration>,
+}
+
+/// `Message`, as sent.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SentMessage {
+    #[prost(string, tag = "1")]
+    message_id: String,
+    #[prost(string, tag = "3")]
+    task_id: String,
+    #[prost(message, optional, tag = "6")]
+    metadata: Option<PbStruct>,
+}
+
+/// `SendMessageConfiguration`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SendConfiguration {
+    #[prost(bool, tag = "4")]
+    return_immediately: bool,
+}
+
+/// `GetTaskRequest`, `CancelTaskRequest`, `SubscribeToTaskRequest`: a
+/// tenant and a task id (GetTask's `history_length` is field 3).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskRequest {
+    #[prost(string, tag = "1")]
+    pub tenant: String,
+    #[prost(string, tag = "2")]
+    pub id: String,
+    #[prost(int32, optional, tag = "3")]
+    pub history_length: Option<i32>,
+}
+
+/// `StreamResponse`; its fields 1 and 2 are also `SendMessageResponse`'s.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StreamResponse {
+    #[prost(message, optional, tag = "1")]
+    task: Option<Task>,
+    #[prost(message, optional, tag = "2")]
+    message: Option<AnswerMessage>,
+    #[prost(message, optional, tag = "3")]
+    status_update: Option<Update>,
+    #[prost(message, optional, tag = "4")]
+    artifact_update: Option<Update>,
+}
+
+/// `Task`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Task {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(string, tag = "2")]
+    context_id: String,
+    #[prost(message, optional, tag = "3")]
+    status: Option<Status>,
+}
+
+/// `TaskStatus`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Status {
+    /// `TaskState`, in `policies::TaskState::ALL`'s order.
+    #[prost(int32, tag = "1")]
+    state: i32,
+}
+
+/// `Message`, as answered.
+#[derive(Clone, PartialEq, prost::Message)]
+struct AnswerMessage {
+    #[prost(string, tag = "2")]
+    context_id: String,
+    #[prost(string, tag = "3")]
+    task_id: String,
+}
+
+/// `TaskStatusUpdateEvent` and `TaskArtifactUpdateEvent` (whose fields 3
+/// and 4 are another message and a bool: read only for status updates).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Update {
+    #[prost(string, tag = "1")]
+    task_id: String,
+    #[prost(string, tag = "2")]
+    context_id: String,
+}
+
+/// `TaskStatusUpdateEvent` in full as far as policy reads it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StatusUpdate {
+    #[prost(string, tag = "1")]
+    task_id: String,
+    #[prost(string, tag = "2")]
+    context_id: String,
+    #[prost(message, optional, tag = "3")]
+    status: Option<Status>,
+    #[prost(message, optional, tag = "4")]
+    metadata: Option<PbStruct>,
+}
+
+/// `StreamResponse` with its status update read in full.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StatusUpdateOnly {
+    #[prost(message, optional, tag = "3")]
+    status_update: Option<StatusUpdate>,
+}
+
+/// A status's state: the wire value indexes `TaskState::ALL` (the proto
+/// enum's order). 0 reads as none: proto3 cannot tell an unspecified state
+/// from an absent one.
+fn state_of(s: Option<&Status>) -> Option<TaskState> {
+    let n = usize::try_from(s?.state).ok().filter(|n| *n > 0)?;
+    TaskState::ALL.get(n).copied()
+}
+
+fn some(s: String) -> Option<Cow<'static, str>> {
+    (!s.is_empty()).then_some(Cow::Owned(s))
+}
+
+/// What one message of a worker's answer says about its task: a
+/// `StreamResponse` (streams), a `SendMessageResponse` (`SendMessage`) or a
+/// `Task` (`GetTask`, `CancelTask`), by `method`. `None`: not such a
+/// message.
+pub fn observe(method: A2aMethod, msg: &[u8]) -> Option<Observation<'static>> {
+    match method {
+        A2aMethod::GetTask | A2aMethod::CancelTask => {
+            let t = Task::decode(msg).ok()?;
+            Some(Observation {
+                state: state_of(t.status.as_ref()),
+                task_id: some(t.id),
+                context_id: some(t.context_id),
+                ..Observation::default()
+            })
+        }
+        _ => observe_stream(msg),
+    }
+}
+
+fn observe_stream(msg: &[u8]) -> Option<Observation<'static>> {
+    let r = StreamResponse::decode(msg).ok()?;
+    let mut o = Observation::default();
+    if let Some(t) = r.task {
+        o.state = state_of(t.status.as_ref());
+        o.task_id = some(t.id);
+        o.context_id = some(t.context_id);
+    } else if let Some(m) = r.message {
+        o.task_id = some(m.task_id);
+        o.context_id = some(m.context_id);
+        o.message_only = o.task_id.is_none();
+    } else if r.status_update.is_some() {
+        // Read again with its status and metadata.
+        let u = StatusUpdateOnly::decode(msg).ok()?.status_update?;
+        o.state = state_of(u.status.as_ref());
+        o.task_id = some(u.task_id);
+        o.context_id = some(u.context_id);
+        o.spent = u.metadata.as_ref().and_then(spent_of);
+    } else if let Some(u) = r.artifact_update {
+        o.task_id = some(u.task_id);
+        o.context_id = some(u.context_id);
+    }
+    Some(o)
+}
+
+/// `metadata["a2a-rust.com/budget"].spent`, whole amounts per meter.
+fn spent_of(meta: &PbStruct) -> Option<BTreeMap<String, u64>> {
+    let budget = match &meta.fields.get(BUDGET_KEY)?.kind {
+        Some(PbKind::Struct(s)) => s,
+        _ => return None,
+    };
+    let spent = match &budget.fields.get("spent")?.kind {
+        Some(PbKind::Struct(s)) => s,
+        _ => return None,
+    };
+    Some(
+        spent
+            .fields
+            .iter()
+            .filter_map(|(name, v)| match v.kind {
+                Some(PbKind::Number(n)) if n >= 0.0 && n.fract() == 0.0 => {
+                    Some((name.clone(), n as u64))
+                }
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+/// What a gRPC request message says, as far as policy cares: the tenant,
+/// the task, the sent message's lease and budget grants, whether the send
+/// returns at once. `None`: not the message `method` takes.
+pub fn request_facts(method: A2aMethod, msg: &[u8]) -> Option<RequestFacts> {
+    let mut facts = RequestFacts {
+        method: Some(method),
+        ..RequestFacts::default()
+    };
+    match method {
+        A2aMethod::SendMessage | A2aMethod::SendStreamingMessage => {
+            let r = SendRequest::decode(msg).ok()?;
+            facts.tenant = (!r.tenant.is_empty()).then_some(r.tenant);
+            facts.return_immediately = r.configuration.is_some_and(|c| c.return_immediately);
+            if let Some(m) = r.message {
+                facts.task_id = (!m.task_id.is_empty()).then_some(m.task_id);
+                if let Some(meta) = &m.metadata {
+                    facts.lease = meta.fields.get(LEASE_KEY).map(|v| lease_grant(&to_json(v)));
+                    facts.budget = meta
+                        .fields
+                        .get(BUDGET_KEY)
+                        .map(|v| budget_grant(&to_json(v)));
+                }
+            }
+        }
+        A2aMethod::GetTask | A2aMethod::CancelTask | A2aMethod::SubscribeToTask => {
+            let r = TaskRequest::decode(msg).ok()?;
+            facts.tenant = (!r.tenant.is_empty()).then_some(r.tenant);
+            facts.task_id = (!r.id.is_empty()).then_some(r.id);
+        }
+        _ => {}
+    }
+    Some(facts)
+}
+
+/// The sent message's id, for finding a child its caller left before it
+/// was named.
+pub fn message_id(msg: &[u8]) -> Option<String> {
+    let r = SendRequest::decode(msg).ok()?;
+    r.message.map(|m| m.message_id).filter(|id| !id.is_empty())
+}
+
+/// A `GetTask`/`CancelTask` request for `id` in `tenant`, framed.
+pub fn task_request(tenant: Option<&str>, id: &str, history_length: Option<i32>) -> Vec<u8> {
+    let r = TaskRequest {
+        tenant: tenant.unwrap_or("").to_owned(),
+        id: id.to_owned(),
+        history_length,
+    };
+    frame(&r.encode_to_vec())
+}
+
+/// The state of the task in a framed `Task` answer.
+pub fn task_state(body: &[u8]) -> Option<(String, Option<TaskState>)> {
+    let t = Task::decode(single_message(body)?).ok()?;
+    Some((t.id, state_of(t.status.as_ref())))
+}
+
+/// A `grpc-status` code as the HTTP status the gateway's judgement of a
+/// worker's answer reads (as the HTTP+JSON binding maps the same errors).
+pub fn http_status(grpc_status: u32) -> u16 {
+    match grpc_status {
+        0 => 200,
+        3 | 11 => 400,
+        16 => 401,
+        7 => 403,
+        5 => 404,
+        4 => 504,
+        6 | 9 | 10 => 409,
+        8 => 429,
+        12 => 501,
+        14 => 503,
+        _ => 500,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use a2a_protocol_types::proto as pb;
+
+    fn state(s: pb::TaskState) -> Option<pb::TaskStatus> {
+        Some(pb::TaskStatus {
+            state: s as i32,
+            ..Default::default()
+        })
+    }
+
+    fn stream(p: pb::stream_response::Payload) -> Vec<u8> {
+        pb::StreamResponse { payload: Some(p) }.encode_to_vec()
+    }
+
+    fn id<'a>(o: &'a Observation<'a>) -> Option<&'a str> {
+        o.task_id.as_deref()
+    }
+
+    #[test]
+    fn every_state_reads_as_policies_names_it() {
+        use pb::TaskState as P;
+        let table = [
+            (P::Submitted, TaskState::Submitted),
+            (P::Working, TaskState::Working),
+            (P::Completed, TaskState::Completed),
+            (P::Failed, TaskState::Failed),
+            (P::Canceled, TaskState::Canceled),
+            (P::InputRequired, TaskState::InputRequired),
+            (P::Rejected, TaskState::Rejected),
+            (P::AuthRequired, TaskState::AuthRequired),
+        ];
+        for (p, want) in table {
+            let msg = stream(pb::stream_response::Payload::Task(pb::Task {
+                id: "t".into(),
+                context_id: "c".into(),
+                status: state(p),
+                ..Default::default()
+            }));
+            let o = observe(A2aMethod::SendStreamingMessage, &msg).unwrap();
+            assert_eq!(o.state, Some(want), "{p:?}");
+            assert_eq!((id(&o), o.context_id.as_deref()), (Some("t"), Some("c")));
+        }
+        let unspecified = stream(pb::stream_response::Payload::Task(pb::Task {
+            id: "t".into(),
+            status: state(P::Unspecified),
+            ..Default::default()
+        }));
+        assert_eq!(
+            observe(A2aMethod::SendStreamingMessage, &unspecified)
+                .unwrap()
+                .state,
+            None
+        );
+    }
+
+    #[test]
+    fn stream_responses_of_every_kind() {
+        use pb::stream_response::Payload as P;
+        let meta = serde_json::json!({
+            "a2a-rust.com/budget": {"spent": {"tokens": 12.0, "calls": 1.5}}
+        });
+        let update = pb::TaskStatusUpdateEvent {
+            task_id: "u".into(),
+            context_id: "c".into(),
+            status: state(pb::TaskState::Working),
+            metadata: Some(json_struct(&meta)),
+        };
+        let o = observe(A2aMethod::SubscribeToTask, &stream(P::StatusUpdate(update))).unwrap();
+        assert_eq!(id(&o), Some("u"));
+        assert_eq!(o.state, Some(TaskState::Working));
+        assert_eq!(
+            o.spent,
+            Some(BTreeMap::from([("tokens".to_string(), 12)])),
+            "whole amounts only"
+        );
+
+        let art = pb::TaskArtifactUpdateEvent {
+            task_id: "a".into(),
+            context_id: "c".into(),
+            artifact: Some(pb::Artifact {
+                artifact_id: "x".into(),
+                ..Default::default()
+            }),
+            append: true,
+            last_chunk: true,
+            ..Default::default()
+        };
+        let o = observe(
+            A2aMethod::SendStreamingMessage,
+            &stream(P::ArtifactUpdate(art)),
+        )
+        .unwrap();
+        assert_eq!((id(&o), o.state), (Some("a"), None));
+
+        let msg = pb::Message {
+            message_id: "m".into(),
+            context_id: "c".into(),
+            ..Default::default()
+        };
+        let o = observe(A2aMethod::SendMessage, &stream(P::Message(msg))).unwrap();
+        assert!(o.message_only && id(&o).is_none());
+
+        // A bare Task (GetTask, CancelTask).
+        let t = pb::Task {
+            id: "g".into(),
+            status: state(pb::TaskState::Canceled),
+            history: vec![pb::Message::default(); 3],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let o = observe(A2aMethod::CancelTask, &t).unwrap();
+        assert_eq!((id(&o), o.state), (Some("g"), Some(TaskState::Canceled)));
+        assert_eq!(
+            task_state(&frame(&t)),
+            Some(("g".to_string(), Some(TaskState::Canceled)))
+        );
+        // Not protobuf.
+        assert!(observe(A2aMethod::SendStreamingMessage, b"\xff\xff\xff").is_none());
+    }
+
+    /// A JSON object as the `Struct` the generated types carry.
+    fn json_struct(v: &serde_json::Value) -> pb::prost_types::Struct {
+        use pb::prost_types::value::Kind;
+        fn val(v: &serde_json::Value) -> pb::prost_types::Value {
+            let kind = match v {
+                serde_json::Value::Null => Kind::NullValue(0),
+                serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+                serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap()),
+                serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+                serde_json::Value::Array(a) => Kind::ListValue(pb::prost_types::ListValue {
+                    values: a.iter().map(val).collect(),
+                }),
+                serde_json::Value::Object(_) => Kind::StructValue(json_struct(v)),
+            };
+            pb::prost_types::Value { kind: Some(kind) }
+        }
+        pb::prost_types::Struct {
+            fields: v
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), val(v)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn send_requests_give_their_facts() {
+        let meta = serde_json::json!({
+            "a2a-rust.com/lease": {"ttlMs": 2000},
+            "a2a-rust.com/budget": {"remainingMs": 5000, "meters": {"tokens": 100}},
+            "other": [1, "x", null, true]
+        });
+        let req = pb::SendMessageRequest {
+            tenant: "acme".into(),
+            message: Some(pb::Message {
+                message_id: "m1".into(),
+                task_id: "t0".into(),
+                metadata: Some(json_struct(&meta)),
+                extensions: vec!["https://a2a-rust.com/extensions/lease/v1".into()],
+                ..Default::default()
+            }),
+            configuration: Some(pb::SendMessageConfiguration {
+                return_immediately: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let f = request_facts(A2aMethod::SendMessage, &req).unwrap();
+        assert_eq!(f.tenant.as_deref(), Some("acme"));
+        assert_eq!(f.task_id.as_deref(), Some("t0"));
+        assert_eq!(f.lease, Some(Ok(2000)));
+        assert!(matches!(f.budget, Some(Ok(_))), "{:?}", f.budget);
+        assert!(f.return_immediately);
+        assert_eq!(message_id(&req).as_deref(), Some("m1"));
+
+        // A malformed grant is refused as on the other bindings.
+        let bad =
+            serde_json::json!({"a2a-rust.com/lease": {"ttlMs": -5}, "a2a-rust.com/budget": "lots"});
+        let req = pb::SendMessageRequest {
+            message: Some(pb::Message {
+                metadata: Some(json_struct(&bad)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let f = request_facts(A2aMethod::SendStreamingMessage, &req).unwrap();
+        assert!(matches!(f.lease, Some(Err(_))), "{:?}", f.lease);
+        assert!(matches!(f.budget, Some(Err(_))), "{:?}", f.budget);
+        assert_eq!((f.tenant, f.task_id), (None, None));
+
+        for (method, bytes) in [
+            (
+                A2aMethod::GetTask,
+                pb::GetTaskRequest {
+                    tenant: "acme".into(),
+                    id: "t1".into(),
+                    history_length: Some(0),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                A2aMethod::CancelTask,
+                pb::CancelTaskRequest {
+                    tenant: "acme".into(),
+                    id: "t1".into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ),
+            (
+                A2aMethod::SubscribeToTask,
+                pb::SubscribeToTaskRequest {
+                    tenant: "acme".into(),
+                    id: "t1".into(),
+                }
+                .encode_to_vec(),
+            ),
+        ] {
+            let f = request_facts(method, &bytes).unwrap();
+            assert_eq!(
+                (f.tenant.as_deref(), f.task_id.as_deref()),
+                (Some("acme"), Some("t1")),
+                "{method:?}"
+            );
+        }
+        // The gateway's own requests read back with the generated types.
+        let ours = task_request(Some("acme"), "t9", Some(0));
+        let back = pb::GetTaskRequest::decode(single_message(&ours).unwrap()).unwrap();
+        assert_eq!(
+            (back.tenant.as_str(), back.id.as_str(), back.history_length),
+            ("acme", "t9", Some(0))
+        );
+    }
+
+    #[test]
+    fn frames_split_at_every_byte() {
+        let a = stream(pb::stream_response::Payload::Task(pb::Task {
+            id: "first".into(),
+            status: state(pb::TaskState::Submitted),
+            ..Default::default()
+        }));
+        let mut wire = frame(&a);
+        wire.extend_from_slice(&frame(b""));
+        // A compressed one, passed unread.
+        wire.extend_from_slice(&[1, 0, 0, 0, 3, 9, 9, 9]);
+        let long = vec![7u8; 100];
+        wire.extend_from_slice(&frame(&long));
+        let b = stream(pb::stream_response::Payload::StatusUpdate(
+            pb::TaskStatusUpdateEvent {
+                task_id: "first".into(),
+                status: state(pb::TaskState::Completed),
+                ..Default::default()
+            },
+        ));
+        wire.extend_from_slice(&frame(&b));
+        for split in 0..=wire.len() {
+            for step in [1usize, 3, 64] {
+                let mut r = GrpcFrames::new(64);
+                let mut got: Vec<String> = Vec::new();
+                let mut push = |item: GrpcItem<'_>| {
+                    got.push(match item {
+                        GrpcItem::Message(m) => match observe(A2aMethod::SendStreamingMessage, m) {
+                            Some(o) => format!("{:?}", o.state),
+                            None => format!("bad {}", m.len()),
+                        },
+                        GrpcItem::Compressed => "compressed".into(),
+                        GrpcItem::Overlong => "overlong".into(),
+                    })
+                };
+                r.feed(&wire[..split], &mut push);
+                for c in wire[split..].chunks(step) {
+                    r.feed(c, &mut push);
+                }
+                assert_eq!(
+                    got,
+                    [
+                        "Some(Submitted)",
+                        "None",
+                        "compressed",
+                        "overlong",
+                        "Some(Completed)"
+                    ],
+                    "split {split}, step {step}"
+                );
+                assert!(r.buf.capacity() <= 64, "bounded by the limit");
+            }
+        }
+    }
+
+    #[test]
+    fn content_types_and_paths() {
+        assert!(is_grpc_content_type(b"application/grpc"));
+        assert!(is_grpc_content_type(b"Application/GRPC+proto"));
+        assert!(is_grpc_content_type(b"application/grpc;charset=x"));
+        assert!(!is_grpc_content_type(b"application/grpc-web"));
+        assert!(!is_grpc_content_type(b"application/json"));
+        assert_eq!(
+            method_of("/lf.a2a.v1.A2AService/SendStreamingMessage"),
+            Some(Some(A2aMethod::SendStreamingMessage))
+        );
+        assert_eq!(method_of("/lf.a2a.v1.A2AService/Nope"), Some(None));
+        assert_eq!(method_of("/grpc.health.v1.Health/Check"), None);
+        assert_eq!(single_message(&[0, 0, 0, 0, 2, 1]), None);
+        assert_eq!(single_message(&[1, 0, 0, 0, 1, 1]), None);
+        assert_eq!(single_message(&[0, 0, 0, 0, 1, 1]), Some(&[1u8][..]));
+    }
+}
