@@ -37,6 +37,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub mod gateway;
+pub mod grpc;
 pub mod http;
 pub mod otlp;
 pub mod parent;

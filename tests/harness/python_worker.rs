@@ -6,6 +6,15 @@
 //! `work:<ms>`, `quick`, `ask`, `spend:<ms>:<meter>=<n>` (see the script's
 //! doc). JSON-RPC is at `POST /`, the REST routes at `/…` and `/{tenant}/…`,
 //! and `GET /_test/stats` reports what the executor saw.
+//!
+//! [`PythonWorker::start_with_grpc`] also serves the A2A gRPC binding
+//! (`lf.a2a.v1.A2AService`, plaintext HTTP/2 with prior knowledge) on a
+//! second port, [`PythonWorker::grpc_url`]: the SDK's `GrpcHandler` over the
+//! same handler, so tasks, tenants and `/_test/stats` are shared with the
+//! HTTP side (`extensions_seen` also gets every `a2a-extensions` metadata
+//! value). Unlike a2a-rust, the SDK does not require `a2a-version` metadata.
+//! A caller's RST_STREAM or dropped connection does not stop the task (as
+//! an SSE disconnect does not): see `tests/grpc_harness.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,6 +39,7 @@ fn start_timeout() -> Duration {
 pub struct PythonWorker {
     child: Child,
     port: u16,
+    grpc_port: Option<u16>,
     stderr: Arc<Mutex<Vec<u8>>>,
 }
 
@@ -110,6 +120,17 @@ impl PythonWorker {
     /// `--declare-extension URI` (repeatable) lists URI in the card
     /// (`required: false`).
     pub async fn start_with_args(args: &[&str]) -> PythonWorker {
+        Self::start_fresh(args, false).await
+    }
+
+    /// As [`PythonWorker::start_with_args`], also serving the gRPC binding
+    /// on a port of its own (`--grpc-port`, [`PythonWorker::grpc_url`]).
+    pub async fn start_with_grpc(args: &[&str]) -> PythonWorker {
+        Self::start_fresh(args, true).await
+    }
+
+    /// Starts the agent on fresh free ports (a second one for gRPC).
+    async fn start_fresh(args: &[&str], grpc: bool) -> PythonWorker {
         let venv = tokio::task::spawn_blocking(ensure_venv)
             .await
             .expect("venv setup thread")
@@ -120,7 +141,8 @@ impl PythonWorker {
         // it: try a few.
         let mut last_err = String::new();
         for _ in 0..3 {
-            match Self::spawn_on(&venv, &script, free_port(), args).await {
+            let grpc_port = grpc.then(free_port);
+            match Self::spawn_on(&venv, &script, free_port(), grpc_port, args).await {
                 Ok(w) => return w,
                 Err(e) => last_err = e,
             }
@@ -142,7 +164,7 @@ impl PythonWorker {
         let script = agent_script();
         let deadline = tokio::time::Instant::now() + super::scaled_secs(10);
         loop {
-            match Self::spawn_on(&venv, &script, port, args).await {
+            match Self::spawn_on(&venv, &script, port, None, args).await {
                 Ok(w) => return w,
                 Err(e)
                     if e.contains("address already in use")
@@ -155,18 +177,23 @@ impl PythonWorker {
         }
     }
 
-    /// One attempt to start the agent on `port`: the agent once it answers,
-    /// or why it exited first (panics when it neither answers nor exits).
+    /// One attempt to start the agent on `port` (and gRPC on `grpc_port`):
+    /// the agent once it answers, or why it exited first (panics when it
+    /// neither answers nor exits). The agent binds gRPC before HTTP, so a
+    /// card answering means both listen.
     async fn spawn_on(
         venv: &Path,
         script: &Path,
         port: u16,
+        grpc_port: Option<u16>,
         args: &[&str],
     ) -> Result<PythonWorker, String> {
-        let mut child = Command::new(venv.join("bin").join("python"))
-            .arg(script)
-            .arg("--port")
-            .arg(port.to_string())
+        let mut cmd = Command::new(venv.join("bin").join("python"));
+        cmd.arg(script).arg("--port").arg(port.to_string());
+        if let Some(g) = grpc_port {
+            cmd.arg("--grpc-port").arg(g.to_string());
+        }
+        let mut child = cmd
             .args(args)
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::null())
@@ -195,6 +222,7 @@ impl PythonWorker {
                 return Ok(PythonWorker {
                     child,
                     port,
+                    grpc_port,
                     stderr,
                 });
             }
@@ -219,6 +247,16 @@ impl PythonWorker {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `http://127.0.0.1:GRPC_PORT`, the gRPC binding's address (for
+    /// `crate::harness::grpc`). Panics unless started with
+    /// [`PythonWorker::start_with_grpc`].
+    pub fn grpc_url(&self) -> String {
+        let port = self
+            .grpc_port
+            .expect("python worker started without gRPC (use start_with_grpc)");
+        format!("http://127.0.0.1:{port}")
     }
 
     /// What the agent wrote on stderr so far (for diagnostics).

@@ -5,6 +5,30 @@
 //! (JSON-RPC at `POST /`, HTTP+JSON at every other path, `/{tenant}/…` too).
 //! With `websocket` a `WebSocketDispatcher` gets a listener of its own.
 //!
+//! [`RustWorker::start_with_grpc`] also serves the same handler (same
+//! executor, counters, task store, interceptor) over the A2A gRPC binding
+//! (`lf.a2a.v1.A2AService`) on a listener of its own, [`RustWorker::grpc_url`]
+//! (`http://127.0.0.1:PORT`, plaintext: h2c with prior knowledge; the port
+//! also answers `GET /.well-known/agent-card.json` over HTTP/1.1), with
+//! `GrpcDispatcher::new(handler, GrpcConfig::default())`, and its card lists
+//! `AgentInterface::grpc(url)` last. Not in the other constructors, so that
+//! every other test's card stays as it was. What a gRPC caller should know:
+//!
+//! * `GrpcConfig::default()` keeps `require_version_header: true`: a call
+//!   without `a2a-version` metadata is refused with FAILED_PRECONDITION (9)
+//!   before the handler (`tests/grpc_harness.rs` checks it). The Python SDK
+//!   does not check it. `crate::harness::grpc` always sends `a2a-version: 1.0`.
+//! * The tenant is the request's `tenant` field (1), which reaches the
+//!   handler as the HTTP bindings' `params.tenant`: the tenant-aware store
+//!   isolates a task made over gRPC under `acme` exactly as one made over
+//!   HTTP, and the two sides see each other's tasks (same store).
+//! * All metadata reaches the interceptor as the HTTP headers do, so
+//!   `upgrade_extensions`/`extension_calls` also record gRPC calls'
+//!   `a2a-extensions` (with the gRPC method name, e.g. `"GetTask"`).
+//! * A caller's RST_STREAM (or a dropped connection) on a stream does not
+//!   stop the task: it runs on as after an SSE disconnect (checked in
+//!   `tests/grpc_harness.rs`), so stopping it is a gateway's job.
+//!
 //! What the executor does is chosen by the text of the user message
 //! (`Message::text`, the first text part):
 //!
@@ -52,7 +76,7 @@
 //! Tasks are kept in a `TenantAwareInMemoryTaskStore`: a task created under
 //! tenant `acme` is only found again with tenant `acme`.
 //!
-//! Dropping the worker aborts both accept loops, so nothing new connects.
+//! Dropping the worker aborts every accept loop, so nothing new connects.
 //! Connections already open (e.g. an SSE stream) are spawned by the crate
 //! and live on until their task ends or the test's runtime stops; a test
 //! that needs "the worker vanished mid-stream" cannot get it from Drop.
@@ -109,6 +133,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use a2a_protocol_server::dispatch::grpc::{GrpcConfig, GrpcDispatcher};
 use a2a_protocol_server::serve::Server;
 use a2a_protocol_server::store::{InMemoryLeaseStore, TaskStoreConfig, TenantStoreConfig};
 use a2a_protocol_server::streaming::EventQueueWriter;
@@ -126,6 +151,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// How to build a [`RustWorker`]. `Default`: no lease store, no WebSocket.
+/// (gRPC is not a field, since tests build this struct without `..Default`:
+/// [`RustWorker::start_with_grpc`].)
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RustWorkerOptions {
     /// Build with `with_lease_store(InMemoryLeaseStore::new())`: the card
@@ -187,6 +214,7 @@ struct Observed {
 pub struct RustWorker {
     url: String,
     ws_url: Option<String>,
+    grpc_url: Option<String>,
     observed: Arc<Observed>,
     serve_tasks: Vec<JoinHandle<()>>,
 }
@@ -203,6 +231,21 @@ impl RustWorker {
         opts: RustWorkerOptions,
         capacity: Option<RustWorkerCapacity>,
     ) -> RustWorker {
+        RustWorker::start_inner(opts, capacity, false).await
+    }
+
+    /// As [`RustWorker::start`], also serving the A2A gRPC binding on a
+    /// listener of its own ([`RustWorker::grpc_url`]; see the module doc),
+    /// declared in the card as `AgentInterface::grpc(url)`.
+    pub async fn start_with_grpc(opts: RustWorkerOptions) -> RustWorker {
+        RustWorker::start_inner(opts, None, true).await
+    }
+
+    async fn start_inner(
+        opts: RustWorkerOptions,
+        capacity: Option<RustWorkerCapacity>,
+        grpc: bool,
+    ) -> RustWorker {
         let http_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let http_addr = http_listener.local_addr().unwrap();
         let url = format!("http://{http_addr}");
@@ -216,6 +259,15 @@ impl RustWorker {
             .as_ref()
             .map(|l| format!("ws://{}/ws", l.local_addr().unwrap()));
 
+        let grpc_listener = if grpc {
+            Some(TcpListener::bind("127.0.0.1:0").await.expect("bind grpc"))
+        } else {
+            None
+        };
+        let grpc_url = grpc_listener
+            .as_ref()
+            .map(|l| format!("http://{}", l.local_addr().unwrap()));
+
         let mut card = AgentCard::new("rust-worker", "1.0.0", AgentInterface::jsonrpc(&url))
             .with_description("a2a-gateway test worker on a2a-protocol-server 0.15")
             .with_skill(
@@ -228,6 +280,9 @@ impl RustWorker {
                 ws,
                 a2a_protocol_types::WEBSOCKET_BINDING_URI,
             ));
+        }
+        if let Some(grpc) = &grpc_url {
+            card = card.with_interface(AgentInterface::grpc(grpc));
         }
 
         let observed = Arc::new(Observed::default());
@@ -273,10 +328,21 @@ impl RustWorker {
                     .await;
             }));
         }
+        if let Some(listener) = grpc_listener {
+            // `serve_with_shutdown` polls the server in place (no spawn), so
+            // aborting this task on drop stops accepting, as for the others.
+            let grpc = GrpcDispatcher::new(Arc::clone(&handler), GrpcConfig::default());
+            serve_tasks.push(tokio::spawn(async move {
+                let _report = grpc
+                    .serve_with_shutdown(listener, std::future::pending())
+                    .await;
+            }));
+        }
 
         RustWorker {
             url,
             ws_url,
+            grpc_url,
             observed,
             serve_tasks,
         }
@@ -292,6 +358,15 @@ impl RustWorker {
         self.ws_url.clone()
     }
 
+    /// `http://127.0.0.1:PORT`, the gRPC binding's address (for
+    /// `crate::harness::grpc`). Panics unless started with
+    /// [`RustWorker::start_with_grpc`].
+    pub fn grpc_url(&self) -> String {
+        self.grpc_url
+            .clone()
+            .expect("rust worker started without gRPC (use start_with_grpc)")
+    }
+
     /// Executor runs that created a task (continuations not counted).
     pub fn tasks_started(&self) -> usize {
         self.observed.tasks_started.load(Ordering::SeqCst)
@@ -302,12 +377,13 @@ impl RustWorker {
         self.observed.executions.load(Ordering::SeqCst)
     }
 
-    /// `CancelTask` calls that reached the executor's cancel hook.
     /// Meter units `spend:` turns charged to their budgets so far.
     pub fn charged(&self) -> u64 {
         self.observed.charged.load(Ordering::SeqCst) as u64
     }
 
+    /// `CancelTask` calls (any binding, gRPC included) that reached the
+    /// executor's cancel hook.
     pub fn cancels(&self) -> usize {
         self.observed.cancels.load(Ordering::SeqCst)
     }

@@ -41,6 +41,30 @@ impl Worker {
         }
     }
 
+    /// As [`Worker::start`], also serving the A2A gRPC binding on a port of
+    /// its own ([`Worker::grpc_url`]; `RustWorker::start_with_grpc`,
+    /// `PythonWorker::start_with_grpc`), sharing the HTTP side's tasks.
+    pub async fn start_with_grpc(kind: Kind) -> Worker {
+        match kind {
+            Kind::Rust => {
+                Worker::Rust(RustWorker::start_with_grpc(RustWorkerOptions::default()).await)
+            }
+            Kind::Python => {
+                Worker::Python(PythonWorker::start_with_grpc(&["--tenant-scoped"]).await)
+            }
+        }
+    }
+
+    /// The gRPC binding's `http://127.0.0.1:PORT` (for
+    /// `crate::harness::grpc`); panics unless started with
+    /// [`Worker::start_with_grpc`].
+    pub fn grpc_url(&self) -> String {
+        match self {
+            Worker::Rust(w) => w.grpc_url(),
+            Worker::Python(w) => w.grpc_url(),
+        }
+    }
+
     pub fn url(&self) -> String {
         match self {
             Worker::Rust(w) => w.url(),

@@ -14,6 +14,16 @@ SDK's own pieces:
 Two test-only extras: `GET /_test/stats` and an ASGI middleware that records
 every `A2A-Extensions` request header.
 
+With `--grpc-port PORT` the same handler (same executor, task store and
+stats) is also served over the A2A gRPC binding (`lf.a2a.v1.A2AService`,
+plaintext HTTP/2) on that port, by the SDK's `GrpcHandler`, and the card
+lists a `GRPC` interface `http://HOST:PORT`. Its context builder records the
+`a2a-extensions` metadata of every call into the same `extensions_seen`.
+The tenant of a gRPC call is the request's `tenant` field, as over HTTP.
+The SDK checks no `a2a-version` metadata on gRPC. `/_test/stats` stays on
+HTTP. The gRPC server starts before `READY` and stops (0.5 s grace) when
+the HTTP server shuts down, before the handler is closed.
+
 What the agent does is chosen by the first text part of the user message:
 
 - `work:<ms>`  WORKING, then a WORKING update every 100 ms until <ms> elapsed,
@@ -30,8 +40,8 @@ What the agent does is chosen by the first text part of the user message:
 - anything else: like `quick`.
 
 Usage: python python_agent.py --port N [--host 127.0.0.1] [--tenant-scoped]
-       [--declare-extension URI ...]
-Prints `READY` on stdout once the socket listens.
+       [--declare-extension URI ...] [--grpc-port M]
+Prints `READY` on stdout once the sockets listen.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import sys
 
 from dataclasses import dataclass, field
 
+import grpc
 import uvicorn
 
 from starlette.applications import Starlette
@@ -54,7 +65,11 @@ from starlette.routing import Route
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
-from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers import (
+    DefaultGrpcServerCallContextBuilder,
+    DefaultRequestHandler,
+    GrpcHandler,
+)
 from a2a.server.routes import (
     create_agent_card_routes,
     create_jsonrpc_routes,
@@ -71,6 +86,7 @@ from a2a.types import (
     Task,
     TaskState,
     TaskStatus,
+    a2a_pb2_grpc,
 )
 
 
@@ -271,6 +287,21 @@ class RecordExtensions:
         await self.app(scope, receive, send)
 
 
+class RecordingGrpcContextBuilder(DefaultGrpcServerCallContextBuilder):
+    """The gRPC twin of RecordExtensions: records `a2a-extensions` metadata."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+
+    def build(self, context: grpc.aio.ServicerContext) -> ServerCallContext:
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() == 'a2a-extensions':
+                self.stats.extensions_seen.append(
+                    value if isinstance(value, str) else value.decode('latin-1')
+                )
+        return super().build(context)
+
+
 def _tenant_owner(context: ServerCallContext) -> str:
     """Owner resolver that scopes tasks by tenant (only with --tenant-scoped)."""
     return f'{context.tenant}\x00{context.user.user_name}'
@@ -280,24 +311,37 @@ def build_app(
     base_url: str,
     tenant_scoped: bool = False,
     extensions: list[str] | None = None,
-) -> tuple[Starlette, Stats]:
+    grpc_url: str | None = None,
+) -> tuple[Starlette, Stats, DefaultRequestHandler, list]:
+    """The app, its stats, its handler, and a list of async callables the
+    app's lifespan awaits at shutdown before it closes the handler (where
+    the caller registers the gRPC server's stop)."""
     stats = Stats()
+    interfaces = [
+        AgentInterface(
+            url=base_url,
+            protocol_binding='JSONRPC',
+            protocol_version='1.0',
+        ),
+        AgentInterface(
+            url=base_url,
+            protocol_binding='HTTP+JSON',
+            protocol_version='1.0',
+        ),
+    ]
+    if grpc_url is not None:
+        interfaces.append(
+            AgentInterface(
+                url=grpc_url,
+                protocol_binding='GRPC',
+                protocol_version='1.0',
+            )
+        )
     card = AgentCard(
         name='python-test-worker',
         description='Scripted A2A worker on a2a-sdk 1.3.0 for a2a-gateway tests.',
         version='1.0.0',
-        supported_interfaces=[
-            AgentInterface(
-                url=base_url,
-                protocol_binding='JSONRPC',
-                protocol_version='1.0',
-            ),
-            AgentInterface(
-                url=base_url,
-                protocol_binding='HTTP+JSON',
-                protocol_version='1.0',
-            ),
-        ],
+        supported_interfaces=interfaces,
         capabilities=AgentCapabilities(
             streaming=True,
             push_notifications=False,
@@ -339,19 +383,56 @@ def build_app(
         *create_rest_routes(handler),
     ]
 
+    on_shutdown: list = []
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
         yield
+        for stop in on_shutdown:
+            await stop()
         await handler.aclose()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(RecordExtensions, stats=stats)
-    return app, stats
+    return app, stats, handler, on_shutdown
+
+
+async def _start_grpc(
+    handler: DefaultRequestHandler, stats: Stats, host: str, port: int
+) -> grpc.aio.Server:
+    """Serves `handler` over gRPC (plaintext HTTP/2) on host:port."""
+    server = grpc.aio.server()
+    a2a_pb2_grpc.add_A2AServiceServicer_to_server(
+        GrpcHandler(handler, RecordingGrpcContextBuilder(stats)), server
+    )
+    try:
+        bound = server.add_insecure_port(f'{host}:{port}')
+    except RuntimeError as e:
+        # grpcio says only "Failed to bind"; the harness retries on these words.
+        sys.exit(f'grpc port {port}: address already in use? ({e})')
+    if bound == 0:
+        sys.exit(f'grpc port {port}: address already in use?')
+    await server.start()
+    return server
 
 
 async def _serve(args: argparse.Namespace) -> None:
     base_url = f'http://{args.host}:{args.port}'
-    app, _ = build_app(base_url, args.tenant_scoped, args.declare_extension)
+    grpc_url = (
+        f'http://{args.host}:{args.grpc_port}' if args.grpc_port else None
+    )
+    app, stats, handler, on_shutdown = build_app(
+        base_url, args.tenant_scoped, args.declare_extension, grpc_url
+    )
+    if args.grpc_port:
+        grpc_server = await _start_grpc(
+            handler, stats, args.host, args.grpc_port
+        )
+
+        async def stop_grpc() -> None:
+            await grpc_server.stop(0.5)
+
+        on_shutdown.append(stop_grpc)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -385,6 +466,13 @@ def main() -> None:
         default=[],
         metavar='URI',
         help='declare this extension (required=false) in the agent card',
+    )
+    parser.add_argument(
+        '--grpc-port',
+        type=int,
+        default=None,
+        metavar='PORT',
+        help='also serve the A2A gRPC binding (plaintext) on this port',
     )
     parser.add_argument('--log-level', default='warning')
     args = parser.parse_args()

@@ -56,7 +56,8 @@ fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 "${pip[@]}" install --quiet -r "$req"
-"$venv/bin/python" -c 'import a2a.server.routes, uvicorn, sse_starlette'
+"$venv/bin/python" -c 'import a2a.server.routes, uvicorn, sse_starlette, grpc
+from a2a.server.request_handlers import GrpcHandler'
 
 echo "$want" >"$stamp"
 echo "setup-venv: ready at $venv" >&2
