@@ -11,6 +11,8 @@ mod cascade;
 mod demo;
 mod faults;
 mod gateway_basics;
+mod grpc;
+mod grpc_harness;
 mod hardening;
 mod harness;
 mod http1;

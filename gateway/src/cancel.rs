@@ -133,6 +133,9 @@ fn list_since() -> String {
 /// The id of the task in a `ListTasks` answer whose history holds the
 /// message `message_id`.
 fn task_with_message(binding: Binding, body: &[u8], message_id: &str) -> Option<String> {
+    if binding == Binding::Grpc {
+        return crate::a2a::grpc::task_with_message(body, message_id);
+    }
     let v: Value = serde_json::from_slice(body).ok()?;
     let list = match binding {
         Binding::Rest => &v,
@@ -771,8 +774,7 @@ impl Canceller {
     /// TLS with ALPN `h2`). The answer's `grpc-status` (from the trailers,
     /// or the head of a trailers-only answer) is returned as the HTTP
     /// status the judgement reads ([`crate::a2a::grpc::http_status`]), with
-    /// the framed answer. ListTasks (finding a child by its message) is not
-    /// sent over gRPC.
+    /// the framed answer.
     async fn send_grpc(
         &self,
         job: &CancelJob,
@@ -780,16 +782,26 @@ impl Canceller {
         trace: &[(String, String)],
     ) -> Result<(u16, Vec<u8>), Attempt> {
         use crate::a2a::grpc;
-        let (method, history) = match call {
-            Call::Cancel => ("CancelTask", None),
-            Call::Get => ("GetTask", Some(0)),
+        let tenant = job.key.tenant();
+        let (method, body) = match call {
+            Call::Cancel => (
+                "CancelTask",
+                grpc::task_request(tenant, &job.key.task_id, None),
+            ),
+            Call::Get => (
+                "GetTask",
+                grpc::task_request(tenant, &job.key.task_id, Some(0)),
+            ),
             Call::List => {
-                return Err(Attempt::Refused(
-                    "ListTasks is not sent over gRPC".to_string(),
-                ))
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                (
+                    "ListTasks",
+                    grpc::list_request(tenant, now.saturating_sub(LIST_LOOKBACK_MS)),
+                )
             }
         };
-        let body = grpc::task_request(job.key.tenant(), &job.key.task_id, history);
         let path = format!("{}{method}", grpc::SERVICE_PREFIX);
         let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
         peer.options.set_http_version(2, 2);

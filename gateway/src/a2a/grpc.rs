@@ -476,6 +476,76 @@ pub fn task_request(tenant: Option<&str>, id: &str, history_length: Option<i32>)
     frame(&r.encode_to_vec())
 }
 
+/// `ListTasksRequest`: the tenant's tasks updated since `since_ms` (Unix
+/// ms), up to `page_size`, each with `history_length` messages.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListRequest {
+    #[prost(string, tag = "1")]
+    tenant: String,
+    #[prost(int32, optional, tag = "4")]
+    page_size: Option<i32>,
+    #[prost(int32, optional, tag = "6")]
+    history_length: Option<i32>,
+    #[prost(message, optional, tag = "7")]
+    status_timestamp_after: Option<Timestamp>,
+}
+
+/// `google.protobuf.Timestamp`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Timestamp {
+    #[prost(int64, tag = "1")]
+    seconds: i64,
+    #[prost(int32, tag = "2")]
+    nanos: i32,
+}
+
+/// `ListTasksResponse`, each task with its history's message ids.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListResponse {
+    #[prost(message, repeated, tag = "1")]
+    tasks: Vec<ListedTask>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListedTask {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(message, repeated, tag = "5")]
+    history: Vec<HistoryMessage>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct HistoryMessage {
+    #[prost(string, tag = "1")]
+    message_id: String,
+}
+
+/// A framed `ListTasks` request: `tenant`'s tasks updated since `since_ms`
+/// (Unix ms), 100 of them with 100 history messages each (as the other
+/// bindings ask).
+pub fn list_request(tenant: Option<&str>, since_ms: u64) -> Vec<u8> {
+    let r = ListRequest {
+        tenant: tenant.unwrap_or("").to_owned(),
+        page_size: Some(100),
+        history_length: Some(100),
+        status_timestamp_after: Some(Timestamp {
+            seconds: (since_ms / 1000) as i64,
+            nanos: ((since_ms % 1000) * 1_000_000) as i32,
+        }),
+    };
+    frame(&r.encode_to_vec())
+}
+
+/// The id of the task in a framed `ListTasks` answer whose history holds
+/// the message `message_id`.
+pub fn task_with_message(body: &[u8], message_id: &str) -> Option<String> {
+    let r = ListResponse::decode(single_message(body)?).ok()?;
+    r.tasks
+        .into_iter()
+        .find(|t| t.history.iter().any(|m| m.message_id == message_id))
+        .map(|t| t.id)
+}
+
 /// The state of the task in a framed `Task` answer.
 pub fn task_state(body: &[u8]) -> Option<(String, Option<TaskState>)> {
     let t = Task::decode(single_message(body)?).ok()?;
@@ -737,6 +807,42 @@ mod tests {
             (back.tenant.as_str(), back.id.as_str(), back.history_length),
             ("acme", "t9", Some(0))
         );
+    }
+
+    #[test]
+    fn list_tasks_finds_the_task_holding_a_message() {
+        let msg = |id: &str| pb::Message {
+            message_id: id.into(),
+            ..Default::default()
+        };
+        let answer = pb::ListTasksResponse {
+            tasks: vec![
+                pb::Task {
+                    id: "a".into(),
+                    history: vec![msg("m0")],
+                    ..Default::default()
+                },
+                pb::Task {
+                    id: "b".into(),
+                    history: vec![msg("x"), msg("m1")],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let body = frame(&answer);
+        assert_eq!(task_with_message(&body, "m1").as_deref(), Some("b"));
+        assert_eq!(task_with_message(&body, "m9"), None);
+        let req = list_request(Some("acme"), 1_700_000_000_250);
+        let back = pb::ListTasksRequest::decode(single_message(&req).unwrap()).unwrap();
+        assert_eq!(back.tenant, "acme");
+        assert_eq!(
+            (back.page_size, back.history_length),
+            (Some(100), Some(100))
+        );
+        let ts = back.status_timestamp_after.unwrap();
+        assert_eq!((ts.seconds, ts.nanos), (1_700_000_000, 250_000_000));
     }
 
     #[test]
