@@ -299,30 +299,11 @@ async fn lease_grants_are_checked_and_lapse() {
     );
 }
 
-/// A budgeted route refuses gRPC calls (grants inside protobuf are not
-/// re-written) with PERMISSION_DENIED; nothing reaches the worker. A gRPC
-/// call matching no route gets a gRPC status too.
+/// A gRPC call matching no route gets a gRPC status (trailers-only), and
+/// nothing reaches the worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn budgeted_routes_and_no_route_answer_grpc_statuses() {
+async fn no_route_answers_a_grpc_status() {
     let worker = RustWorker::start_with_grpc(RustWorkerOptions::default()).await;
-    let gw = Gateway::in_front_of(
-        &worker.grpc_url(),
-        "[routes.budget]\nmax_deadline = \"1m\"\n",
-    )
-    .await;
-    let mut conn = RawGrpc::connect(&gw.url).await;
-    let call = conn
-        .call("SendStreamingMessage", &send_request("work:60000", ""), &[])
-        .await;
-    let (_, status, end) = call.finish(scaled_secs(5)).await;
-    assert_eq!(status, Some(7), "PERMISSION_DENIED: {end:?}");
-    assert_eq!(worker.tasks_started(), 0);
-    assert_eq!(
-        gw.counter("a2agw_refusals_total", &["reason=\"budget_grpc\""])
-            .await,
-        1.0
-    );
-
     let gw = Gateway::start(&format!(
         "[[routes]]\nname = \"x\"\nworker = \"{}\"\npath_prefix = \"/x\"\n",
         worker.grpc_url()
@@ -403,4 +384,257 @@ async fn rust_callers_leaving_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_callers_leaving_at_once() {
     callers_leaving_at_once(W::python().await).await;
+}
+
+impl W {
+    fn url(&self) -> String {
+        match self {
+            W::Rust(w) => w.url(),
+            W::Python(w) => w.url(),
+        }
+    }
+}
+
+const BUDGET_KEY: &str = "a2a-rust.com/budget";
+const BUDGET_URI: &str = "https://a2a-rust.com/extensions/budget/v1";
+
+/// A protobuf `Struct` as JSON (numbers as the doubles they are).
+fn json_of(s: &a2a_protocol_types::proto::prost_types::Struct) -> serde_json::Value {
+    use a2a_protocol_types::proto::prost_types::value::Kind;
+    fn val(v: &a2a_protocol_types::proto::prost_types::Value) -> serde_json::Value {
+        match &v.kind {
+            None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(s)) => serde_json::json!(s),
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::StructValue(s)) => json_of(s),
+            Some(Kind::ListValue(l)) => l.values.iter().map(val).collect(),
+        }
+    }
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), val(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// The SDK's budget-exhausted failure as a gRPC stream message: a status
+/// update, FAILED, whose agent message carries the failure class and
+/// extension, and whose metadata says why and how much was spent. Its
+/// text, and the update's budget metadata.
+fn budget_failure(ev: &proto::StreamResponse) -> Option<(String, serde_json::Value)> {
+    let Some(proto::stream_response::Payload::StatusUpdate(u)) = &ev.payload else {
+        return None;
+    };
+    let st = u.status.as_ref()?;
+    if st.state != proto::TaskState::Failed as i32 {
+        return None;
+    }
+    let m = st.message.as_ref()?;
+    let meta = json_of(m.metadata.as_ref()?);
+    let ok = meta["a2a-rust.com/failure"] == "budget-exhausted"
+        && m.extensions == ["https://a2a-rust.com/extensions/failure/v1"]
+        && m.role == proto::Role::Agent as i32;
+    let text = match m.parts.first()?.content.as_ref()? {
+        proto::part::Content::Text(t) => t.clone(),
+        _ => return None,
+    };
+    let um = json_of(u.metadata.as_ref()?);
+    (ok && um["error"] == text.as_str()).then(|| (text, um[BUDGET_KEY].clone()))
+}
+
+/// The message the worker stored as the task's first history entry (read
+/// over its JSON-RPC side): what the gateway forwarded.
+async fn forwarded_message(worker: &W, id: &str) -> serde_json::Value {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
+        "params": {"id": id, "historyLength": 10}});
+    let v = crate::harness::http::post_json(&worker.url(), "/", &[], &body)
+        .await
+        .json();
+    v["result"]["history"][0].clone()
+}
+
+/// A child reporting spend past its route's meter cap (no grant sent: the
+/// gateway writes `{"meters":{"tokens":250}}` into the protobuf message) is
+/// cancelled on the worker, and the gRPC caller's stream ends with the
+/// budget-exhausted failure, nothing after it, `grpc-status` 0.
+async fn spend_past_cap(worker: W) {
+    let gw = gateway(&worker, "[routes.budget]\nmeters = { tokens = 250 }").await;
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let call = conn
+        .call(
+            "SendStreamingMessage",
+            &send_request("spend:20000:tokens=100", ""),
+            &[],
+        )
+        .await;
+    let (events, status, end) = call.finish(scaled_secs(15)).await;
+    assert_eq!(status, Some(0), "{end:?}");
+    let id = events
+        .iter()
+        .find_map(task_id_of)
+        .expect("a task id")
+        .to_string();
+    let last = events.last().expect("events");
+    let (text, budget) =
+        budget_failure(last).unwrap_or_else(|| panic!("last event: {last:?}; all: {events:?}"));
+    assert_eq!(text, "[-32603] the budget's tokens meter is exhausted");
+    assert_eq!(budget["meters"]["tokens"], 250.0, "{budget}");
+    let spent = budget["spent"]["tokens"].as_f64().unwrap();
+    assert!((251.0..=400.0).contains(&spent), "{spent}");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| budget_failure(e).is_some())
+            .count(),
+        1
+    );
+    worker
+        .wait_state(None, &id, CANCELED, scaled_secs(3))
+        .await
+        .unwrap_or_else(|s| panic!("worker state {s:?}"));
+    assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
+    assert_eq!(
+        gw.counter("a2agw_budget_exhausted_total", &["by=\"meter\""])
+            .await,
+        1.0
+    );
+    // The worker got the injected grant and its extension.
+    let fwd = forwarded_message(&worker, &id).await;
+    assert_eq!(
+        fwd["metadata"][BUDGET_KEY]["meters"]["tokens"].as_f64(),
+        Some(250.0),
+        "{fwd}"
+    );
+    assert!(fwd["extensions"].to_string().contains(BUDGET_URI), "{fwd}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_spend_past_cap_is_stopped() {
+    spend_past_cap(W::rust().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_spend_past_cap_is_stopped() {
+    spend_past_cap(W::python().await).await;
+}
+
+/// A caller's own deadline (`remainingMs` 800, on a worker that knows
+/// nothing of budgets and a route with no cap) stops the child within
+/// 250 ms (scaled) of it; the stream ends with the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_deadline_stops_the_child() {
+    let worker = W::python().await;
+    let gw = gateway(&worker, "").await;
+    let remaining = Duration::from_millis(800);
+    let grant = serde_json::json!({"remainingMs": remaining.as_millis() as u64});
+    let req = crate::harness::grpc::with_budget(send_request("work:20000", ""), grant);
+    let sent = std::time::Instant::now();
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let call = conn.call("SendStreamingMessage", &req, &[]).await;
+    let (events, status, end) = call.finish(scaled_secs(10)).await;
+    let took = sent.elapsed();
+    assert_eq!(status, Some(0), "{end:?}");
+    let id = events
+        .iter()
+        .find_map(task_id_of)
+        .expect("an id")
+        .to_string();
+    let (text, _) =
+        budget_failure(events.last().unwrap()).unwrap_or_else(|| panic!("{:?}", events.last()));
+    assert_eq!(text, "[-32603] the caller's budget deadline passed");
+    assert!(took >= remaining, "{took:?}");
+    assert!(
+        took <= remaining + scaled_ms(250) + scaled_ms(250),
+        "{took:?}"
+    );
+    assert_eq!(worker.state(None, &id).await.as_deref(), Some(CANCELED));
+    assert_eq!(worker.cancels().await, 1);
+}
+
+/// Malformed and over-cap budget grants are refused INVALID_ARGUMENT with
+/// `over_cap = "refuse"`; the worker never sees the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_budget_grants_are_refused() {
+    let worker = W::rust().await;
+    let gw = gateway(
+        &worker,
+        "[routes.budget]\nmax_deadline = \"10s\"\nover_cap = \"refuse\"\n",
+    )
+    .await;
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let cases = [
+        (
+            "malformed",
+            crate::harness::grpc::with_message_metadata(
+                send_request("work:1000", ""),
+                BUDGET_KEY,
+                serde_json::json!("lots"),
+            ),
+        ),
+        (
+            "over the cap",
+            crate::harness::grpc::with_budget(
+                send_request("work:1000", ""),
+                serde_json::json!({"remainingMs": 60000}),
+            ),
+        ),
+    ];
+    for (why, req) in cases {
+        let call = conn.call("SendStreamingMessage", &req, &[]).await;
+        let (events, status, end) = call.finish(scaled_secs(5)).await;
+        assert_eq!(status, Some(3), "{why}: {end:?}");
+        assert!(events.is_empty(), "{why}");
+    }
+    assert_eq!(worker.tasks_started().await, 0, "the worker never saw them");
+}
+
+/// Fire-and-poll over gRPC on a route with `poll_lease = "2s"`: a unary
+/// `SendMessage` with `return_immediately` is answered with its task at
+/// once; the caller's `GetTask` polls keep the child WORKING past two
+/// TTLs; once they stop, the child is cancelled within the TTL and a
+/// second (scaled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_poll_lease_holds_while_polled() {
+    let worker = W::rust().await;
+    let gw = gateway(&worker, "poll_lease = \"2s\"\n").await;
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let mut req = send_request("work:60000", "");
+    req.configuration = Some(proto::SendMessageConfiguration {
+        return_immediately: true,
+        ..Default::default()
+    });
+    let answer: proto::SendMessageResponse = conn
+        .unary("SendMessage", &req, &[])
+        .await
+        .expect("SendMessage");
+    let Some(proto::send_message_response::Payload::Task(task)) = answer.payload else {
+        panic!("{answer:?}")
+    };
+    let polled_until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < polled_until {
+        let t = conn.get_task("", &task.id).await.expect("GetTask");
+        assert_ne!(
+            t.status.map(|s| s.state),
+            Some(proto::TaskState::Canceled as i32),
+            "cancelled while polled; log:\n{}",
+            gw.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let stopped = std::time::Instant::now();
+    let took = worker
+        .wait_state(
+            None,
+            &task.id,
+            CANCELED,
+            Duration::from_secs(2) + scaled_secs(1),
+        )
+        .await
+        .unwrap_or_else(|s| panic!("not cancelled ({s:?}); log:\n{}", gw.log_text()));
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(1000),
+        "cancelled {took:?} after the last poll, before its lease could lapse"
+    );
+    assert_eq!(worker.cancels().await, 1);
 }

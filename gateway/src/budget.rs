@@ -647,7 +647,7 @@ impl ChildBudget {
     ) -> Vec<u8> {
         let update = failure_update(task_id, context_id, by, &self.shared.grant, &self.spent());
         let doc = match binding {
-            // gRPC calls are refused on budgeted routes (Refusal::BudgetGrpc).
+            // gRPC streams get theirs from `grpc::status_update_event`.
             Binding::Rest | Binding::Grpc => update,
             Binding::JsonRpc | Binding::WebSocket => json!({
                 "jsonrpc": "2.0",

@@ -47,10 +47,14 @@ pub enum GrpcItem<'a> {
     /// One whole, uncompressed message (borrowed from the chunk when it
     /// arrived in one, else from the reader's buffer).
     Message(&'a [u8]),
-    /// A compressed message (flag 1): passed unread.
-    Compressed,
-    /// A message longer than the reader's limit: passed unread.
+    /// A compressed message (flag 1): passed unread. Its bytes, for a
+    /// reader that forwards whole messages only.
+    Compressed(&'a [u8]),
+    /// A message longer than the reader's limit: passed unread. Its bytes
+    /// follow as [`GrpcItem::Skipped`] pieces, prefix first, as they pass.
     Overlong,
+    /// A piece of an overlong message, as it passed.
+    Skipped(&'a [u8]),
 }
 
 /// gRPC's message framing read incrementally: a 1-byte compressed flag, a
@@ -103,11 +107,15 @@ impl GrpcFrames {
                 self.skipping = self.need > self.limit;
                 if self.skipping {
                     f(GrpcItem::Overlong);
+                    f(GrpcItem::Skipped(&self.head));
                 }
             }
             let compressed = self.head[0] & 1 == 1;
             if self.skipping {
                 let n = self.need.min(chunk.len());
+                if n > 0 {
+                    f(GrpcItem::Skipped(&chunk[..n]));
+                }
                 self.need -= n;
                 chunk = &chunk[n..];
                 if self.need > 0 {
@@ -121,7 +129,7 @@ impl GrpcFrames {
                 chunk = rest;
                 self.have = 0;
                 f(if compressed {
-                    GrpcItem::Compressed
+                    GrpcItem::Compressed(msg)
                 } else {
                     GrpcItem::Message(msg)
                 });
@@ -138,7 +146,7 @@ impl GrpcFrames {
             }
             self.have = 0;
             f(if compressed {
-                GrpcItem::Compressed
+                GrpcItem::Compressed(&self.buf)
             } else {
                 GrpcItem::Message(&self.buf)
             });
@@ -203,6 +211,28 @@ pub enum PbKind {
 pub struct PbList {
     #[prost(message, repeated, tag = "1")]
     pub values: Vec<PbValue>,
+}
+
+/// JSON as a protobuf value (numbers as doubles, as on this wire).
+pub fn from_json(v: &serde_json::Value) -> PbValue {
+    use serde_json::Value;
+    let kind = match v {
+        Value::Null => PbKind::Null(0),
+        Value::Bool(b) => PbKind::Bool(*b),
+        Value::Number(n) => PbKind::Number(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => PbKind::Text(s.clone()),
+        Value::Array(a) => PbKind::List(PbList {
+            values: a.iter().map(from_json).collect(),
+        }),
+        Value::Object(o) => PbKind::Struct(struct_from_json(o)),
+    };
+    PbValue { kind: Some(kind) }
+}
+
+fn struct_from_json(o: &serde_json::Map<String, serde_json::Value>) -> PbStruct {
+    PbStruct {
+        fields: o.iter().map(|(k, v)| (k.clone(), from_json(v))).collect(),
+    }
 }
 
 /// A protobuf value as the JSON the other bindings carry. A number is a
@@ -546,6 +576,170 @@ pub fn task_with_message(body: &[u8], message_id: &str) -> Option<String> {
         .map(|t| t.id)
 }
 
+/// `SendMessageRequest` with its message's extensions.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SendExtensions {
+    #[prost(message, optional, tag = "2")]
+    message: Option<MessageExtensions>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct MessageExtensions {
+    #[prost(message, optional, tag = "6")]
+    metadata: Option<PbStruct>,
+    #[prost(string, repeated, tag = "7")]
+    extensions: Vec<String>,
+}
+
+/// A framed `SendMessageRequest` whose message's metadata holds `value`
+/// under `key` and whose extensions name `extension`: the message as the
+/// caller sent it, byte for byte, followed by the fields to merge in
+/// (protobuf merges a message field given twice, and the map entry given
+/// last wins), so nothing else of it is re-encoded. `None`: not one
+/// uncompressed message.
+pub fn rewrite_send(
+    body: &[u8],
+    key: &str,
+    value: &serde_json::Value,
+    extension: &str,
+) -> Option<Vec<u8>> {
+    let msg = single_message(body)?;
+    let had = SendExtensions::decode(msg)
+        .ok()?
+        .message
+        .is_some_and(|m| m.extensions.iter().any(|e| e == extension));
+    let patch = SendExtensions {
+        message: Some(MessageExtensions {
+            metadata: Some(PbStruct {
+                fields: BTreeMap::from([(key.to_owned(), from_json(value))]),
+            }),
+            extensions: if had {
+                Vec::new()
+            } else {
+                vec![extension.to_owned()]
+            },
+        }),
+    }
+    .encode_to_vec();
+    let mut whole = Vec::with_capacity(msg.len() + patch.len());
+    whole.extend_from_slice(msg);
+    whole.extend_from_slice(&patch);
+    Some(frame(&whole))
+}
+
+/// `StreamResponse` with a status update, for the gateway's own events.
+#[derive(Clone, PartialEq, prost::Message)]
+struct OutStream {
+    #[prost(message, optional, tag = "3")]
+    status_update: Option<OutUpdate>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct OutUpdate {
+    #[prost(string, tag = "1")]
+    task_id: String,
+    #[prost(string, tag = "2")]
+    context_id: String,
+    #[prost(message, optional, tag = "3")]
+    status: Option<OutStatus>,
+    #[prost(message, optional, tag = "4")]
+    metadata: Option<PbStruct>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct OutStatus {
+    #[prost(int32, tag = "1")]
+    state: i32,
+    #[prost(message, optional, tag = "2")]
+    message: Option<OutMessage>,
+    #[prost(message, optional, tag = "3")]
+    timestamp: Option<Timestamp>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct OutMessage {
+    #[prost(string, tag = "1")]
+    message_id: String,
+    #[prost(string, tag = "2")]
+    context_id: String,
+    #[prost(string, tag = "3")]
+    task_id: String,
+    /// `Role`: 2 is `ROLE_AGENT`.
+    #[prost(int32, tag = "4")]
+    role: i32,
+    #[prost(message, repeated, tag = "5")]
+    parts: Vec<OutPart>,
+    #[prost(message, optional, tag = "6")]
+    metadata: Option<PbStruct>,
+    #[prost(string, repeated, tag = "7")]
+    extensions: Vec<String>,
+}
+
+/// `Part` with text (`content` oneof, field 1).
+#[derive(Clone, PartialEq, prost::Message)]
+struct OutPart {
+    #[prost(string, tag = "1")]
+    text: String,
+}
+
+/// A status as the other bindings' JSON spells it
+/// (`{"state","message":{…},"timestamp"}`), as protobuf.
+fn status_from_json(status: &serde_json::Value) -> OutStatus {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_owned();
+    let state = status["state"]
+        .as_str()
+        .and_then(|s| TaskState::ALL.iter().position(|t| t.as_wire() == s))
+        .unwrap_or(0) as i32;
+    let m = &status["message"];
+    let message = m.is_object().then(|| OutMessage {
+        message_id: text(&m["messageId"]),
+        context_id: text(&m["contextId"]),
+        task_id: text(&m["taskId"]),
+        role: if m["role"] == "ROLE_AGENT" { 2 } else { 1 },
+        parts: m["parts"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| OutPart {
+                        text: text(&p["text"]),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        metadata: m["metadata"].as_object().map(struct_from_json),
+        extensions: m["extensions"]
+            .as_array()
+            .map(|es| es.iter().map(text).collect())
+            .unwrap_or_default(),
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    OutStatus {
+        state,
+        message,
+        timestamp: Some(Timestamp {
+            seconds: now.as_secs() as i64,
+            nanos: now.subsec_nanos() as i32,
+        }),
+    }
+}
+
+/// The framed `StreamResponse` of a status update the other bindings send
+/// as `{"statusUpdate": {…}}` (the budget-exhausted failure).
+pub fn status_update_event(update: &serde_json::Value) -> Vec<u8> {
+    let u = &update["statusUpdate"];
+    let ev = OutStream {
+        status_update: Some(OutUpdate {
+            task_id: u["taskId"].as_str().unwrap_or("").to_owned(),
+            context_id: u["contextId"].as_str().unwrap_or("").to_owned(),
+            status: Some(status_from_json(&u["status"])),
+            metadata: u["metadata"].as_object().map(struct_from_json),
+        }),
+    };
+    frame(&ev.encode_to_vec())
+}
+
 /// The state of the task in a framed `Task` answer.
 pub fn task_state(body: &[u8]) -> Option<(String, Option<TaskState>)> {
     let t = Task::decode(single_message(body)?).ok()?;
@@ -809,6 +1003,76 @@ mod tests {
         );
     }
 
+    /// The re-written send and the failure event read back with the generated types as the SDK's server would read them.
+    #[test]
+    fn budget_rewrites_read_back_with_the_generated_types() {
+        let meta = serde_json::json!({"keep": "me", "a2a-rust.com/budget": {"remainingMs": 99999}});
+        let req = pb::SendMessageRequest {
+            tenant: "acme".into(),
+            message: Some(pb::Message {
+                message_id: "m1".into(),
+                parts: vec![pb::Part {
+                    content: Some(pb::part::Content::Text("hello".into())),
+                    ..Default::default()
+                }],
+                metadata: Some(json_struct(&meta)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let grant = serde_json::json!({"remainingMs": 1000, "meters": {"tokens": 5}});
+        let uri = "https://a2a-rust.com/extensions/budget/v1";
+        let out = rewrite_send(&frame(&req.encode_to_vec()), BUDGET_KEY, &grant, uri).unwrap();
+        let back = pb::SendMessageRequest::decode(single_message(&out).unwrap()).unwrap();
+        let m = back.message.unwrap();
+        assert_eq!(
+            (back.tenant.as_str(), m.message_id.as_str()),
+            ("acme", "m1")
+        );
+        assert_eq!(m.parts.len(), 1);
+        assert_eq!(m.extensions, vec![uri.to_string()]);
+        let md = m.metadata.unwrap();
+        let as_json = |s: &pb::prost_types::Struct| -> serde_json::Value {
+            let v = PbValue::decode(
+                pb::prost_types::Value {
+                    kind: Some(pb::prost_types::value::Kind::StructValue(s.clone())),
+                }
+                .encode_to_vec()
+                .as_slice(),
+            )
+            .unwrap();
+            to_json(&v)
+        };
+        assert_eq!(as_json(&md)["keep"], "me");
+        assert_eq!(as_json(&md)[BUDGET_KEY], grant, "the gateway's grant wins");
+        // Given again, the extension is not repeated.
+        let again = rewrite_send(&out, BUDGET_KEY, &grant, uri).unwrap();
+        let back = pb::SendMessageRequest::decode(single_message(&again).unwrap()).unwrap();
+        assert_eq!(back.message.unwrap().extensions.len(), 1);
+
+        let update = serde_json::json!({"statusUpdate": {
+            "taskId": "t1", "contextId": "c1",
+            "status": {"state": "TASK_STATE_FAILED", "message": {
+                "messageId": "x", "role": "ROLE_AGENT", "taskId": "t1", "contextId": "c1",
+                "parts": [{"text": "budget exhausted"}],
+                "metadata": {"a2a-rust.com/failure": "budget_exhausted"},
+                "extensions": ["https://a2a-rust.com/extensions/failure/v1"]}},
+            "metadata": {"error": "budget exhausted", BUDGET_KEY: {"remainingMs": 0}}
+        }});
+        let ev = status_update_event(&update);
+        let ev = pb::StreamResponse::decode(single_message(&ev).unwrap()).unwrap();
+        let Some(pb::stream_response::Payload::StatusUpdate(u)) = ev.payload else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((u.task_id.as_str(), u.context_id.as_str()), ("t1", "c1"));
+        let st = u.status.unwrap();
+        assert_eq!(st.state, pb::TaskState::Failed as i32);
+        let sm = st.message.unwrap();
+        assert_eq!(sm.role, pb::Role::Agent as i32);
+        assert_eq!(sm.extensions.len(), 1);
+        assert!(st.timestamp.is_some() && u.metadata.is_some());
+    }
+
     #[test]
     fn list_tasks_finds_the_task_holding_a_message() {
         let msg = |id: &str| pb::Message {
@@ -870,14 +1134,19 @@ mod tests {
             for step in [1usize, 3, 64] {
                 let mut r = GrpcFrames::new(64);
                 let mut got: Vec<String> = Vec::new();
+                let mut skipped = 0;
                 let mut push = |item: GrpcItem<'_>| {
                     got.push(match item {
                         GrpcItem::Message(m) => match observe(A2aMethod::SendStreamingMessage, m) {
                             Some(o) => format!("{:?}", o.state),
                             None => format!("bad {}", m.len()),
                         },
-                        GrpcItem::Compressed => "compressed".into(),
+                        GrpcItem::Compressed(m) => format!("compressed {}", m.len()),
                         GrpcItem::Overlong => "overlong".into(),
+                        GrpcItem::Skipped(b) => {
+                            skipped += b.len();
+                            return;
+                        }
                     })
                 };
                 r.feed(&wire[..split], &mut push);
@@ -889,12 +1158,13 @@ mod tests {
                     [
                         "Some(Submitted)",
                         "None",
-                        "compressed",
+                        "compressed 3",
                         "overlong",
                         "Some(Completed)"
                     ],
                     "split {split}, step {step}"
                 );
+                assert_eq!(skipped, 105, "the overlong message, prefix and all");
                 assert!(r.buf.capacity() <= 64, "bounded by the limit");
             }
         }

@@ -94,7 +94,17 @@ impl Gateway {
         };
         if child.rewrite {
             let jsonrpc = ctx.req.binding == Some(Binding::JsonRpc);
-            match crate::budget::rewrite_message(body, jsonrpc, child.grant()) {
+            let rewritten = if ctx.req.grpc {
+                crate::a2a::grpc::rewrite_send(
+                    body,
+                    policies::budget::BUDGET_METADATA_KEY,
+                    &crate::budget::grant_json(child.grant()),
+                    policies::budget::BUDGET_EXTENSION_URI,
+                )
+            } else {
+                crate::budget::rewrite_message(body, jsonrpc, child.grant())
+            };
+            match rewritten {
                 Some(b) => ctx.body = RequestBody::Replace(Bytes::from(b)),
                 None => {
                     child.settle(&self.budgets, true, None);

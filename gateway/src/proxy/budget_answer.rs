@@ -8,8 +8,9 @@ use bytes::Bytes;
 use super::ctx::Ctx;
 use super::observe::unreadable_event;
 use super::Gateway;
+use crate::a2a::grpc::{self, GrpcFrames, GrpcItem};
 use crate::a2a::sse::{SseItem, SseParser};
-use crate::a2a::{observe, Binding, Observation};
+use crate::a2a::{observe, A2aMethod, Binding, Observation};
 use crate::metrics::Untracked;
 
 impl Gateway {
@@ -129,6 +130,94 @@ impl Gateway {
             }
         }
         *body = (!out.is_empty()).then(|| Bytes::from(out));
+    }
+
+    /// The gRPC answer of a child with a budget: messages are forwarded
+    /// whole (a message split across chunks waits for its end), so that
+    /// once the budget is exhausted the worker's settling message can be
+    /// replaced by the budget-exhausted failure (a status update), and no
+    /// message follows it. The worker's trailers still end the call. A
+    /// message over the reader's bound passes as it comes.
+    pub(super) fn budgeted_grpc(
+        &self,
+        ctx: &mut Ctx,
+        frames: &mut GrpcFrames,
+        method: A2aMethod,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+    ) {
+        let chunk = body.take().unwrap_or_default();
+        let mut out = Vec::with_capacity(chunk.len());
+        frames.feed(&chunk, |item| {
+            if ctx.budget.as_ref().is_some_and(|b| b.failure_sent) {
+                return;
+            }
+            let msg = match item {
+                GrpcItem::Message(m) => m,
+                GrpcItem::Compressed(m) => {
+                    unreadable_event(ctx, Untracked::CompressedGrpcMessage);
+                    out.push(1);
+                    out.extend_from_slice(&(m.len() as u32).to_be_bytes());
+                    out.extend_from_slice(m);
+                    return;
+                }
+                GrpcItem::Overlong => return unreadable_event(ctx, Untracked::GrpcMessageTooLarge),
+                GrpcItem::Skipped(b) => return out.extend_from_slice(b),
+            };
+            match grpc::observe(method, msg) {
+                Some(o) if !o.is_empty() => {
+                    let settles = o.state.is_some_and(policies::TaskState::is_settled);
+                    self.observed(ctx, o);
+                    if settles {
+                        if let Some(failure) = self.grpc_failure(ctx, method, msg) {
+                            out.extend_from_slice(&failure);
+                            return;
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => unreadable_event(ctx, Untracked::BadGrpcMessage),
+            }
+            out.extend_from_slice(&grpc::frame(msg));
+        });
+        if end_of_stream && method.is_streaming() && !ctx.track.seen.is_settled() {
+            // The worker ended the stream without a settling message after
+            // the cancel: the caller still gets the failure.
+            if let Some(failure) = self.grpc_failure(ctx, method, &[]) {
+                out.extend_from_slice(&failure);
+            }
+        }
+        *body = (!out.is_empty()).then(|| Bytes::from(out));
+    }
+
+    /// The budget-exhausted failure in place of `msg` (the worker's
+    /// settling message), once the child was stopped for its budget; marks
+    /// it sent. `None`: not stopped, or sent already.
+    fn grpc_failure(&self, ctx: &mut Ctx, method: A2aMethod, msg: &[u8]) -> Option<Vec<u8>> {
+        // A unary send's task is named by its answer only: no budget
+        // stopped it before (see docs/behaviour.md, gRPC).
+        if !method.is_streaming() {
+            return None;
+        }
+        let id = ctx.track.task_id.clone()?;
+        let b = ctx.budget.as_deref_mut()?;
+        if b.failure_sent {
+            return None;
+        }
+        let by = if msg.is_empty() {
+            b.child.exhausted()?
+        } else {
+            b.child.stopped()?
+        };
+        let update = crate::budget::failure_update(
+            &id,
+            ctx.track.context_id.as_deref(),
+            &by,
+            b.child.grant(),
+            &b.child.spent(),
+        );
+        b.failure_sent = true;
+        Some(grpc::status_update_event(&update))
     }
 
     /// Observes a held blocking answer and, when the child was stopped for

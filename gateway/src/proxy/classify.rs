@@ -166,7 +166,6 @@ impl Gateway {
         ctx.lease.extension =
             route.injects_lease_extension || activates_lease(session.req_header());
         let upgrade = matches!(call, Call::Upgrade);
-        let a2a_grpc = matches!(call, Call::Grpc { .. });
         let budgeted = route.cfg.budget.is_active();
         ctx.call = call;
         ctx.route = Some(route);
@@ -176,10 +175,7 @@ impl Gateway {
             ctx.req.binding = Some(Binding::Rest);
             return Err(Refusal::BudgetWebSocket);
         }
-        if budgeted && a2a_grpc {
-            // Nor are grants inside protobuf messages re-written.
-            return Err(Refusal::BudgetGrpc);
-        }
+
         // An idle WebSocket is not cut by read timeouts (ping/pong and long
         // silences pass); other requests get the configured one.
         if !upgrade {

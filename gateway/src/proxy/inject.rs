@@ -49,7 +49,18 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
     }
     header_policy(upstream, route, &ctx.call)?;
     if ctx.req.grpc {
-        // Held only to be read first, and sent unchanged: HTTP/2 frames it.
+        // HTTP/2 frames the body: a length only where the caller gave one.
+        if let RequestBody::Replace(b) = &ctx.body {
+            if upstream.headers.contains_key(http::header::CONTENT_LENGTH) {
+                upstream.insert_header("content-length", b.len().to_string())?;
+            }
+        }
+        if ctx.budget.is_some() {
+            add_extensions(
+                upstream,
+                &[policies::budget::BUDGET_EXTENSION_URI.to_owned()],
+            )?;
+        }
         return Ok(());
     }
     match &ctx.body {

@@ -293,7 +293,10 @@ impl Gateway {
                 return Ok(());
             }
         }
-        self.inspect_and_admit(session, ctx, &body, false).await;
+        // Rewritable: pingora replays the body from its retry buffer
+        // through `request_body_filter`, which sends a re-written one
+        // instead (`RequestBody::Replace`).
+        self.inspect_and_admit(session, ctx, &body, true).await;
         Ok(())
     }
 

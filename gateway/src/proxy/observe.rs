@@ -242,6 +242,10 @@ impl Gateway {
                 ctx.answer = Answer::Sse(parser);
                 self.check_id_wait(session, ctx);
             }
+            Answer::Grpc(mut frames, method) if ctx.budget.is_some() => {
+                self.budgeted_grpc(ctx, &mut frames, method, body, end_of_stream);
+                ctx.answer = Answer::Grpc(frames, method);
+            }
             Answer::Grpc(mut frames, method) => {
                 if let Some(chunk) = body.as_ref() {
                     frames.feed(chunk, |item| match item {
@@ -250,10 +254,11 @@ impl Gateway {
                             Some(_) => {}
                             None => unreadable_event(ctx, Untracked::BadGrpcMessage),
                         },
-                        GrpcItem::Compressed => {
+                        GrpcItem::Compressed(_) => {
                             unreadable_event(ctx, Untracked::CompressedGrpcMessage)
                         }
                         GrpcItem::Overlong => unreadable_event(ctx, Untracked::GrpcMessageTooLarge),
+                        GrpcItem::Skipped(_) => {}
                     });
                 }
                 ctx.answer = Answer::Grpc(frames, method);

@@ -58,9 +58,6 @@ pub enum Refusal {
     BodyTooLarge { limit: usize },
     /// A WebSocket upgrade on a budgeted route.
     BudgetWebSocket,
-    /// A gRPC call on a budgeted route (grants inside protobuf are not
-    /// re-written).
-    BudgetGrpc,
     /// `[routes.auth]`: no credential on a route that requires one
     /// (`rejected: false`), or one that was not accepted. `challenge` is the
     /// `WWW-Authenticate` value, `what` what the caller must send. Why a
@@ -114,7 +111,6 @@ impl Refusal {
             Refusal::BudgetNotAttached => "budget_unreadable",
             Refusal::BodyTooLarge { .. } => "body_too_large",
             Refusal::BudgetWebSocket => "budget_websocket",
-            Refusal::BudgetGrpc => "budget_grpc",
             Refusal::Unauthenticated {
                 rejected: false, ..
             } => "unauthenticated",
@@ -248,7 +244,7 @@ impl Refusal {
                 (413, "INVALID_ARGUMENT"),
                 format!("the request body is over {limit} bytes (limits.max_inspect_body): this route checks every send and must read a request whole"),
             ),
-            Refusal::BudgetWebSocket | Refusal::BudgetGrpc => parts(
+            Refusal::BudgetWebSocket => parts(
                 -32004,
                 (403, "PERMISSION_DENIED"),
                 "this route enforces budgets, which the gateway applies on the JSON-RPC and HTTP+JSON bindings only; use one of those".into(),
@@ -484,7 +480,6 @@ mod tests {
             Refusal::BudgetNotAttached,
             Refusal::BodyTooLarge { limit: 1 },
             Refusal::BudgetWebSocket,
-            Refusal::BudgetGrpc,
             Refusal::WorkerUnresolvable("no such host".into()),
             Refusal::WorkerFailed {
                 status: 504,
