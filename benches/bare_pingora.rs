@@ -3,6 +3,10 @@
 //! routing, no logging), on the same pingora (0.9, the workspace's features)
 //! and with the same server settings as the gateway (2 threads, no grace
 //! period). WebSocket upgrades pass through pingora's own upgrade handling.
+//! As the gateway, it takes HTTP/2 with prior knowledge (h2c) as well as
+//! HTTP/1 on its listener, and sends a gRPC call (`content-type:
+//! application/grpc…`) to the upstream over HTTP/2 (h2c), everything else
+//! over HTTP/1.1.
 //!
 //! It runs on the gateway's heap allocator (mimalloc; `allocator.rs`), which
 //! is the gateway's choice, not pingora's, so that the ratio between them
@@ -66,14 +70,22 @@ impl ProxyHttp for Bare {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         _ctx: &mut ProxyTimes,
     ) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(
-            self.upstream.as_str(),
-            false,
-            String::new(),
-        )))
+        let mut peer = HttpPeer::new(self.upstream.as_str(), false, String::new());
+        // gRPC needs HTTP/2 to the upstream (h2c, prior knowledge), as the
+        // gateway asks for it (`proxy/mod.rs`'s `upstream_peer`); everything
+        // else goes over HTTP/1.1.
+        if session
+            .req_header()
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
+        {
+            peer.options.set_http_version(2, 2);
+        }
+        Ok(Box::new(peer))
     }
 
     async fn upstream_request_filter(
@@ -166,10 +178,15 @@ pub fn run(args: &[String]) -> ! {
         },
         "bare-pingora",
     );
-    if args.iter().any(|a| a == PINGORA_CORE_POOL) {
-        if let Some(app) = proxy.app_logic_mut() {
+    if let Some(app) = proxy.app_logic_mut() {
+        if args.iter().any(|a| a == PINGORA_CORE_POOL) {
             app.use_pingora_core_pool();
         }
+        // HTTP/2 with prior knowledge (h2c) on the listener, as the gateway
+        // has on its plain listeners (`server.rs`), for gRPC callers.
+        let mut opts = pingora::apps::HttpServerOptions::default();
+        opts.h2c = true;
+        app.server_options = Some(opts);
     }
     match l4_read_buffer {
         Some(bytes) => {

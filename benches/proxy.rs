@@ -44,6 +44,13 @@
 //! - WebSocket: `SendMessage` `quick` request/response loops over 16 sockets
 //!   (one request in flight on each) to the worker's WebSocket listener:
 //!   round trips/s, p50, p99.
+//! - gRPC (`benches/grpc.rs`, after the rounds above; direct, bare pingora
+//!   and the gateway on the memory store only): unary `SendMessage` calls/s,
+//!   p50, p99 and CPU per call, `SendStreamingMessage` messages/s and the
+//!   proxy's CPU per message, over h2c from an in-repo `h2` driver to the
+//!   worker's gRPC listener; and heap allocations per streamed message and
+//!   per call, bare pingora against the gateway. `-- --grpc` runs these rows
+//!   alone (about a minute).
 //!
 //! All proxies are started first. Each scenario is then run against every
 //! column in turn (so a row's figures are taken within seconds of each
@@ -55,11 +62,11 @@
 //! slices, every column once per slice in turn, each run at the same time as
 //! one against bare pingora, all slices pooled per column; the summary also
 //! gives the median of the per-slice differences to bare.
-//! About five minutes in all.
+//! About six minutes in all.
 //!
 //! `--serve` (after `--`) instead starts the worker, bare pingora and a
-//! gateway (each also on the worker's WebSocket listener), prints their
-//! addresses and keeps them up, for profiling by hand and for
+//! gateway (each also on the worker's WebSocket listener, and a pair of
+//! them on its gRPC listener), prints their addresses and keeps them up, for profiling by hand and for
 //! `benches/ws-upgrade.py`.
 //!
 //! The worker runs on a runtime of one thread; the in-repo load drivers (SSE,
@@ -82,6 +89,12 @@ mod machine;
 
 #[path = "canned.rs"]
 mod canned;
+
+#[path = "grpc.rs"]
+mod grpc;
+
+#[path = "alloc_shim.rs"]
+mod alloc_shim;
 use machine::{cpus, loadavg, machine_ticks, sh, steal_pct, utc_now};
 
 use std::path::{Path, PathBuf};
@@ -487,6 +500,16 @@ async fn start_bare(upstream: &str) -> Result<(Proc, String, String), String> {
 
 /// [`start_bare`] with `extra` arguments (e.g. [`bare_pingora::PINGORA_CORE_POOL`]).
 async fn start_bare_with(upstream: &str, extra: &[&str]) -> Result<(Proc, String, String), String> {
+    start_bare_env(upstream, extra, &[]).await
+}
+
+/// [`start_bare_with`] with more environment variables (the allocation
+/// counter's).
+async fn start_bare_env(
+    upstream: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<(Proc, String, String), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -497,6 +520,7 @@ async fn start_bare_with(upstream: &str, extra: &[&str]) -> Result<(Proc, String
         .args(["--listen", &listen, "--upstream", upstream])
         .args([bare_pingora::METRICS, &metrics])
         .args(extra)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -670,6 +694,8 @@ struct Column {
     fixed: Option<Fixed>,
     /// Bare pingora's side of the same pairs.
     fixed_bare: Option<Fixed>,
+    /// The gRPC rows (`benches/grpc.rs`); `None`: not run for this column.
+    grpc: Option<grpc::GrpcCol>,
     /// Per slice: this column's p99 minus bare pingora's in the same pair (ms).
     slice_p99_diff: Vec<f64>,
     /// This column's proxy's `a2agw_proxy_seconds` over its fixed-rate
@@ -994,7 +1020,8 @@ fn median_range(d: &[f64]) -> Option<(f64, f64, f64)> {
 
 type Cell = Result<Column, String>;
 
-fn print_table(cols: &[(&str, &Cell)]) {
+/// The table; with `only_grpc`, only the gRPC rows (`-- --grpc`).
+fn print_table(cols: &[(&str, &Cell)], only_grpc: bool) {
     let [direct, nginx, bare, mem, redis, pass] = cols else {
         unreachable!("six columns")
     };
@@ -1108,13 +1135,100 @@ fn print_table(cols: &[(&str, &Cell)]) {
             true,
         ),
     ];
-    for (label, get, digits, ratios) in &rows {
+    let grpc_rows: Vec<(String, Get, usize, bool)> = vec![
+        (
+            format!(
+                "gRPC SendMessage calls/s (unary, ~1 KB, h2c, {} conns x {} streams, {}s)",
+                grpc::UNARY_CONNS,
+                grpc::UNARY_STREAMS,
+                grpc::UNARY_SECONDS
+            ),
+            |c| Some(c.grpc.as_ref()?.unary.as_ref()?.per_sec),
+            0,
+            true,
+        ),
+        (
+            "gRPC SendMessage p50 (ms)".into(),
+            |c| Some(c.grpc.as_ref()?.unary.as_ref()?.p50_ms),
+            2,
+            true,
+        ),
+        (
+            "gRPC SendMessage p99 (ms)".into(),
+            |c| Some(c.grpc.as_ref()?.unary.as_ref()?.p99_ms),
+            2,
+            true,
+        ),
+        (
+            "gRPC SendMessage: the proxy's CPU per call (µs, user + system)".into(),
+            |c| c.grpc.as_ref()?.unary.as_ref()?.cpu_us,
+            0,
+            true,
+        ),
+        (
+            "gRPC SendMessage: the worker's CPU per call (µs, same runs)".into(),
+            |c| c.grpc.as_ref()?.unary.as_ref()?.worker_cpu_us,
+            0,
+            true,
+        ),
+        (
+            format!(
+                "gRPC SendStreamingMessage messages/s ({} streams of `burst:{}` on {} conns, tracked)",
+                grpc::STREAM_CONNS * grpc::STREAM_STREAMS,
+                grpc::BURST,
+                grpc::STREAM_CONNS
+            ),
+            |c| c.grpc.as_ref()?.stream_per_sec,
+            0,
+            true,
+        ),
+        (
+            "gRPC stream: the proxy's CPU per message (µs, all streaming runs)".into(),
+            |c| c.grpc.as_ref()?.stream_cpu_us(),
+            2,
+            true,
+        ),
+        (
+            format!(
+                "gRPC heap allocations per stream message (glibc `malloc`, `burst:{}` minus `burst:0`)",
+                grpc::BURST
+            ),
+            |c| Some(c.grpc.as_ref()?.allocs.as_ref()?.as_ref().ok()?.per_message),
+            2,
+            false,
+        ),
+        (
+            format!(
+                "gRPC heap allocations per SendMessage call ({} calls, one at a time)",
+                grpc::ALLOC_CALLS
+            ),
+            |c| Some(c.grpc.as_ref()?.allocs.as_ref()?.as_ref().ok()?.per_call),
+            1,
+            true,
+        ),
+    ];
+    let all = rows
+        .iter()
+        .map(|r| (r, false))
+        .chain(grpc_rows.iter().map(|r| (r, true)))
+        .filter(|(_, is_grpc)| *is_grpc || !only_grpc);
+    for ((label, get, digits, ratios), is_grpc) in all {
         let val = |cell: &Cell| cell.as_ref().ok().and_then(get);
         let mut line = format!("| {label} |");
         for (_, cell) in cols {
             match (cell, val(cell)) {
                 (_, Some(v)) => line.push_str(&format!(" {v:.digits$} |")),
                 (Err(e), None) => line.push_str(&format!(" {e} |")),
+                (Ok(c), None) if is_grpc => match &c.grpc {
+                    None => line.push_str(" not run |"),
+                    Some(gc) => match (&gc.error, &gc.allocs) {
+                        (Some(_), _) => line.push_str(" failed (see stderr) |"),
+                        (None, Some(Err(_))) if label.contains("allocations") => {
+                            line.push_str(" failed (see stderr) |")
+                        }
+                        _ => line.push_str(" n/a |"),
+                    },
+                },
                 (Ok(_), None) => line.push_str(" n/a |"),
             }
         }
@@ -1165,13 +1279,15 @@ fn driver_runtime() -> tokio::runtime::Runtime {
 fn serve() -> ! {
     harness::gateway::quiet_log_unless_set();
     let worker_rt = worker_runtime();
-    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions {
+    let worker = worker_rt.block_on(RustWorker::start_with_grpc(RustWorkerOptions {
         websocket: true,
         ..RustWorkerOptions::default()
     }));
     let rt = driver_runtime();
     rt.block_on(async {
         let url = worker.url();
+        let grpc_up = authority(&worker.grpc_url());
+        let (grpc_procs, grpc) = grpc_targets(&grpc_up).await;
         let ws_up = authority(&worker.ws_url().expect("the worker's WebSocket listener"));
         let (bare_proc, bare, bare_metrics) =
             start_bare(&authority(&url)).await.expect("bare pingora");
@@ -1191,6 +1307,12 @@ fn serve() -> ! {
             ws_of(&gw_ws.url),
             gw_ws.log.display()
         );
+        println!(
+            "gRPC (h2c): worker {grpc_up}, bare pingora {}, gateway {} (pid {:?})",
+            grpc.bare.as_ref().map_or("failed", |t| t.addr.as_str()),
+            grpc.gateway.addr,
+            grpc.gateway.procs.first()
+        );
         println!("SendMessage body: {}", send_body(1));
         // Until SIGINT or SIGTERM; then the children go too.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -1201,11 +1323,151 @@ fn serve() -> ! {
         }
         drop(bare_proc);
         drop(bare_ws_proc);
+        grpc_procs.stop().await;
         gw.kill().await;
         gw_ws.kill().await;
     });
     std::process::exit(0)
 }
+
+/// The gRPC rows' targets: direct (the worker's gRPC listener), bare
+/// pingora and the gateway (memory) in front of it, in the table's column
+/// order (nginx, the Redis and the pass gateways: not run).
+struct GrpcTargets {
+    direct: grpc::GrpcTarget,
+    bare: Result<grpc::GrpcTarget, String>,
+    gateway: grpc::GrpcTarget,
+}
+
+impl GrpcTargets {
+    fn each(&self) -> [Option<&grpc::GrpcTarget>; 6] {
+        [
+            Some(&self.direct),
+            None,
+            self.bare.as_ref().ok(),
+            Some(&self.gateway),
+            None,
+            None,
+        ]
+    }
+}
+
+/// The processes behind [`GrpcTargets`].
+struct GrpcProcs {
+    bare: Option<Proc>,
+    gateway: Gateway,
+}
+
+impl GrpcProcs {
+    async fn stop(mut self) {
+        drop(self.bare.take());
+        self.gateway.kill().await;
+    }
+}
+
+/// Bare pingora and a gateway (memory store, one route) in front of the
+/// worker's gRPC listener `up` (`host:port`).
+async fn grpc_targets(up: &str) -> (GrpcProcs, GrpcTargets) {
+    let bare = start_bare(up).await;
+    if let Err(e) = &bare {
+        eprintln!("gRPC: {e}");
+    }
+    let gw = Gateway::start(&format!(
+        "[[routes]]\nname = \"w\"\nworker = \"http://{up}\"\n"
+    ))
+    .await;
+    let targets = GrpcTargets {
+        direct: grpc::GrpcTarget {
+            addr: up.to_string(),
+            procs: Vec::new(),
+        },
+        bare: bare
+            .as_ref()
+            .map(|(p, listen, _)| grpc::GrpcTarget {
+                addr: listen.clone(),
+                procs: vec![p.child.id()],
+            })
+            .map_err(Clone::clone),
+        gateway: grpc::GrpcTarget {
+            addr: authority(&gw.url),
+            procs: gw.pid().into_iter().collect(),
+        },
+    };
+    let procs = GrpcProcs {
+        bare: bare.ok().map(|(p, _, _)| p),
+        gateway: gw,
+    };
+    (procs, targets)
+}
+
+/// `-- --grpc`: the gRPC rows alone (worker, bare pingora, gateway on the
+/// memory store), printed as the table's gRPC rows.
+fn grpc_only() {
+    harness::gateway::quiet_log_unless_set();
+    let worker_rt = worker_runtime();
+    let worker = worker_rt.block_on(RustWorker::start_with_grpc(RustWorkerOptions::default()));
+    let rt = driver_runtime();
+    let load_before = loadavg();
+    let ticks_before = machine_ticks();
+    let started = Instant::now();
+    let cells = rt.block_on(async {
+        let up = authority(&worker.grpc_url());
+        let (procs, targets) = grpc_targets(&up).await;
+        let grpc_cols = grpc::rounds(&targets.each(), &up).await;
+        let bare_err = targets.bare.as_ref().err().cloned();
+        procs.stop().await;
+        let mut cells: Vec<Cell> = grpc_cols
+            .into_iter()
+            .map(|g| {
+                if g.is_empty() {
+                    Err("not run".to_string())
+                } else {
+                    Ok(Column {
+                        grpc: Some(g),
+                        ..Column::default()
+                    })
+                }
+            })
+            .collect();
+        if let Some(e) = bare_err {
+            cells[2] = Err(e
+                .lines()
+                .next()
+                .unwrap_or("bare pingora failed")
+                .to_string());
+        }
+        cells
+    });
+    let steal = steal_pct(ticks_before, machine_ticks());
+    {
+        let _in_runtime = worker_rt.enter();
+        drop(worker);
+    }
+    println!();
+    println!(
+        "proxy bench, gRPC rows only, {} — {}; load average {load_before} before, {} after; {:.0} s; CPU time stolen by the host {steal}",
+        utc_now(),
+        cpus(),
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "pingora 0.9 (bare and gateway: 2 threads); worker: a2a-rust 0.15 on 1 thread; best of {ROUNDS} rounds"
+    );
+    println!();
+    let cols: Vec<(&str, &Cell)> = COLUMN_NAMES.iter().copied().zip(cells.iter()).collect();
+    print_table(&cols, true);
+}
+
+/// The table's columns.
+const COLUMN_NAMES: [&str; 6] = [
+    "direct",
+    "nginx",
+    "bare pingora",
+    "gateway (memory)",
+    "gateway (Redis)",
+    "gateway (memory, blocking_sends = pass)",
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -1223,11 +1485,16 @@ fn main() {
         println!("proxy bench: skipped (run `cargo bench -p a2a-gateway --bench proxy`)");
         return;
     }
+    if args.iter().any(|a| a == grpc::FLAG) {
+        grpc_only();
+        return;
+    }
     // Measure the proxy, not the formatting of its debug logs.
     harness::gateway::quiet_log_unless_set();
-    // The worker on a runtime (one thread) of its own ...
+    // The worker on a runtime (one thread) of its own, its gRPC listener
+    // beside its HTTP and WebSocket ones ...
     let worker_rt = worker_runtime();
-    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions {
+    let worker = worker_rt.block_on(RustWorker::start_with_grpc(RustWorkerOptions {
         websocket: true,
         ..RustWorkerOptions::default()
     }));
@@ -1312,6 +1579,10 @@ fn main() {
         let (red_gw, red_gw_ws, mut red) = gateways(&store, "", &http_url, &ws_base).await;
         // The store's CPU is part of what the Redis column costs.
         red.procs.extend(redis.pid());
+        // The gRPC rows' bare pingora and gateway, in front of the worker's
+        // gRPC listener.
+        let grpc_up = authority(&worker.grpc_url());
+        let (grpc_procs, grpc_targets) = grpc_targets(&grpc_up).await;
 
         for e in [
             nginx.as_ref().err(),
@@ -1335,8 +1606,14 @@ fn main() {
             Some(&red),
             Some(&pass),
         ];
-        let (cols, fixed_steal) =
+        let (mut cols, fixed_steal) =
             run_rounds(&targets, bare_twin.as_ref().ok().map(|(_, t)| t)).await;
+        let grpc_started = Instant::now();
+        let grpc_cols = grpc::rounds(&grpc_targets.each(), &grpc_up).await;
+        eprintln!("gRPC rows: {:.0} s", grpc_started.elapsed().as_secs_f64());
+        for (col, g) in cols.iter_mut().zip(grpc_cols) {
+            col.grpc = Some(g).filter(|g| !g.is_empty());
+        }
         let as_published = match (&bare, &published) {
             (Ok((_, b)), Ok((_, p))) => published_rounds(b, p).await,
             _ => None,
@@ -1365,6 +1642,7 @@ fn main() {
                 + red_gw_ws.counter("a2agw_tasks_tracked_total", &[]).await,
         );
         drop((nginx, bare, bare_twin, published));
+        grpc_procs.stop().await;
         // Killed and waited for, so no zombie outlives the bench.
         for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws, pass_gw, pass_gw_ws] {
             gw.kill().await;
@@ -1393,16 +1671,8 @@ fn main() {
         "{nginx_version}; pingora 0.9 (bare and gateway: 2 threads); worker: a2a-rust 0.15 on 1 thread; best of {ROUNDS} rounds"
     );
     println!();
-    let names = [
-        "direct",
-        "nginx",
-        "bare pingora",
-        "gateway (memory)",
-        "gateway (Redis)",
-        "gateway (memory, blocking_sends = pass)",
-    ];
-    let cols: Vec<(&str, &Cell)> = names.iter().copied().zip(cells.iter()).collect();
-    print_table(&cols);
+    let cols: Vec<(&str, &Cell)> = COLUMN_NAMES.iter().copied().zip(cells.iter()).collect();
+    print_table(&cols, false);
     println!();
     if let Some((b, p)) = &as_published {
         let cpu = |s: &Send| s.cpu_us.map_or("-".to_string(), |c| format!("{c:.0}"));

@@ -82,6 +82,9 @@ mod bare_pingora;
 
 #[path = "machine.rs"]
 mod machine;
+
+#[path = "alloc_shim.rs"]
+mod alloc_shim;
 use machine::{cpus, loadavg, machine_ticks, sh, steal_pct, utc_now};
 
 /// The L4 read buffer of the "small L4" bare pingora column: the gateway's
@@ -331,8 +334,8 @@ impl Proxy {
         let counter = shim.map(|_| dir.join("allocs.bin"));
         if let (Some(shim), Some(counter)) = (shim, &counter) {
             cmd.env("LD_PRELOAD", shim)
-                .env(COUNTER_ENV, counter)
-                .env(a2a_gateway::allocator::ENV, "system");
+                .env(alloc_shim::COUNTER_ENV, counter)
+                .env(alloc_shim::ALLOCATOR_ENV.0, alloc_shim::ALLOCATOR_ENV.1);
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -445,12 +448,7 @@ impl Proxy {
 
     /// (allocation calls, realloc calls, bytes asked) so far.
     fn allocs(&self) -> Option<[u64; 3]> {
-        let bytes = std::fs::read(self.counter.as_ref()?).ok()?;
-        let word = |i: usize| {
-            let b: [u8; 8] = bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?;
-            Some(u64::from_ne_bytes(b))
-        };
-        Some([word(0)?, word(1)?, word(2)?])
+        alloc_shim::read_counter(self.counter.as_ref()?)
     }
 
     async fn stop(mut self) {
@@ -886,72 +884,6 @@ async fn memory_body(
 }
 
 // ── Scenario 3: allocations per event ───────────────────────────────────────
-
-const COUNTER_ENV: &str = "A2AGW_ALLOC_COUNTER";
-
-/// Counts allocation calls (words 0: malloc/calloc/memalign family, 1:
-/// realloc, 2: bytes asked) in a file mapped shared, so that the bench reads
-/// them with a plain `read` while the proxy runs.
-const SHIM_C: &str = r#"
-#define _GNU_SOURCE
-#include <stddef.h>
-#include <stdlib.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-static unsigned long fallback[3];
-static unsigned long *ctr = fallback;
-__attribute__((constructor)) static void init(void) {
-    const char *p = getenv("A2AGW_ALLOC_COUNTER");
-    if (!p) return;
-    int fd = open(p, O_RDWR | O_CREAT, 0600);
-    if (fd < 0) return;
-    if (ftruncate(fd, 4096) != 0) { close(fd); return; }
-    void *m = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m != MAP_FAILED) ctr = m;
-}
-static inline void count(int which, size_t n) {
-    __atomic_fetch_add(&ctr[which], 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ctr[2], n, __ATOMIC_RELAXED);
-}
-void *malloc(size_t n) { count(0, n); return __libc_malloc(n); }
-void *calloc(size_t a, size_t b) { count(0, a * b); return __libc_calloc(a, b); }
-void *realloc(void *p, size_t n) { count(p ? 1 : 0, n); return __libc_realloc(p, n); }
-void *memalign(size_t al, size_t n) { count(0, n); return __libc_memalign(al, n); }
-void *aligned_alloc(size_t al, size_t n) { count(0, n); return __libc_memalign(al, n); }
-int posix_memalign(void **out, size_t al, size_t n) {
-    count(0, n);
-    void *p = __libc_memalign(al, n);
-    if (!p) return 12;
-    *out = p;
-    return 0;
-}
-"#;
-
-fn build_shim() -> Result<PathBuf, String> {
-    let dir = scratch_dir("alloc-shim");
-    let src = dir.join("count_alloc.c");
-    let so = dir.join("count_alloc.so");
-    std::fs::write(&src, SHIM_C).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new("cc")
-        .args(["-O2", "-shared", "-fPIC", "-o"])
-        .arg(&so)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("cc: {e} (a C compiler is needed for the allocation counter)"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cc failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(so)
-}
 
 /// Per-event allocation figures of one proxy.
 #[derive(Default)]
@@ -1394,7 +1326,7 @@ fn main() {
             .await
             .map(|(m, _)| m);
         eprintln!("allocations per event");
-        let allocs = match build_shim() {
+        let allocs = match alloc_shim::build_shim(&scratch_dir("alloc-shim")) {
             Err(e) => [Err(e.clone()), Err(e.clone()), Err(e.clone()), Err(e)],
             Ok(shim) => match WorkerProc::start().await {
                 Err(e) => [Err(e.clone()), Err(e.clone()), Err(e.clone()), Err(e)],
