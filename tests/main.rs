@@ -13,6 +13,7 @@ mod faults;
 mod gateway_basics;
 mod grpc;
 mod grpc_harness;
+mod grpc_policy;
 mod hardening;
 mod harness;
 mod http1;

@@ -12,7 +12,8 @@
 //!   Trailers-Only response, and can end a call the two ways a gateway must
 //!   treat as "the caller left": [`RawCall::reset`] (RST_STREAM CANCEL on
 //!   the one stream, the connection stays up) and [`RawGrpc::close`] (the
-//!   TCP connection dropped, with no GOAWAY).
+//!   TCP connection dropped, with no GOAWAY). [`RawGrpc::connect_tls`] is
+//!   the same over TLS with ALPN `h2` (a gateway's `[server.tls]` listener).
 //! * Request builders ([`send_request`], [`with_lease`], [`with_budget`],
 //!   [`with_message_metadata`], [`with_message_extension`]) and readers
 //!   ([`task_id_of`], [`state_of`]) for the protobuf messages of
@@ -308,6 +309,8 @@ pub struct RawGrpc {
     authority: String,
     send: SendRequest<Bytes>,
     conn: JoinHandle<()>,
+    /// `:scheme` of its calls: `http` (h2c), `https` ([`RawGrpc::connect_tls`]).
+    scheme: &'static str,
 }
 
 impl std::fmt::Debug for RawGrpc {
@@ -352,11 +355,85 @@ impl RawGrpc {
                 authority: authority.clone(),
                 send,
                 conn,
+                scheme: "http",
             })
         };
         tokio::time::timeout(answer_timeout(), attempt)
             .await
             .map_err(|_| format!("no HTTP/2 connection within {:?}", answer_timeout()))?
+    }
+
+    /// Connects to `addr` over TLS offering ALPN `h2` only, trusting just
+    /// the CA certificates in the PEM file `ca_pem` (a test's
+    /// `PrivateCa::ca_pem`) for the name of `addr`'s IP address, and
+    /// completes the HTTP/2 handshake: gRPC over TLS as grpc clients speak
+    /// it. Calls carry `:scheme https`. Panics when the TLS handshake fails,
+    /// when the server does not select `h2` by ALPN, or when HTTP/2 does not
+    /// start within 10 s (scaled).
+    pub async fn connect_tls(addr: &str, ca_pem: &std::path::Path) -> RawGrpc {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+
+        let authority = authority(addr);
+        let ip: std::net::IpAddr = authority
+            .rsplit_once(':')
+            .and_then(|(h, _)| h.trim_matches(['[', ']']).parse().ok())
+            .unwrap_or_else(|| panic!("connect_tls wants an ip:port address, not {addr}"));
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_pem)
+            .unwrap_or_else(|e| panic!("{}: {e}", ca_pem.display()))
+        {
+            roots
+                .add(cert.unwrap_or_else(|e| panic!("{}: {e}", ca_pem.display())))
+                .expect("the CA as a trust anchor");
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let attempt = async {
+            let tcp = TcpStream::connect(&authority)
+                .await
+                .map_err(|e| format!("tcp: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(ServerName::IpAddress(ip.into()), tcp)
+                .await
+                .map_err(|e| format!("TLS handshake: {e}"))?;
+            let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+            if alpn.as_deref() != Some(b"h2".as_slice()) {
+                return Err(format!(
+                    "the server did not select ALPN h2 (selected {:?})",
+                    alpn.map(|a| String::from_utf8_lossy(&a).into_owned())
+                ));
+            }
+            let (send, conn) = h2::client::handshake(tls)
+                .await
+                .map_err(|e| format!("h2 handshake: {e}"))?;
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let mut send = send;
+            poll_fn(|cx| send.poll_ready(cx))
+                .await
+                .map_err(|e| format!("h2 ready: {e}"))?;
+            Ok::<_, String>(RawGrpc {
+                authority: authority.clone(),
+                send,
+                conn,
+                scheme: "https",
+            })
+        };
+        tokio::time::timeout(answer_timeout(), attempt)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("no HTTP/2 over TLS to {addr} within {:?}", answer_timeout())
+            })
+            .unwrap_or_else(|e| panic!("gRPC over TLS to {addr}: {e}"))
     }
 
     /// `host:port` this connection goes to.
@@ -402,14 +479,15 @@ impl RawGrpc {
     }
 
     /// Starts `method` with exactly `headers` after the pseudo-headers
-    /// (`:method POST`, `:scheme http`, `:path`, `:authority`), none of the
+    /// (`:method POST`, `:scheme http` (`https` on a connection of
+    /// [`RawGrpc::connect_tls`]), `:path`, `:authority`), none of the
     /// defaults: e.g. a call without `a2a-version`, or with another
     /// `content-type`. The request stream stays open for [`RawCall::send`].
     pub async fn open_exact(&mut self, method: &str, headers: &[(&str, &str)]) -> RawCall {
         let path = method_path(method);
         let mut req = Request::builder()
             .method("POST")
-            .uri(format!("http://{}{path}", self.authority));
+            .uri(format!("{}://{}{path}", self.scheme, self.authority));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -800,6 +878,84 @@ pub async fn start_streaming_request(
         if working {
             if let Some(id) = id {
                 return (conn, call, id);
+            }
+        }
+    }
+}
+
+/// As [`start_streaming_request`] on a connection the test already holds
+/// (a TLS one from [`RawGrpc::connect_tls`], or one that carries other
+/// calls): starts `SendStreamingMessage` with `req` and `metadata` and reads
+/// events until one reports the task `TASK_STATE_WORKING` (10 s, scaled).
+/// Returns the open call and the task id; panics if the stream ends or
+/// fails first.
+pub async fn start_streaming_on(
+    conn: &mut RawGrpc,
+    req: &proto::SendMessageRequest,
+    metadata: &[(&str, &str)],
+) -> (RawCall, String) {
+    let call = conn.call("SendStreamingMessage", req, metadata).await;
+    let where_ = conn.authority().to_string();
+    until_working(call, &where_).await
+}
+
+/// Opens `SubscribeToTask` of `id` in `tenant` (`""`: none) on `conn` with
+/// `metadata`, and reads events until one names the task (10 s, scaled):
+/// the open call and that first event. Panics if the stream ends first.
+pub async fn subscribe_on(
+    conn: &mut RawGrpc,
+    tenant: &str,
+    id: &str,
+    metadata: &[(&str, &str)],
+) -> (RawCall, proto::StreamResponse) {
+    let req = proto::SubscribeToTaskRequest {
+        tenant: tenant.to_string(),
+        id: id.to_string(),
+    };
+    let mut call = conn.call("SubscribeToTask", &req, metadata).await;
+    let deadline = Instant::now() + answer_timeout();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match call.next_message(left).await {
+            Some(ev) if task_id_of(&ev) == Some(id) => return (call, ev),
+            Some(_) => {}
+            None => {
+                let path = call.path().to_string();
+                let (_, status, end) = call.finish(super::scaled_secs(1)).await;
+                panic!("{path} of {id}: no event named the task (grpc-status {status:?}, {end:?})");
+            }
+        }
+    }
+}
+
+/// Reads `call` until an event reports WORKING with a task id known.
+async fn until_working(mut call: RawCall, where_: &str) -> (RawCall, String) {
+    let deadline = Instant::now() + answer_timeout();
+    let mut id: Option<String> = None;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some(ev) = call.next_message(left).await else {
+            if !call.is_done() {
+                panic!(
+                    "{where_}: no WORKING within {:?}; events: {seen:?}",
+                    answer_timeout()
+                );
+            }
+            let (_, status, end) = call.finish(super::scaled_secs(1)).await;
+            panic!(
+                "{where_}: the stream ended before WORKING (grpc-status {status:?}, \
+                 {end:?}); events: {seen:?}"
+            );
+        };
+        if id.is_none() {
+            id = task_id_of(&ev).map(str::to_string);
+        }
+        let working = state_of(&ev) == Some(proto::TaskState::Working);
+        seen.push(ev);
+        if working {
+            if let Some(id) = id {
+                return (call, id);
             }
         }
     }

@@ -14,6 +14,7 @@
 //! | `A2AGW_PARENT_TEXT` | the child message's text (e.g. `work:30000`) |
 //! | `A2AGW_PARENT_TENANT` | optional tenant for the send (and so renewals) |
 //! | `A2AGW_PARENT_NO_CARD` | set: build the client from the URL (JSON-RPC) instead of the card |
+//! | `A2AGW_PARENT_GRPC` | set: the URL is a gRPC (h2c) address; the client is `ClientBuilder::new(url).with_protocol_binding("GRPC").build_grpc()`, no card fetched |
 //!
 //! The process prints `CHILD <task_id>` once the delegation knows the child's
 //! id, then `OUTCOME <Outcome as Debug>` when the delegation ends, each on a
@@ -48,6 +49,14 @@
 //!   handle settles or is dropped.
 //! * The stream ending unsettled makes `wait` send a best-effort `CancelTask`
 //!   (`Outcome::Lost`); a SIGKILL sends nothing at all.
+//!
+//! With `A2AGW_PARENT_GRPC` ([`ParentProcess::spawn_grpc`]) the same calls go
+//! over the A2A gRPC binding (`lf.a2a.v1.A2AService`, h2c with prior
+//! knowledge, one HTTP/2 connection): the start is `SendStreamingMessage`
+//! with the grant in `Message.metadata` (a `google.protobuf.Struct`) and the
+//! URI in `Message.extensions`; each renewal is a unary `GetTask` whose
+//! metadata holds `a2a-extensions: https://a2a-rust.com/extensions/lease/v1`
+//! and `a2a-version: 1.0`.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -65,6 +74,20 @@ const ENV_NO_CARD: &str = "A2AGW_PARENT_NO_CARD";
 /// Set: `A2AGW_PARENT_URL` is a `ws://` URL; the client speaks a2a-rust's
 /// WebSocket binding there, without asking for any extension on the upgrade.
 const ENV_WS: &str = "A2AGW_PARENT_WS";
+/// Set: `A2AGW_PARENT_URL` is a gRPC (h2c) address; the client is built with
+/// `build_grpc` (no agent card is fetched).
+const ENV_GRPC: &str = "A2AGW_PARENT_GRPC";
+
+/// Which binding the parent process speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Binding {
+    /// JSON-RPC, to the interface the agent card names.
+    Card,
+    /// a2a-rust's WebSocket binding.
+    Ws,
+    /// The A2A gRPC binding.
+    Grpc,
+}
 
 /// The test path of [`parent_process_entry`] inside the integration binary.
 const ENTRY: &str = "harness::parent::parent_process_entry";
@@ -75,10 +98,7 @@ const ENTRY: &str = "harness::parent::parent_process_entry";
 async fn parent_process_entry() {
     use std::io::Write;
 
-    use a2a_protocol_client::delegation::Delegation;
     use a2a_protocol_client::ClientBuilder;
-    use a2a_protocol_types::message::{Message, Part};
-    use a2a_protocol_types::params::MessageSendParams;
 
     let Ok(url) = std::env::var(ENV_URL) else {
         return;
@@ -97,6 +117,16 @@ async fn parent_process_entry() {
         let _ = out.flush();
     };
 
+    if std::env::var_os(ENV_GRPC).is_some() {
+        let builder = ClientBuilder::new(url.clone()).with_protocol_binding("GRPC");
+        eprintln!("parent: gRPC {builder:?}");
+        let client = builder
+            .build_grpc()
+            .await
+            .unwrap_or_else(|e| panic!("gRPC client for {url}: {e:?}"));
+        delegate(Arc::new(client), text, tenant, ttl_ms, say).await;
+        return;
+    }
     let builder = if std::env::var_os(ENV_WS).is_some() {
         use a2a_protocol_client::transport::websocket::{
             WebSocketTransport, WebSocketTransportConfig,
@@ -120,6 +150,21 @@ async fn parent_process_entry() {
     };
     eprintln!("parent: {builder:?}");
     let client = Arc::new(builder.build().expect("build the A2A client"));
+    delegate(client, text, tenant, ttl_ms, say).await;
+}
+
+/// The parent's delegation: `Delegation::start_leased` of one child over
+/// `client`, printing `CHILD <id>` and `OUTCOME <outcome>` through `say`.
+async fn delegate(
+    client: Arc<a2a_protocol_client::A2aClient>,
+    text: String,
+    tenant: Option<String>,
+    ttl_ms: u64,
+    say: impl Fn(String),
+) {
+    use a2a_protocol_client::delegation::Delegation;
+    use a2a_protocol_types::message::{Message, Part};
+    use a2a_protocol_types::params::MessageSendParams;
 
     let id = format!(
         "parent-{}-{}",
@@ -192,13 +237,27 @@ impl ParentProcess {
         text: &str,
         tenant: Option<&str>,
     ) -> ParentProcess {
-        Self::spawn_inner(url, ttl, text, tenant, false).await
+        Self::spawn_inner(url, ttl, text, tenant, Binding::Card).await
     }
 
     /// A parent speaking the WebSocket binding to `ws_url` (no extensions
     /// requested on the upgrade, as a plain client would).
     pub async fn spawn_ws(ws_url: &str, ttl: Duration, text: &str) -> ParentProcess {
-        Self::spawn_inner(ws_url, ttl, text, None, true).await
+        Self::spawn_inner(ws_url, ttl, text, None, Binding::Ws).await
+    }
+
+    /// A parent speaking the A2A gRPC binding to `grpc_url` (a gateway's
+    /// plain listener or a worker's `grpc_url`, h2c): its client is
+    /// `ClientBuilder::new(url).with_protocol_binding("GRPC").build_grpc()`,
+    /// built without a card; the child is sent under `tenant` (the renewals
+    /// then carry it too).
+    pub async fn spawn_grpc(
+        grpc_url: &str,
+        ttl: Duration,
+        text: &str,
+        tenant: Option<&str>,
+    ) -> ParentProcess {
+        Self::spawn_inner(grpc_url, ttl, text, tenant, Binding::Grpc).await
     }
 
     async fn spawn_inner(
@@ -206,7 +265,7 @@ impl ParentProcess {
         ttl: Duration,
         text: &str,
         tenant: Option<&str>,
-        ws: bool,
+        binding: Binding,
     ) -> ParentProcess {
         let exe = std::env::current_exe().expect("current test binary");
         let mut cmd = Command::new(exe);
@@ -230,10 +289,15 @@ impl ParentProcess {
             Some(t) => cmd.env(ENV_TENANT, t),
             None => cmd.env_remove(ENV_TENANT),
         };
-        if ws {
-            cmd.env(ENV_WS, "1");
-        } else {
-            cmd.env_remove(ENV_WS);
+        cmd.env_remove(ENV_WS).env_remove(ENV_GRPC);
+        match binding {
+            Binding::Card => {}
+            Binding::Ws => {
+                cmd.env(ENV_WS, "1");
+            }
+            Binding::Grpc => {
+                cmd.env(ENV_GRPC, "1");
+            }
         }
         let mut child = cmd.spawn().expect("spawn the parent process");
 
