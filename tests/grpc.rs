@@ -638,3 +638,28 @@ async fn rust_poll_lease_holds_while_polled() {
     );
     assert_eq!(worker.cancels().await, 1);
 }
+
+/// With h2c on the plain listener, an HTTP/1 request shorter than the
+/// HTTP/2 preface (18 bytes, no `Host`), whose client then waits, is
+/// answered at once (pingora-core patch 0010: the preface is told from a
+/// request at its first differing byte, not after 24 bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_http1_request_is_answered_on_an_h2c_listener() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let worker = W::rust().await;
+    let gw = gateway(&worker, "").await;
+    let mut s = tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(scaled_secs(5), s.read_exact(&mut head))
+        .await
+        .expect("answered without more bytes")
+        .unwrap();
+    assert!(
+        head.starts_with(b"HTTP/1."),
+        "{:?}",
+        String::from_utf8_lossy(&head)
+    );
+}

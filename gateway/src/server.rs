@@ -186,8 +186,8 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         "a2a-gateway",
     );
     // HTTP/2 with prior knowledge (h2c) on the plain listeners, for gRPC
-    // callers: pingora reads a connection's first 24 bytes to tell the
-    // HTTP/2 preface from an HTTP/1 request (docs/behaviour.md, gRPC).
+    // callers: a connection's first bytes tell the HTTP/2 preface from an
+    // HTTP/1 request (docs/behaviour.md, gRPC; patches/README.md, core 10).
     if let Some(app) = proxy.app_logic_mut() {
         let mut opts = pingora::apps::HttpServerOptions::default();
         opts.h2c = true;

@@ -280,9 +280,10 @@ where
         }
         // try to read h2 preface
         else if h2c && !custom {
-            let mut buf = [0u8; H2_PREFACE.len()];
+            // Told at the first byte that differs from the preface: an
+            // HTTP/1 request shorter than the preface is not held waiting.
             let peeked = stream
-                .try_peek(&mut buf)
+                .peek_prefix(H2_PREFACE)
                 .await
                 .map_err(|e| {
                     // this error is normal when h1 reuse and close the connection
@@ -291,9 +292,9 @@ where
                 })
                 .ok()?;
             // not all streams support peeking
-            if peeked {
+            if let Some(is_preface) = peeked {
                 // turn off h2c (use h1) if h2 preface doesn't exist
-                h2c = buf == H2_PREFACE;
+                h2c = is_preface;
             }
         }
         if h2c || matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {

@@ -80,6 +80,17 @@ pub trait Peek {
         Ok(false)
     }
 
+    /// Whether the stream starts with `prefix`, without consuming what it
+    /// reads: `None` if peeking is not supported. A stream that can tell
+    /// at the first byte that differs stops reading there, so a shorter
+    /// message that differs (a small HTTP/1 request before the HTTP/2
+    /// preface's length) is not held waiting for bytes that never come.
+    /// The default peeks `prefix.len()` bytes with [`Peek::try_peek`].
+    async fn peek_prefix(&mut self, prefix: &[u8]) -> std::io::Result<Option<bool>> {
+        let mut buf = vec![0u8; prefix.len()];
+        Ok(self.try_peek(&mut buf).await?.then(|| buf == prefix))
+    }
+
     /// `Ready` when a read would not wait (bytes, the end or an error are
     /// there), else `Pending` with `cx` woken when it would not. A stream
     /// that cannot tell is always `Ready` (the default), and its reads go on

@@ -897,6 +897,36 @@ impl Peek for Stream {
         Ok(true)
     }
 
+    async fn peek_prefix(&mut self, prefix: &[u8]) -> std::io::Result<Option<bool>> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        if prefix.len() > buf.len() {
+            let mut buf = vec![0u8; prefix.len()];
+            return Ok(self.try_peek(&mut buf).await?.then(|| buf == prefix));
+        }
+        let mut n = 0;
+        while n < prefix.len() {
+            let got = match self.read(&mut buf[n..prefix.len()]).await {
+                Ok(got) => got,
+                Err(e) => {
+                    self.rewind(&buf[..n]);
+                    return Err(e);
+                }
+            };
+            if got == 0 {
+                self.rewind(&buf[..n]);
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            n += got;
+            if buf[..n] != prefix[..n] {
+                break;
+            }
+        }
+        // rewind regardless of what is read
+        self.rewind(&buf[..n]);
+        Ok(Some(buf[..n] == *prefix))
+    }
+
     // a2a-gateway patch (see patches/README.md, "Body reads wait without a buffer").
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.rewind_read_buf.is_empty() {
@@ -1143,6 +1173,50 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
     use tokio::sync::Notify;
+
+    /// A message that differs from the prefix is told at its first byte,
+    /// and every byte read is there to read again; the prefix itself,
+    /// arriving in pieces, is told once whole.
+    #[tokio::test]
+    async fn peek_prefix_stops_at_the_first_byte_that_differs() {
+        use crate::protocols::Peek;
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        // 18 bytes, shorter than the preface; the client then waits.
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut server: Stream = server.into();
+        client.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+        let told = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            server.peek_prefix(PREFACE),
+        )
+        .await
+        .expect("told without waiting for 24 bytes")
+        .unwrap();
+        assert_eq!(told, Some(false));
+        let mut all = [0u8; 18];
+        server.read_exact(&mut all).await.unwrap();
+        assert_eq!(&all, b"GET / HTTP/1.0\r\n\r\n");
+
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut server: Stream = server.into();
+        let peek = tokio::spawn(async move {
+            let told = server.peek_prefix(PREFACE).await.unwrap();
+            let mut all = [0u8; 24];
+            server.read_exact(&mut all).await.unwrap();
+            (told, all)
+        });
+        client.write_all(&PREFACE[..5]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        client.write_all(&PREFACE[5..]).await.unwrap();
+        let (told, all) = peek.await.unwrap();
+        assert_eq!(told, Some(true));
+        assert_eq!(&all[..], PREFACE);
+    }
 
     // a2a-gateway patch: the write buffer that holds memory only while it
     // holds bytes (see patches/README.md).
