@@ -688,51 +688,15 @@ impl Canceller {
         peer.options.read_timeout = Some(self.cfg.timeout);
         peer.options.write_timeout = Some(self.cfg.timeout);
 
-        let mut req = RequestHeader::build(method, path.as_bytes(), None)
-            .map_err(|e| Attempt::Refused(format!("bad path {path}: {e}")))?;
         let len = body.as_ref().map(|b| b.len().to_string());
         let mut headers = vec![("host", worker_addr.authority()), ("a2a-version", "1.0")];
         if let Some(len) = &len {
             headers.push(("content-type", "application/json"));
             headers.push(("content-length", len));
         }
-        for (k, v) in headers {
-            if req.insert_header(k, v).is_err() {
-                return Err(Attempt::Refused(format!("bad header {k}")));
-            }
-        }
-        for (k, v) in &job.headers {
-            if req.append_header(k.clone(), v.as_str()).is_err() {
-                return Err(Attempt::Refused(format!("{k}: not a valid header value")));
-            }
-        }
-        for (k, v) in trace {
-            let _ = req.insert_header(k.clone(), v.as_str());
-        }
-
-        let (mut session, _reused) = self
-            .connector
-            .get_http_session(&peer)
-            .await
-            .map_err(|e| Attempt::Retry(format!("connect: {e}")))?;
-        session
-            .write_request_header(Box::new(req))
-            .await
-            .map_err(|e| Attempt::Retry(format!("write: {e}")))?;
-        if let Some(body) = body {
-            session
-                .write_request_body(body, true)
-                .await
-                .map_err(|e| Attempt::Retry(format!("write body: {e}")))?;
-        }
-        session
-            .finish_request_body()
-            .await
-            .map_err(|e| Attempt::Retry(format!("finish body: {e}")))?;
-        session
-            .read_response_header()
-            .await
-            .map_err(|e| Attempt::Retry(format!("read: {e}")))?;
+        let mut session = self
+            .open(&peer, method, &path, &headers, job, trace, body)
+            .await?;
         let status = session.response_header().map_or(0, |h| h.status.as_u16());
         let cap = ANSWER_CAP;
         let mut resp = Vec::new();
@@ -768,6 +732,62 @@ impl Canceller {
 }
 
 impl Canceller {
+    /// Sends one request of the gateway's own to the worker: `method` and
+    /// `path` with the `headers` its binding needs, then the job's headers
+    /// (the caller's credentials, the route's), then `trace`'s; the body,
+    /// if any; and reads the answer's head. The session, to read the rest.
+    #[allow(clippy::too_many_arguments)]
+    async fn open(
+        &self,
+        peer: &HttpPeer,
+        method: &str,
+        path: &str,
+        headers: &[(&'static str, &str)],
+        job: &CancelJob,
+        trace: &[(String, String)],
+        body: Option<Bytes>,
+    ) -> Result<pingora::protocols::http::client::HttpSession, Attempt> {
+        let mut req = RequestHeader::build(method, path.as_bytes(), None)
+            .map_err(|e| Attempt::Refused(format!("bad path {path}: {e}")))?;
+        for (k, v) in headers {
+            if req.insert_header(*k, *v).is_err() {
+                return Err(Attempt::Refused(format!("bad header {k}")));
+            }
+        }
+        for (k, v) in &job.headers {
+            if req.append_header(k.clone(), v.as_str()).is_err() {
+                return Err(Attempt::Refused(format!("{k}: not a valid header value")));
+            }
+        }
+        for (k, v) in trace {
+            let _ = req.insert_header(k.clone(), v.as_str());
+        }
+        let (mut session, _reused) = self
+            .connector
+            .get_http_session(peer)
+            .await
+            .map_err(|e| Attempt::Retry(format!("connect: {e}")))?;
+        session
+            .write_request_header(Box::new(req))
+            .await
+            .map_err(|e| Attempt::Retry(format!("write: {e}")))?;
+        if let Some(body) = body {
+            session
+                .write_request_body(body, true)
+                .await
+                .map_err(|e| Attempt::Retry(format!("write body: {e}")))?;
+        }
+        session
+            .finish_request_body()
+            .await
+            .map_err(|e| Attempt::Retry(format!("finish body: {e}")))?;
+        session
+            .read_response_header()
+            .await
+            .map_err(|e| Attempt::Retry(format!("read: {e}")))?;
+        Ok(session)
+    }
+
     /// [`Canceller::send`] over gRPC: `CancelTask` or `GetTask` of the job's
     /// task (its tenant in the request's `tenant` field, the caller's
     /// headers as metadata) on an HTTP/2 connection to the worker (h2c, or
@@ -807,47 +827,23 @@ impl Canceller {
         peer.options.set_http_version(2, 2);
         peer.options.read_timeout = Some(self.cfg.timeout);
         peer.options.write_timeout = Some(self.cfg.timeout);
-        let mut req = RequestHeader::build("POST", path.as_bytes(), None)
-            .map_err(|e| Attempt::Refused(format!("bad path {path}: {e}")))?;
-        for (k, v) in [
+        let headers = [
             ("host", worker_addr.authority()),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
             ("a2a-version", "1.0"),
-        ] {
-            if req.insert_header(k, v).is_err() {
-                return Err(Attempt::Refused(format!("bad header {k}")));
-            }
-        }
-        for (k, v) in &job.headers {
-            if req.append_header(k.clone(), v.as_str()).is_err() {
-                return Err(Attempt::Refused(format!("{k}: not a valid header value")));
-            }
-        }
-        for (k, v) in trace {
-            let _ = req.insert_header(k.clone(), v.as_str());
-        }
-        let (mut session, _reused) = self
-            .connector
-            .get_http_session(&peer)
-            .await
-            .map_err(|e| Attempt::Retry(format!("connect: {e}")))?;
-        session
-            .write_request_header(Box::new(req))
-            .await
-            .map_err(|e| Attempt::Retry(format!("write: {e}")))?;
-        session
-            .write_request_body(Bytes::from(body), true)
-            .await
-            .map_err(|e| Attempt::Retry(format!("write body: {e}")))?;
-        session
-            .finish_request_body()
-            .await
-            .map_err(|e| Attempt::Retry(format!("finish body: {e}")))?;
-        session
-            .read_response_header()
-            .await
-            .map_err(|e| Attempt::Retry(format!("read: {e}")))?;
+        ];
+        let mut session = self
+            .open(
+                &peer,
+                "POST",
+                &path,
+                &headers,
+                job,
+                trace,
+                Some(Bytes::from(body)),
+            )
+            .await?;
         let head = session.response_header().cloned();
         let http = head.as_ref().map_or(0, |h| h.status.as_u16());
         let mut resp = Vec::new();

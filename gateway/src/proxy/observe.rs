@@ -170,23 +170,13 @@ impl Gateway {
             if header_starts_with(resp, &http::header::CONTENT_TYPE, "application/grpc") {
                 ctx.answer =
                     Answer::Grpc(Box::new(GrpcFrames::new(self.limits.max_sse_event)), method);
-                ctx.track.shape = Some(if shape.is_stream() {
-                    metrics::OPEN_STREAMS.inc();
-                    shape
-                } else {
-                    Shape::Send
-                });
+                ctx.track.shape = Some(streamed(shape));
             }
             return Ok(());
         }
         if is_sse(resp) {
             ctx.answer = Answer::Sse(SseParser::new(self.limits.max_sse_event));
-            ctx.track.shape = Some(if shape.is_stream() {
-                metrics::OPEN_STREAMS.inc();
-                shape
-            } else {
-                Shape::Send
-            });
+            ctx.track.shape = Some(streamed(shape));
             return Ok(());
         }
         stop_awaiting_id(session, ctx);
@@ -423,6 +413,18 @@ impl Gateway {
                 stop_awaiting_id(session, ctx);
             }
         }
+    }
+}
+
+/// The shape of a call whose answer is a stream of messages (SSE events,
+/// gRPC messages): a stream's own, counted open; else a send's (a blocking
+/// send answered with one message).
+fn streamed(shape: Shape) -> Shape {
+    if shape.is_stream() {
+        metrics::OPEN_STREAMS.inc();
+        shape
+    } else {
+        Shape::Send
     }
 }
 
