@@ -80,13 +80,6 @@ fn is_budget_failure(ev: &Value) -> bool {
         && u["metadata"][BUDGET_KEY]["remainingMs"] == 0
 }
 
-async fn tasks_started(worker: &Worker) -> u64 {
-    match worker {
-        Worker::Rust(w) => w.tasks_started() as u64,
-        Worker::Python(w) => w.stats().await["tasks_started"].as_u64().unwrap_or(0),
-    }
-}
-
 /// Numbers compared by value: the Python SDK stores metadata as a protobuf
 /// `Struct`, so the integers the gateway sent come back as `250.0`.
 fn same_numbers(a: &Value, b: &Value) -> bool {
@@ -416,7 +409,7 @@ async fn ten_children_share_an_account() {
         check_refusal(*status, body, retry.as_deref());
     }
     assert_eq!(
-        tasks_started(&worker).await,
+        worker.tasks_started().await,
         3,
         "refused children never reached the worker"
     );
@@ -490,7 +483,7 @@ async fn two_replicas_share_an_account_on_redis() {
     for (status, body, retry) in &refused {
         check_refusal(*status, body, retry.as_deref());
     }
-    assert_eq!(tasks_started(&worker).await, 3);
+    assert_eq!(worker.tasks_started().await, 3);
     let spent: u64 = admitted.iter().map(|e| settled_spend(e)).sum();
     let mut acct = Value::Null;
     for _ in 0..scaled_count(50) {
@@ -667,7 +660,7 @@ async fn bad_grants(kind: Kind, bind: Bind, pad: usize) {
     }
     tokio::time::sleep(scaled_ms(200)).await;
     assert_eq!(
-        tasks_started(&worker).await,
+        worker.tasks_started().await,
         0,
         "no refused send created a task"
     );
@@ -680,7 +673,7 @@ async fn bad_grants(kind: Kind, bind: Bind, pad: usize) {
     let _ = s.rest(scaled_secs(5)).await;
     let (mut s2, id2) = open(&gw.url, bind, None, budgeted("quick", None)).await;
     let _ = s2.rest(scaled_secs(5)).await;
-    assert_eq!(tasks_started(&worker).await, 2);
+    assert_eq!(worker.tasks_started().await, 2);
     let fwd = forwarded_message(&worker.url(), None, &id).await;
     assert!(
         same_numbers(
@@ -1034,7 +1027,7 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
         let v = request("POST", &worker.url(), "/", &h, &body).await.json();
         assert!(v["result"]["task"]["id"].is_string(), "{v}");
     }
-    let started = tasks_started(&worker).await;
+    let started = worker.tasks_started().await;
     for body in [utf16(&call()), bom(&call())] {
         let v = request("POST", &gw.url, "/", &h, &body).await.json();
         assert_eq!(v["error"]["code"], -32700, "{v}");
@@ -1051,7 +1044,7 @@ async fn unreadable_body_is_refused_on_a_budgeted_route() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["status"], "INVALID_ARGUMENT");
     assert_eq!(
-        tasks_started(&worker).await,
+        worker.tasks_started().await,
         started,
         "the worker started a task"
     );

@@ -14,81 +14,22 @@ use crate::harness::grpc::{
     send_request, start_streaming, start_streaming_request, state_of, task_id_of, with_lease,
     RawGrpc,
 };
-use crate::harness::python_worker::PythonWorker;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+use crate::harness::worker::{Kind, Worker};
 use crate::harness::{scaled_ms, scaled_secs};
 
 const CANCELED: &str = "TASK_STATE_CANCELED";
 const WORKING: &str = "TASK_STATE_WORKING";
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
 
-/// The two workers, each with its gRPC URL, its task state (read over
-/// HTTP) and its count of CancelTask calls.
-enum W {
-    Rust(RustWorker),
-    Python(PythonWorker),
-}
-
-impl W {
-    async fn rust() -> W {
-        W::Rust(RustWorker::start_with_grpc(RustWorkerOptions::default()).await)
-    }
-
-    async fn python() -> W {
-        W::Python(PythonWorker::start_with_grpc(&[]).await)
-    }
-
-    fn grpc_url(&self) -> String {
-        match self {
-            W::Rust(w) => w.grpc_url(),
-            W::Python(w) => w.grpc_url(),
-        }
-    }
-
-    async fn state(&self, tenant: Option<&str>, id: &str) -> Option<String> {
-        match self {
-            W::Rust(w) => w.state(tenant, id).await,
-            W::Python(w) => w.state(tenant, id).await,
-        }
-    }
-
-    async fn cancels(&self) -> u64 {
-        match self {
-            W::Rust(w) => w.cancels() as u64,
-            W::Python(w) => w.stats().await["cancels"].as_u64().unwrap_or(0),
-        }
-    }
-
-    /// Polls until the task is `want`; its last state otherwise.
-    async fn wait_state(
-        &self,
-        tenant: Option<&str>,
-        id: &str,
-        want: &str,
-        within: Duration,
-    ) -> Result<Duration, Option<String>> {
-        let start = std::time::Instant::now();
-        loop {
-            let got = self.state(tenant, id).await;
-            if got.as_deref() == Some(want) {
-                return Ok(start.elapsed());
-            }
-            if start.elapsed() > within {
-                return Err(got);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-async fn gateway(worker: &W, route_extra: &str) -> Gateway {
+async fn gateway(worker: &Worker, route_extra: &str) -> Gateway {
     Gateway::in_front_of(&worker.grpc_url(), route_extra).await
 }
 
 /// A caller that leaves a streaming call, by RST_STREAM (`reset`) or by
 /// dropping its connection: the child is CANCELED within 1 s (scaled), by
 /// exactly one CancelTask; the gateway counted it as a gRPC request.
-async fn leaving_cancels(worker: W, reset: bool, tenant: &str) {
+async fn leaving_cancels(worker: Worker, reset: bool, tenant: &str) {
     let gw = gateway(&worker, "").await;
     let (conn, call, id) = start_streaming(&gw.url, "work:60000", tenant).await;
     let t = (!tenant.is_empty()).then_some(tenant);
@@ -126,34 +67,34 @@ async fn leaving_cancels(worker: W, reset: bool, tenant: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_stream_reset_cancels() {
-    leaving_cancels(W::rust().await, true, "").await;
+    leaving_cancels(Worker::start_with_grpc(Kind::Rust).await, true, "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_connection_close_cancels() {
-    leaving_cancels(W::rust().await, false, "").await;
+    leaving_cancels(Worker::start_with_grpc(Kind::Rust).await, false, "").await;
 }
 
 /// The cancel goes to the task's tenant (a2a-rust keeps tasks per tenant).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_tenant_stream_reset_cancels_in_its_tenant() {
-    leaving_cancels(W::rust().await, true, "acme").await;
+    leaving_cancels(Worker::start_with_grpc(Kind::Rust).await, true, "acme").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_stream_reset_cancels() {
-    leaving_cancels(W::python().await, true, "").await;
+    leaving_cancels(Worker::start_with_grpc(Kind::Python).await, true, "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_connection_close_cancels() {
-    leaving_cancels(W::python().await, false, "").await;
+    leaving_cancels(Worker::start_with_grpc(Kind::Python).await, false, "").await;
 }
 
 /// A stream that ran to COMPLETED, and one handed back INPUT_REQUIRED
 /// whose caller then left: no cancel. The answer passes unchanged,
 /// `grpc-status` 0 in its trailers.
-async fn settled_streams_are_not_cancelled(worker: W) {
+async fn settled_streams_are_not_cancelled(worker: Worker) {
     let gw = gateway(&worker, "").await;
     let mut conn = RawGrpc::connect(&gw.url).await;
     let call = conn
@@ -190,12 +131,12 @@ async fn settled_streams_are_not_cancelled(worker: W) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_settled_streams_are_not_cancelled() {
-    settled_streams_are_not_cancelled(W::rust().await).await;
+    settled_streams_are_not_cancelled(Worker::start_with_grpc(Kind::Rust).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_settled_streams_are_not_cancelled() {
-    settled_streams_are_not_cancelled(W::python().await).await;
+    settled_streams_are_not_cancelled(Worker::start_with_grpc(Kind::Python).await).await;
 }
 
 /// Unary calls pass with their answers and statuses: `SendMessage`'s task,
@@ -203,7 +144,7 @@ async fn python_settled_streams_are_not_cancelled() {
 /// service is proxied verbatim (the worker's UNIMPLEMENTED comes back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unary_calls_and_other_services_pass() {
-    let worker = W::rust().await;
+    let worker = Worker::start_with_grpc(Kind::Rust).await;
     let gw = gateway(&worker, "").await;
     let mut conn = RawGrpc::connect(&gw.url).await;
     let answer: proto::SendMessageResponse = conn
@@ -318,22 +259,13 @@ async fn no_route_answers_a_grpc_status() {
     assert_eq!(worker.tasks_started(), 0);
 }
 
-impl W {
-    async fn tasks_started(&self) -> u64 {
-        match self {
-            W::Rust(w) => w.tasks_started() as u64,
-            W::Python(w) => w.stats().await["tasks_started"].as_u64().unwrap_or(0),
-        }
-    }
-}
-
 /// Callers that leave at once, 0 to 19 ms after their request (RST_STREAM,
 /// or the connection dropped): whether the request reached the worker, and
 /// whether an event named the task before the caller left, depends on the
 /// moment; a child the worker started before any event named it is found
 /// by its sent message (the worker's `ListTasks`, over gRPC). Every child
 /// the worker started is cancelled, once.
-async fn callers_leaving_at_once(worker: W) {
+async fn callers_leaving_at_once(worker: Worker) {
     let gw = gateway(&worker, "").await;
     let n = 20;
     for i in 0..n {
@@ -378,21 +310,12 @@ async fn callers_leaving_at_once(worker: W) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_callers_leaving_at_once() {
-    callers_leaving_at_once(W::rust().await).await;
+    callers_leaving_at_once(Worker::start_with_grpc(Kind::Rust).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_callers_leaving_at_once() {
-    callers_leaving_at_once(W::python().await).await;
-}
-
-impl W {
-    fn url(&self) -> String {
-        match self {
-            W::Rust(w) => w.url(),
-            W::Python(w) => w.url(),
-        }
-    }
+    callers_leaving_at_once(Worker::start_with_grpc(Kind::Python).await).await;
 }
 
 const BUDGET_KEY: &str = "a2a-rust.com/budget";
@@ -445,7 +368,7 @@ fn budget_failure(ev: &proto::StreamResponse) -> Option<(String, serde_json::Val
 
 /// The message the worker stored as the task's first history entry (read
 /// over its JSON-RPC side): what the gateway forwarded.
-async fn forwarded_message(worker: &W, id: &str) -> serde_json::Value {
+async fn forwarded_message(worker: &Worker, id: &str) -> serde_json::Value {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
         "params": {"id": id, "historyLength": 10}});
     let v = crate::harness::http::post_json(&worker.url(), "/", &[], &body)
@@ -458,7 +381,7 @@ async fn forwarded_message(worker: &W, id: &str) -> serde_json::Value {
 /// gateway writes `{"meters":{"tokens":250}}` into the protobuf message) is
 /// cancelled on the worker, and the gRPC caller's stream ends with the
 /// budget-exhausted failure, nothing after it, `grpc-status` 0.
-async fn spend_past_cap(worker: W) {
+async fn spend_past_cap(worker: Worker) {
     let gw = gateway(&worker, "[routes.budget]\nmeters = { tokens = 250 }").await;
     let mut conn = RawGrpc::connect(&gw.url).await;
     let call = conn
@@ -511,12 +434,12 @@ async fn spend_past_cap(worker: W) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_spend_past_cap_is_stopped() {
-    spend_past_cap(W::rust().await).await;
+    spend_past_cap(Worker::start_with_grpc(Kind::Rust).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_spend_past_cap_is_stopped() {
-    spend_past_cap(W::python().await).await;
+    spend_past_cap(Worker::start_with_grpc(Kind::Python).await).await;
 }
 
 /// A caller's own deadline (`remainingMs` 800, on a worker that knows
@@ -524,7 +447,7 @@ async fn python_spend_past_cap_is_stopped() {
 /// 250 ms (scaled) of it; the stream ends with the failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_deadline_stops_the_child() {
-    let worker = W::python().await;
+    let worker = Worker::start_with_grpc(Kind::Python).await;
     let gw = gateway(&worker, "").await;
     let remaining = Duration::from_millis(800);
     let grant = serde_json::json!({"remainingMs": remaining.as_millis() as u64});
@@ -556,7 +479,7 @@ async fn python_deadline_stops_the_child() {
 /// `over_cap = "refuse"`; the worker never sees the message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_budget_grants_are_refused() {
-    let worker = W::rust().await;
+    let worker = Worker::start_with_grpc(Kind::Rust).await;
     let gw = gateway(
         &worker,
         "[routes.budget]\nmax_deadline = \"10s\"\nover_cap = \"refuse\"\n",
@@ -596,7 +519,7 @@ async fn bad_budget_grants_are_refused() {
 /// second (scaled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_poll_lease_holds_while_polled() {
-    let worker = W::rust().await;
+    let worker = Worker::start_with_grpc(Kind::Rust).await;
     let gw = gateway(&worker, "poll_lease = \"2s\"\n").await;
     let mut conn = RawGrpc::connect(&gw.url).await;
     let mut req = send_request("work:60000", "");
@@ -646,7 +569,7 @@ async fn rust_poll_lease_holds_while_polled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_http1_request_is_answered_on_an_h2c_listener() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let worker = W::rust().await;
+    let worker = Worker::start_with_grpc(Kind::Rust).await;
     let gw = gateway(&worker, "").await;
     let mut s = tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://"))
         .await

@@ -85,6 +85,15 @@ impl Worker {
         }
     }
 
+    /// Executor runs that created a task (the Rust worker's counter, the
+    /// Python worker's `/_test/stats`).
+    pub async fn tasks_started(&self) -> u64 {
+        match self {
+            Worker::Rust(w) => w.tasks_started() as u64,
+            Worker::Python(w) => w.stats().await["tasks_started"].as_u64().unwrap_or(0),
+        }
+    }
+
     /// How many CancelTask calls reached the worker's cancel path.
     pub async fn cancels(&self) -> u64 {
         match self {
