@@ -32,18 +32,18 @@
 //!   [`UNARY_SECONDS`]: calls/s, p50 and p99 of the calls' times, the
 //!   proxy's CPU (user + system, `/proc`) and the worker's per call.
 //! - Streaming: `SendStreamingMessage` of `burst:`[`BURST`] (the SSE row's
-//!   script: WORKING, n WORKING updates at once, COMPLETED), [`STREAM_CONNS`]
-//!   connections x [`STREAM_STREAMS`] streams at a time (8, as the SSE row),
-//!   connections opened before the clock starts: `StreamResponse` messages/s
-//!   from the first request to the last trailers, [`STREAM_REPEATS`] times
-//!   per round, and the proxy's CPU per message over all of them. Streams of
-//!   10,000 (a run takes about 0.6 s): with the SSE row's 2,000 (0.1 s a
-//!   run) the gateway's ratio to bare pingora spread from 0.61 to 1.05 over
-//!   five runs of this bench; at 10,000 the direct, bare and gateway columns
-//!   also came within 10% of each other (at 2,000, direct ran at 0.7x the
-//!   proxies, which reach the worker over a connection per stream, pingora's
-//!   default of one stream per upstream HTTP/2 connection, where the driver
-//!   uses 2).
+//!   script: WORKING, n WORKING updates at once, COMPLETED) on
+//!   [`STREAM_CONNS`] connections x [`STREAM_STREAMS`] stream slots (8 at a
+//!   time, as the SSE row), each slot opening its next stream as soon as the
+//!   last one's trailers came, for [`STREAM_SECONDS`] (connections opened
+//!   before the clock starts): `StreamResponse` messages/s from the first
+//!   request to the last trailers, and the proxy's CPU per message over all
+//!   runs. A run of 8 single streams (the SSE row's way) took 0.1 s with
+//!   `burst:2000`, and the gateway's ratio to bare pingora spread from 0.61
+//!   to 1.05 over five runs of this bench; longer single streams are not an
+//!   option: `burst:10000` overflowed the worker's event queue (a2a-rust's
+//!   4,096 events: "event stream lagged", grpc-status 13) when its reader
+//!   fell behind. [`BURST`] stays under that.
 //! - Heap allocations, bare pingora against the gateway, each a fresh
 //!   process under the `LD_PRELOAD` counter (`benches/alloc_shim.rs`; the
 //!   C library's `malloc`, as in the `streams` bench): per `StreamResponse`
@@ -57,7 +57,7 @@
 //! cell keeps its best run (latencies from the unary run with the best
 //! rate). Before any of it, every target is checked once: a `quick` call
 //! answered with its task COMPLETED and a `burst:3` stream ending COMPLETED.
-//! About 50 s in all.
+//! About 65 s in all.
 
 use std::future::poll_fn;
 use std::time::{Duration, Instant};
@@ -79,8 +79,9 @@ pub const UNARY_SECONDS: f64 = 3.0;
 const UNARY_WARMUP_SECONDS: f64 = 1.0;
 pub const STREAM_CONNS: usize = 2;
 pub const STREAM_STREAMS: usize = 4;
-pub const BURST: usize = 10000;
-pub const STREAM_REPEATS: usize = 2;
+pub const BURST: usize = 4000;
+pub const STREAM_SECONDS: f64 = 2.0;
+const STREAM_WARMUP_SECONDS: f64 = 0.5;
 pub const ALLOC_CALLS: usize = 1000;
 const ALLOC_ROUNDS: usize = 3;
 
@@ -440,10 +441,10 @@ async fn unary_target(t: &GrpcTarget, secs: f64) -> Result<Unary, String> {
     Ok(u)
 }
 
-/// [`STREAM_CONNS`] x [`STREAM_STREAMS`] streams of `burst:`[`BURST`] at
-/// once: messages, and the seconds from the first request to the last
-/// trailers.
-async fn stream_run(addr: &str) -> Result<(usize, f64), String> {
+/// [`STREAM_CONNS`] x [`STREAM_STREAMS`] slots streaming `burst:`[`BURST`]
+/// one stream after another for `secs`: messages, and the seconds from the
+/// first request to the last trailers.
+async fn stream_run(addr: &str, secs: f64) -> Result<(usize, f64), String> {
     let body = frame(&send_request(&format!("burst:{BURST}"), false));
     let uri = uri(addr, "SendStreamingMessage");
     let mut conns = Vec::new();
@@ -451,17 +452,22 @@ async fn stream_run(addr: &str) -> Result<(usize, f64), String> {
         conns.push(connect(addr).await?);
     }
     let start = Instant::now();
-    let mut streams = Vec::new();
+    let until = start + Duration::from_secs_f64(secs);
+    let mut slots = Vec::new();
     for send in &conns {
         for _ in 0..STREAM_STREAMS {
             let (mut send, body, uri) = (send.clone(), body.clone(), uri.clone());
-            streams.push(tokio::spawn(async move {
-                call(&mut send, &uri, body, false).await.map(|f| f.count)
+            slots.push(tokio::spawn(async move {
+                let mut messages = 0;
+                while Instant::now() < until {
+                    messages += call(&mut send, &uri, body.clone(), false).await?.count;
+                }
+                Ok::<_, String>(messages)
             }));
         }
     }
     let mut messages = 0;
-    for s in streams {
+    for s in slots {
         messages += s.await.map_err(|e| e.to_string())??;
     }
     Ok((messages, start.elapsed().as_secs_f64()))
@@ -509,21 +515,19 @@ pub async fn rounds(targets: &[Option<&GrpcTarget>], worker: &str) -> Vec<GrpcCo
             }
             let t = t.expect("live");
             if warm {
-                let _ = stream_run(&t.addr).await;
+                let _ = stream_run(&t.addr, STREAM_WARMUP_SECONDS).await;
             }
-            for _ in 0..STREAM_REPEATS {
-                let before = (!t.procs.is_empty()).then(|| cpu_ticks(&t.procs)).flatten();
-                match stream_run(&t.addr).await {
-                    Ok((messages, secs)) => {
-                        let rate = messages as f64 / secs;
-                        col.stream_per_sec = Some(col.stream_per_sec.map_or(rate, |b| b.max(rate)));
-                        if let (Some(b), Some(a)) = (before, cpu_ticks(&t.procs)) {
-                            col.stream_ticks += a - b;
-                            col.stream_messages += messages;
-                        }
+            let before = (!t.procs.is_empty()).then(|| cpu_ticks(&t.procs)).flatten();
+            match stream_run(&t.addr, STREAM_SECONDS).await {
+                Ok((messages, secs)) => {
+                    let rate = messages as f64 / secs;
+                    col.stream_per_sec = Some(col.stream_per_sec.map_or(rate, |b| b.max(rate)));
+                    if let (Some(b), Some(a)) = (before, cpu_ticks(&t.procs)) {
+                        col.stream_ticks += a - b;
+                        col.stream_messages += messages;
                     }
-                    Err(e) => eprintln!("gRPC stream against {}: {e}", t.addr),
                 }
+                Err(e) => eprintln!("gRPC stream against {}: {e}", t.addr),
             }
         }
     }

@@ -50,7 +50,7 @@
 //!   proxy's CPU per message, over h2c from an in-repo `h2` driver to the
 //!   worker's gRPC listener; and heap allocations per streamed message and
 //!   per call, bare pingora against the gateway. `-- --grpc` runs these rows
-//!   alone (about a minute).
+//!   alone (about 70 s).
 //!
 //! All proxies are started first. Each scenario is then run against every
 //! column in turn (so a row's figures are taken within seconds of each
@@ -1173,10 +1173,11 @@ fn print_table(cols: &[(&str, &Cell)], only_grpc: bool) {
         ),
         (
             format!(
-                "gRPC SendStreamingMessage messages/s ({} streams of `burst:{}` on {} conns, tracked)",
-                grpc::STREAM_CONNS * grpc::STREAM_STREAMS,
+                "gRPC SendStreamingMessage messages/s ({} conns x {} slots streaming `burst:{}` one after another, {}s, tracked)",
+                grpc::STREAM_CONNS,
+                grpc::STREAM_STREAMS,
                 grpc::BURST,
-                grpc::STREAM_CONNS
+                grpc::STREAM_SECONDS
             ),
             |c| c.grpc.as_ref()?.stream_per_sec,
             0,
