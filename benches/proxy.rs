@@ -50,7 +50,7 @@
 //!   proxy's CPU per message, over h2c from an in-repo `h2` driver to the
 //!   worker's gRPC listener; and heap allocations per streamed message and
 //!   per call, bare pingora against the gateway. `-- --grpc` runs these rows
-//!   alone (about 70 s).
+//!   alone (about a minute).
 //!
 //! All proxies are started first. Each scenario is then run against every
 //! column in turn (so a row's figures are taken within seconds of each
