@@ -304,19 +304,6 @@ pub struct TaskRequest {
     pub history_length: Option<i32>,
 }
 
-/// `StreamResponse`; its fields 1 and 2 are also `SendMessageResponse`'s.
-#[derive(Clone, PartialEq, prost::Message)]
-struct StreamResponse {
-    #[prost(message, optional, tag = "1")]
-    task: Option<Task>,
-    #[prost(message, optional, tag = "2")]
-    message: Option<AnswerMessage>,
-    #[prost(message, optional, tag = "3")]
-    status_update: Option<Update>,
-    #[prost(message, optional, tag = "4")]
-    artifact_update: Option<Update>,
-}
-
 /// `Task`.
 #[derive(Clone, PartialEq, prost::Message)]
 struct Task {
@@ -336,97 +323,145 @@ struct Status {
     state: i32,
 }
 
-/// `Message`, as answered.
-#[derive(Clone, PartialEq, prost::Message)]
-struct AnswerMessage {
-    #[prost(string, tag = "2")]
-    context_id: String,
-    #[prost(string, tag = "3")]
-    task_id: String,
-}
-
-/// `TaskStatusUpdateEvent` and `TaskArtifactUpdateEvent` (whose fields 3
-/// and 4 are another message and a bool: read only for status updates).
-#[derive(Clone, PartialEq, prost::Message)]
-struct Update {
-    #[prost(string, tag = "1")]
-    task_id: String,
-    #[prost(string, tag = "2")]
-    context_id: String,
-}
-
-/// `TaskStatusUpdateEvent` in full as far as policy reads it.
-#[derive(Clone, PartialEq, prost::Message)]
-struct StatusUpdate {
-    #[prost(string, tag = "1")]
-    task_id: String,
-    #[prost(string, tag = "2")]
-    context_id: String,
-    #[prost(message, optional, tag = "3")]
-    status: Option<Status>,
-    #[prost(message, optional, tag = "4")]
-    metadata: Option<PbStruct>,
-}
-
-/// `StreamResponse` with its status update read in full.
-#[derive(Clone, PartialEq, prost::Message)]
-struct StatusUpdateOnly {
-    #[prost(message, optional, tag = "3")]
-    status_update: Option<StatusUpdate>,
-}
-
 /// A status's state: the wire value indexes `TaskState::ALL` (the proto
 /// enum's order). 0 reads as none: proto3 cannot tell an unspecified state
 /// from an absent one.
 fn state_of(s: Option<&Status>) -> Option<TaskState> {
-    let n = usize::try_from(s?.state).ok().filter(|n| *n > 0)?;
+    state_at(u64::try_from(s?.state).ok()?)
+}
+
+fn state_at(n: u64) -> Option<TaskState> {
+    let n = usize::try_from(n).ok().filter(|n| *n > 0)?;
     TaskState::ALL.get(n).copied()
 }
 
-fn some(s: String) -> Option<Cow<'static, str>> {
-    (!s.is_empty()).then_some(Cow::Owned(s))
+/// One field of a protobuf message, its value borrowed from the message.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    /// A fixed-width value: not read.
+    Fixed,
+}
+
+/// The fields of a protobuf message in wire order, on prost's own wire
+/// primitives, borrowing: answers are read along the copy without an
+/// allocation per message. `Err`: not a protobuf message (a bad key or
+/// length, a group).
+fn fields(mut buf: &[u8]) -> impl Iterator<Item = Result<(u32, Field<'_>), ()>> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    std::iter::from_fn(move || {
+        if buf.is_empty() {
+            return None;
+        }
+        let next = (|| {
+            let (tag, wire) = decode_key(&mut buf).map_err(|_| ())?;
+            let field = match wire {
+                WireType::Varint => Field::Varint(decode_varint(&mut buf).map_err(|_| ())?),
+                WireType::LengthDelimited => {
+                    let len = usize::try_from(decode_varint(&mut buf).map_err(|_| ())?)
+                        .map_err(|_| ())?;
+                    let (value, rest) = buf.split_at_checked(len).ok_or(())?;
+                    buf = rest;
+                    Field::Bytes(value)
+                }
+                WireType::SixtyFourBit => {
+                    buf = buf.get(8..).ok_or(())?;
+                    Field::Fixed
+                }
+                WireType::ThirtyTwoBit => {
+                    buf = buf.get(4..).ok_or(())?;
+                    Field::Fixed
+                }
+                WireType::StartGroup | WireType::EndGroup => return Err(()),
+            };
+            Ok((tag, field))
+        })();
+        if next.is_err() {
+            buf = &[];
+        }
+        Some(next)
+    })
+}
+
+/// Which message [`task_facts`] reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// `Task`: 1 id, 2 context_id, 3 status.
+    Task,
+    /// `TaskStatusUpdateEvent`: 1 task_id, 2 context_id, 3 status, 4
+    /// metadata.
+    StatusUpdate,
+    /// `TaskArtifactUpdateEvent`: 1 task_id, 2 context_id.
+    ArtifactUpdate,
+    /// `Message`: 2 context_id, 3 task_id.
+    Message,
+}
+
+/// The task facts of one of the [`Holder`] messages into `into`. The last
+/// occurrence of a field wins, as protobuf reads scalars.
+fn task_facts<'a>(buf: &'a [u8], holder: Holder, into: &mut Observation<'a>) -> Option<()> {
+    let (id_tag, status_tag) = match holder {
+        Holder::Task | Holder::StatusUpdate => (1, 3),
+        Holder::ArtifactUpdate => (1, 0),
+        Holder::Message => (3, 0),
+    };
+    let text = |b: &'a [u8]| -> Option<Option<Cow<'a, str>>> {
+        let s = std::str::from_utf8(b).ok()?;
+        Some((!s.is_empty()).then_some(Cow::Borrowed(s)))
+    };
+    for f in fields(buf) {
+        match f.ok()? {
+            (t, Field::Bytes(b)) if t == id_tag => into.task_id = text(b)?,
+            (2, Field::Bytes(b)) => into.context_id = text(b)?,
+            (t, Field::Bytes(b)) if t == status_tag => {
+                into.state = None;
+                for g in fields(b) {
+                    if let (1, Field::Varint(n)) = g.ok()? {
+                        into.state = state_at(n);
+                    }
+                }
+            }
+            // A status update's metadata: decoded only when it holds a
+            // budget's report.
+            (4, Field::Bytes(b))
+                if holder == Holder::StatusUpdate
+                    && memchr::memmem::find(b, BUDGET_KEY.as_bytes()).is_some() =>
+            {
+                into.spent = PbStruct::decode(b).ok().as_ref().and_then(spent_of);
+            }
+            _ => {}
+        }
+    }
+    Some(())
 }
 
 /// What one message of a worker's answer says about its task: a
 /// `StreamResponse` (streams), a `SendMessageResponse` (`SendMessage`) or a
 /// `Task` (`GetTask`, `CancelTask`), by `method`. `None`: not such a
-/// message.
-pub fn observe(method: A2aMethod, msg: &[u8]) -> Option<Observation<'static>> {
-    match method {
-        A2aMethod::GetTask | A2aMethod::CancelTask => {
-            let t = Task::decode(msg).ok()?;
-            Some(Observation {
-                state: state_of(t.status.as_ref()),
-                task_id: some(t.id),
-                context_id: some(t.context_id),
-                ..Observation::default()
-            })
-        }
-        _ => observe_stream(msg),
-    }
-}
-
-fn observe_stream(msg: &[u8]) -> Option<Observation<'static>> {
-    let r = StreamResponse::decode(msg).ok()?;
+/// message. Its strings are borrowed from the message.
+pub fn observe(method: A2aMethod, msg: &[u8]) -> Option<Observation<'_>> {
     let mut o = Observation::default();
-    if let Some(t) = r.task {
-        o.state = state_of(t.status.as_ref());
-        o.task_id = some(t.id);
-        o.context_id = some(t.context_id);
-    } else if let Some(m) = r.message {
-        o.task_id = some(m.task_id);
-        o.context_id = some(m.context_id);
-        o.message_only = o.task_id.is_none();
-    } else if r.status_update.is_some() {
-        // Read again with its status and metadata.
-        let u = StatusUpdateOnly::decode(msg).ok()?.status_update?;
-        o.state = state_of(u.status.as_ref());
-        o.task_id = some(u.task_id);
-        o.context_id = some(u.context_id);
-        o.spent = u.metadata.as_ref().and_then(spent_of);
-    } else if let Some(u) = r.artifact_update {
-        o.task_id = some(u.task_id);
-        o.context_id = some(u.context_id);
+    if matches!(method, A2aMethod::GetTask | A2aMethod::CancelTask) {
+        task_facts(msg, Holder::Task, &mut o)?;
+        return Some(o);
+    }
+    // StreamResponse: 1 task, 2 message, 3 status update, 4 artifact
+    // update (a oneof: the last one given is the one).
+    let mut payload = None;
+    for f in fields(msg) {
+        if let (tag @ 1..=4, Field::Bytes(b)) = f.ok()? {
+            payload = Some((tag, b));
+        }
+    }
+    match payload {
+        Some((1, b)) => task_facts(b, Holder::Task, &mut o)?,
+        Some((2, b)) => {
+            task_facts(b, Holder::Message, &mut o)?;
+            o.message_only = o.task_id.is_none();
+        }
+        Some((3, b)) => task_facts(b, Holder::StatusUpdate, &mut o)?,
+        Some((_, b)) => task_facts(b, Holder::ArtifactUpdate, &mut o)?,
+        None => {}
     }
     Some(o)
 }
@@ -806,6 +841,10 @@ mod tests {
             }));
             let o = observe(A2aMethod::SendStreamingMessage, &msg).unwrap();
             assert_eq!(o.state, Some(want), "{p:?}");
+            assert!(
+                matches!(o.task_id, Some(Cow::Borrowed(_))),
+                "borrowed from the message, not allocated"
+            );
             assert_eq!((id(&o), o.context_id.as_deref()), (Some("t"), Some("c")));
         }
         let unspecified = stream(pb::stream_response::Payload::Task(pb::Task {
@@ -833,7 +872,8 @@ mod tests {
             status: state(pb::TaskState::Working),
             metadata: Some(json_struct(&meta)),
         };
-        let o = observe(A2aMethod::SubscribeToTask, &stream(P::StatusUpdate(update))).unwrap();
+        let wire = stream(P::StatusUpdate(update));
+        let o = observe(A2aMethod::SubscribeToTask, &wire).unwrap();
         assert_eq!(id(&o), Some("u"));
         assert_eq!(o.state, Some(TaskState::Working));
         assert_eq!(
@@ -853,11 +893,8 @@ mod tests {
             last_chunk: true,
             ..Default::default()
         };
-        let o = observe(
-            A2aMethod::SendStreamingMessage,
-            &stream(P::ArtifactUpdate(art)),
-        )
-        .unwrap();
+        let wire = stream(P::ArtifactUpdate(art));
+        let o = observe(A2aMethod::SendStreamingMessage, &wire).unwrap();
         assert_eq!((id(&o), o.state), (Some("a"), None));
 
         let msg = pb::Message {
@@ -865,7 +902,8 @@ mod tests {
             context_id: "c".into(),
             ..Default::default()
         };
-        let o = observe(A2aMethod::SendMessage, &stream(P::Message(msg))).unwrap();
+        let wire = stream(P::Message(msg));
+        let o = observe(A2aMethod::SendMessage, &wire).unwrap();
         assert!(o.message_only && id(&o).is_none());
 
         // A bare Task (GetTask, CancelTask).
