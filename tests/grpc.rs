@@ -48,17 +48,19 @@ async fn leaving_cancels(worker: Worker, reset: bool, tenant: &str) {
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
     assert_eq!(
-        gw.counter(
+        gw.counter_reaching(
             "a2agw_cancels_total",
-            &["cause=\"caller_gone\"", "outcome=\"canceled\""]
+            &["cause=\"caller_gone\"", "outcome=\"canceled\""],
+            1.0
         )
         .await,
         1.0
     );
     assert_eq!(
-        gw.counter(
+        gw.counter_reaching(
             "a2agw_requests_total",
-            &["method=\"SendStreamingMessage\"", "binding=\"grpc\""]
+            &["method=\"SendStreamingMessage\"", "binding=\"grpc\""],
+            1.0
         )
         .await,
         1.0
@@ -234,7 +236,7 @@ async fn lease_grants_are_checked_and_lapse() {
         start.elapsed()
     );
     assert_eq!(
-        gw.counter("a2agw_cancels_total", &["cause=\"lease_lapsed\""])
+        gw.counter_reaching("a2agw_cancels_total", &["cause=\"lease_lapsed\""], 1.0)
             .await,
         1.0
     );
@@ -418,7 +420,7 @@ async fn spend_past_cap(worker: Worker) {
         .unwrap_or_else(|s| panic!("worker state {s:?}"));
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
     assert_eq!(
-        gw.counter("a2agw_budget_exhausted_total", &["by=\"meter\""])
+        gw.counter_reaching("a2agw_budget_exhausted_total", &["by=\"meter\""], 1.0)
             .await,
         1.0
     );

@@ -137,9 +137,10 @@ async fn delegation_over_grpc(kind: Kind) {
         assert_eq!(w.lease_stops(), 0, "the worker did not stop it itself");
     }
     assert_eq!(
-        gw.counter(
+        gw.counter_reaching(
             "a2agw_cancels_total",
-            &["cause=\"lease_lapsed\"", "outcome=\"canceled\""]
+            &["cause=\"lease_lapsed\"", "outcome=\"canceled\""],
+            1.0
         )
         .await,
         1.0
@@ -252,7 +253,7 @@ async fn imposed_lease_held_while_connected(kind: Kind) {
         "one CancelTask, none at the lapse"
     );
     assert_eq!(
-        gw.counter("a2agw_cancels_total", &["cause=\"caller_gone\""])
+        gw.counter_reaching("a2agw_cancels_total", &["cause=\"caller_gone\""], 1.0)
             .await,
         1.0
     );
@@ -523,17 +524,19 @@ async fn tls_listener_speaks_grpc(kind: Kind) {
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(worker.cancels().await, 1, "one CancelTask");
     assert_eq!(
-        gw.counter(
+        gw.counter_reaching(
             "a2agw_cancels_total",
-            &["cause=\"caller_gone\"", "outcome=\"canceled\""]
+            &["cause=\"caller_gone\"", "outcome=\"canceled\""],
+            1.0
         )
         .await,
         1.0
     );
     assert_eq!(
-        gw.counter(
+        gw.counter_reaching(
             "a2agw_requests_total",
-            &["method=\"SendStreamingMessage\"", "binding=\"grpc\""]
+            &["method=\"SendStreamingMessage\"", "binding=\"grpc\""],
+            1.0
         )
         .await,
         1.0

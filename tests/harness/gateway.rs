@@ -202,6 +202,23 @@ impl Gateway {
             .sum()
     }
 
+    /// [`Gateway::counter`] once it reaches `want`, asked every 20 ms for
+    /// 2 s (scaled), or its last value: for counters the gateway moves a
+    /// moment after what the test saw (a cancel is counted when the
+    /// worker's answer to it arrives, after the worker already reports the
+    /// task CANCELED; a request when it ends).
+    pub async fn counter_reaching(&self, name: &str, labels: &[&str], want: f64) -> f64 {
+        let mut got = 0.0;
+        for _ in 0..super::scaled_count(100) {
+            got = self.counter(name, labels).await;
+            if got >= want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        got
+    }
+
     /// Rewrites the config file with the harness's `[server]` lines (the
     /// same listeners) and a new `body`, as [`Gateway::start`] takes it.
     /// Nothing happens until a reload ([`Gateway::hangup`]).

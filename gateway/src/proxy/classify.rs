@@ -59,9 +59,8 @@ impl Gateway {
             None => classify(&req.method, rel, req.uri.query(), session.is_upgrade_req()),
         };
         if let Some(fault) = fault {
-            // Refused before the body is read: a call to the JSON-RPC
-            // endpoint gets a JSON-RPC error (its id unknown), others the
-            // REST shape; HTTP 400 either way.
+            // Refused before the body is read, in the call's binding
+            // (`refused_as`); HTTP 400 but for gRPC (a status).
             ctx.req.binding = Some(refused_as(&call, grpc));
             ctx.route = Some(route);
             return Err(Refusal::Http1(fault));
@@ -148,8 +147,8 @@ impl Gateway {
             _ => Next::Forward,
         };
         // (Not over gRPC: HTTP/2 has no half-close to wait through; a
-        // caller resetting its stream before the task is named leaves it to
-        // the worker.)
+        // child whose caller left before it was named is found by its sent
+        // message instead, `cascade::find_child`.)
         let may_start_stream = match &call {
             Call::Rest { method, .. } => *method == A2aMethod::SendStreamingMessage,
             Call::JsonRpcCandidate => true,
@@ -175,7 +174,6 @@ impl Gateway {
             ctx.req.binding = Some(Binding::Rest);
             return Err(Refusal::BudgetWebSocket);
         }
-
         // An idle WebSocket is not cut by read timeouts (ping/pong and long
         // silences pass); other requests get the configured one.
         if !upgrade {
