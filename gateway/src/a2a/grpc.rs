@@ -2,14 +2,17 @@
 //! messages read as they pass, and the few fields of A2A's protobuf
 //! messages that policy needs.
 //!
-//! The message types below are prost views of the published
-//! `proto/a2a_v1/a2a.proto` (package `lf.a2a.v1`, shipped with the
-//! `a2a-protocol-*` 0.15 crates): the same field numbers and types, only
-//! the fields the gateway reads. prost skips every other field without
-//! decoding it (artifacts, parts, history), which the generated types would
-//! build in full. The tests check each view against the generated types of
-//! `a2a-protocol-types` (its `proto` feature): a message those types encode
-//! reads here as they wrote it.
+//! Requests, and the messages the gateway writes, use prost views of the
+//! published `proto/a2a_v1/a2a.proto` (package `lf.a2a.v1`, shipped with
+//! the `a2a-protocol-*` 0.15 crates): the same field numbers and types,
+//! only the fields the gateway reads or writes; prost skips every other
+//! field without decoding it (artifacts, parts, history), which the
+//! generated types would build in full. Answers, read once per streamed
+//! message, are walked field by field on prost's own wire primitives and
+//! borrow their strings ([`observe`]): no allocation per message. The
+//! tests check both against the generated types of `a2a-protocol-types`
+//! (its `proto` feature): a message those types encode reads here as they
+//! wrote it, and what the gateway writes reads back with them.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
