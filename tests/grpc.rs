@@ -45,6 +45,14 @@ async fn leaving_cancels(worker: Worker, reset: bool, tenant: &str) {
         .await
         .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
     eprintln!("grpc: child {id} CANCELED {took:?} after its caller left");
+    one_caller_gone_cancel(&worker, &gw).await;
+}
+
+/// After a gRPC streaming caller left and its child was seen CANCELED:
+/// exactly one CancelTask reached the worker (none more 300 ms later,
+/// scaled), the gateway counted it under `caller_gone`, and the call as a
+/// gRPC `SendStreamingMessage`.
+pub(crate) async fn one_caller_gone_cancel(worker: &Worker, gw: &Gateway) {
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
     assert_eq!(

@@ -851,36 +851,9 @@ pub async fn start_streaming_request(
     metadata: &[(&str, &str)],
 ) -> (RawGrpc, RawCall, String) {
     let mut conn = RawGrpc::connect(url_or_addr).await;
-    let mut call = conn.call("SendStreamingMessage", req, metadata).await;
-    let deadline = Instant::now() + answer_timeout();
-    let mut id: Option<String> = None;
-    let mut seen = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Some(ev) = call.next_message(left).await else {
-            if !call.is_done() {
-                panic!(
-                    "{url_or_addr}: no WORKING within {:?}; events: {seen:?}",
-                    answer_timeout()
-                );
-            }
-            let (_, status, end) = call.finish(super::scaled_secs(1)).await;
-            panic!(
-                "{url_or_addr}: the stream ended before WORKING (grpc-status {status:?}, \
-                 {end:?}); events: {seen:?}"
-            );
-        };
-        if id.is_none() {
-            id = task_id_of(&ev).map(str::to_string);
-        }
-        let working = state_of(&ev) == Some(proto::TaskState::Working);
-        seen.push(ev);
-        if working {
-            if let Some(id) = id {
-                return (conn, call, id);
-            }
-        }
-    }
+    let call = conn.call("SendStreamingMessage", req, metadata).await;
+    let (call, id) = until_working(call, url_or_addr).await;
+    (conn, call, id)
 }
 
 /// As [`start_streaming_request`] on a connection the test already holds

@@ -48,25 +48,14 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
         upstream.remove_header("grpc-accept-encoding");
     }
     header_policy(upstream, route, &ctx.call)?;
-    if ctx.req.grpc {
-        // HTTP/2 frames the body: a length only where the caller gave one.
-        if let RequestBody::Replace(b) = &ctx.body {
-            if upstream.headers.contains_key(http::header::CONTENT_LENGTH) {
-                upstream.insert_header("content-length", b.len().to_string())?;
-            }
-        }
-        if ctx.budget.is_some() {
-            add_extensions(
-                upstream,
-                &[policies::budget::BUDGET_EXTENSION_URI.to_owned()],
-            )?;
-        }
-        return Ok(());
-    }
     match &ctx.body {
-        RequestBody::Replace(b) => {
+        // HTTP/2 frames a gRPC body: a length only where the caller gave one.
+        RequestBody::Replace(b)
+            if !ctx.req.grpc || upstream.headers.contains_key(http::header::CONTENT_LENGTH) =>
+        {
             upstream.insert_header("content-length", b.len().to_string())?;
         }
+        RequestBody::Replace(_) => {}
         RequestBody::Hold(_) => {
             // Its length may change when its grant is written.
             upstream.remove_header(&http::header::CONTENT_LENGTH);
