@@ -140,7 +140,10 @@ impl Gateway {
         };
         let setting = route.cfg.cascade.blocking_sends;
         let worker = if policies::carry::needs_card(setting, &send) {
-            self.carrier_worker_streams(route).await
+            // Boxed: reading a card is an HTTP exchange, whose future would
+            // otherwise sit inline in every request's `request_filter`
+            // future (12.8 KB), copied whole each time pingora boxes it.
+            Box::pin(self.carrier_worker_streams(route)).await
         } else {
             WorkerStreams::Unknown
         };
