@@ -30,7 +30,11 @@
 //!   [`UNARY_STREAMS`] calls in flight (32 in all, as `wrk -c32`), each
 //!   stream slot calling again as soon as its answer's trailers came, for
 //!   [`UNARY_SECONDS`]: calls/s, p50 and p99 of the calls' times, the
-//!   proxy's CPU (user + system, `/proc`) and the worker's per call.
+//!   proxy's CPU (user + system, `/proc`) and the worker's per call. Run in
+//!   [`UNARY_SLICES`] slices, each running every target once in an order
+//!   that rotates from slice to slice; each cell is the median of its
+//!   slices, and the gateway's ratio to bare pingora is also given as the
+//!   median of the per-slice ratios ([`unary_slices`] says why).
 //! - Streaming: `SendStreamingMessage` of `burst:`[`BURST`] (the SSE row's
 //!   script: WORKING, n WORKING updates at once, COMPLETED) on
 //!   [`STREAM_CONNS`] connections x [`STREAM_STREAMS`] stream slots (8 at a
@@ -52,12 +56,11 @@
 //!   / [`ALLOC_CALLS`], counters read 50 ms after each run on one open
 //!   connection; median of [`ALLOC_ROUNDS`].
 //!
-//! Rounds as for the other rows: each scenario against every target in turn,
+//! Streaming in rounds as for the other rows: against every target in turn,
 //! [`super::ROUNDS`] times, the first round warming each target up; each
-//! cell keeps its best run (latencies from the unary run with the best
-//! rate). Before any of it, every target is checked once: a `quick` call
-//! answered with its task COMPLETED and a `burst:3` stream ending COMPLETED.
-//! About a minute in all (60 s measured).
+//! cell keeps its best run. Before any of it, every target is checked once:
+//! a `quick` call answered with its task COMPLETED and a `burst:3` stream
+//! ending COMPLETED. About a minute and a half in all.
 
 use std::future::poll_fn;
 use std::time::{Duration, Instant};
@@ -73,9 +76,68 @@ use super::{alloc_shim, cpu_ticks, start_bare_env, worker_ticks, Proc, ROUNDS, U
 /// The argument that runs only the gRPC rows (after `--`).
 pub const FLAG: &str = "--grpc";
 
+/// The argument that drives unary load at one address, for profiling by
+/// hand next to `--serve`: `-- --grpc-load ADDR SECS`.
+pub const LOAD_FLAG: &str = "--grpc-load";
+
+/// `--grpc-load ADDR SECS`: the unary row's load against `ADDR` for `SECS`
+/// seconds, its calls/s, p50 and p99 printed. `--grpc-load ADDR calls:N`:
+/// N of the row's calls one at a time on one connection (for instruction
+/// counts under valgrind, where a fixed number of calls matters, not time).
+pub fn load(args: &[String]) -> ! {
+    let usage = || -> ! {
+        eprintln!("usage: {LOAD_FLAG} ADDR SECS | {LOAD_FLAG} ADDR calls:N");
+        std::process::exit(2)
+    };
+    let (Some(addr), Some(what)) = (args.first(), args.get(1)) else {
+        usage()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("driver runtime");
+    if let Some(n) = what.strip_prefix("calls:") {
+        let Ok(n) = n.parse::<usize>() else { usage() };
+        let r = rt.block_on(async {
+            let mut send = connect(addr).await?;
+            let (uri, body) = (
+                uri(addr, "SendMessage"),
+                frame(&send_request("quick", true)),
+            );
+            for _ in 0..n {
+                call(&mut send, &uri, body.clone(), false).await?;
+            }
+            Ok::<_, String>(())
+        });
+        if let Err(e) = r {
+            eprintln!("{addr}: {e}");
+            std::process::exit(1);
+        }
+        println!("{addr}: {n} calls");
+        std::process::exit(0);
+    }
+    let Ok(secs) = what.parse::<f64>() else {
+        usage()
+    };
+    match rt.block_on(unary_run(addr, secs)) {
+        Ok(u) => {
+            println!(
+                "{addr}: {:.0} calls/s, p50 {:.2} ms, p99 {:.2} ms",
+                u.per_sec, u.p50_ms, u.p99_ms
+            );
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("{addr}: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
 pub const UNARY_CONNS: usize = 4;
 pub const UNARY_STREAMS: usize = 8;
-pub const UNARY_SECONDS: f64 = 3.0;
+pub const UNARY_SECONDS: f64 = 1.5;
+pub const UNARY_SLICES: usize = 12;
 const UNARY_WARMUP_SECONDS: f64 = 1.0;
 pub const STREAM_CONNS: usize = 2;
 pub const STREAM_STREAMS: usize = 4;
@@ -111,10 +173,14 @@ pub struct Allocs {
     pub per_call: f64,
 }
 
-/// One column's gRPC figures (best runs).
+/// One column's gRPC figures (unary: medians of its slices; streaming:
+/// best runs).
 #[derive(Default)]
 pub struct GrpcCol {
     pub unary: Option<Unary>,
+    /// The median over the unary slices of this column's calls/s over bare
+    /// pingora's in the same slice (none for bare itself).
+    pub unary_vs_bare: Option<f64>,
     pub stream_per_sec: Option<f64>,
     /// The proxy's CPU over every streaming run (clock ticks) and the
     /// messages they carried.
@@ -473,6 +539,78 @@ async fn stream_run(addr: &str, secs: f64) -> Result<(usize, f64), String> {
     Ok((messages, start.elapsed().as_secs_f64()))
 }
 
+/// The unary scenario: every target warmed up once, then [`UNARY_SLICES`]
+/// slices, each running every live target once for [`UNARY_SECONDS`], the
+/// order rotating by one target from slice to slice. Each column keeps the
+/// median of its slices (calls/s, p50, p99, CPU per call) and, beside bare
+/// pingora, the median of its per-slice ratios to bare's calls/s.
+///
+/// Why slices and not best-of-rounds: the worker's own CPU per call, the
+/// bottleneck of this row, moves between consecutive runs of the same
+/// target (75 to 96 µs against the direct target, one run after another),
+/// so a best-of-3 comparison of two proxies measured a few seconds apart
+/// said more about the worker's state than about the proxies.
+async fn unary_slices(targets: &[Option<&GrpcTarget>], cols: &mut [GrpcCol]) {
+    let live: Vec<usize> = (0..targets.len())
+        .filter(|&i| targets[i].is_some() && cols[i].error.is_none())
+        .collect();
+    eprintln!("gRPC SendMessage: warming up");
+    for &i in &live {
+        let t = targets[i].expect("live");
+        let _ = unary_run(&t.addr, UNARY_WARMUP_SECONDS).await;
+    }
+    let mut runs: Vec<Vec<Option<Unary>>> = targets.iter().map(|_| Vec::new()).collect();
+    for slice in 0..UNARY_SLICES {
+        eprintln!("slice {}/{UNARY_SLICES}: gRPC SendMessage", slice + 1);
+        for k in 0..live.len() {
+            let i = live[(k + slice) % live.len()];
+            let t = targets[i].expect("live");
+            let r = unary_target(t, UNARY_SECONDS).await;
+            if let Err(e) = &r {
+                eprintln!("gRPC SendMessage against {}: {e}", t.addr);
+            }
+            runs[i].push(r.ok());
+        }
+    }
+    let bare = 2;
+    for &i in &live {
+        let ok: Vec<&Unary> = runs[i].iter().flatten().collect();
+        if ok.is_empty() {
+            continue;
+        }
+        let med = |f: fn(&Unary) -> Option<f64>| median(ok.iter().filter_map(|u| f(u)).collect());
+        cols[i].unary = Some(Unary {
+            per_sec: med(|u| Some(u.per_sec)).unwrap_or(0.0),
+            p50_ms: med(|u| Some(u.p50_ms)).unwrap_or(0.0),
+            p99_ms: med(|u| Some(u.p99_ms)).unwrap_or(0.0),
+            cpu_us: med(|u| u.cpu_us),
+            worker_cpu_us: med(|u| u.worker_cpu_us),
+        });
+        if i != bare && runs.get(bare).is_some_and(|b| !b.is_empty()) {
+            let ratios = runs[i]
+                .iter()
+                .zip(&runs[bare])
+                .filter_map(|(c, b)| Some(c.as_ref()?.per_sec / b.as_ref()?.per_sec))
+                .collect();
+            cols[i].unary_vs_bare = median(ratios);
+        }
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
 /// Every scenario against every target, target by target within a
 /// scenario, [`ROUNDS`] times; the first round warms each target up. Then
 /// the allocation counts (`alloc_targets`: bare pingora's and the gateway's
@@ -488,26 +626,9 @@ pub async fn rounds(targets: &[Option<&GrpcTarget>], worker: &str) -> Vec<GrpcCo
         }
     }
     let live = |t: &Option<&GrpcTarget>, col: &GrpcCol| col.error.is_none() && t.is_some();
+    unary_slices(targets, &mut cols).await;
     for round in 0..ROUNDS {
         let warm = round == 0;
-        eprintln!("round {}/{ROUNDS}: gRPC SendMessage", round + 1);
-        for (t, col) in targets.iter().zip(&mut cols) {
-            if !live(t, col) {
-                continue;
-            }
-            let t = t.expect("live");
-            if warm {
-                let _ = unary_run(&t.addr, UNARY_WARMUP_SECONDS).await;
-            }
-            match unary_target(t, UNARY_SECONDS).await {
-                Ok(u) => {
-                    if col.unary.as_ref().is_none_or(|b| u.per_sec > b.per_sec) {
-                        col.unary = Some(u);
-                    }
-                }
-                Err(e) => eprintln!("gRPC SendMessage against {}: {e}", t.addr),
-            }
-        }
         eprintln!("round {}/{ROUNDS}: gRPC SendStreamingMessage", round + 1);
         for (t, col) in targets.iter().zip(&mut cols) {
             if !live(t, col) {

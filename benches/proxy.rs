@@ -67,7 +67,8 @@
 //! `--serve` (after `--`) instead starts the worker, bare pingora and a
 //! gateway (each also on the worker's WebSocket listener, and a pair of
 //! them on its gRPC listener), prints their addresses and keeps them up, for profiling by hand and for
-//! `benches/ws-upgrade.py`.
+//! `benches/ws-upgrade.py`; `--grpc-load ADDR SECS` drives the gRPC unary
+//! row's load at one of them and prints its calls/s.
 //!
 //! The worker runs on a runtime of one thread; the in-repo load drivers (SSE,
 //! WebSocket) on another of their own, like `wrk` in its own process.
@@ -1138,14 +1139,21 @@ fn print_table(cols: &[(&str, &Cell)], only_grpc: bool) {
     let grpc_rows: Vec<(String, Get, usize, bool)> = vec![
         (
             format!(
-                "gRPC SendMessage calls/s (unary, ~1 KB, h2c, {} conns x {} streams, {}s)",
+                "gRPC SendMessage calls/s (unary, ~1 KB, h2c, {} conns x {} streams; median of {} slices of {}s, each running every column, order rotating)",
                 grpc::UNARY_CONNS,
                 grpc::UNARY_STREAMS,
+                grpc::UNARY_SLICES,
                 grpc::UNARY_SECONDS
             ),
             |c| Some(c.grpc.as_ref()?.unary.as_ref()?.per_sec),
             0,
             true,
+        ),
+        (
+            "… the column's calls/s over bare pingora's in the same slice (median of the slices)".into(),
+            |c| c.grpc.as_ref()?.unary_vs_bare,
+            2,
+            false,
         ),
         (
             "gRPC SendMessage p50 (ms)".into(),
@@ -1453,7 +1461,8 @@ fn grpc_only() {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "pingora 0.9 (bare and gateway: 2 threads); worker: a2a-rust 0.15 on 1 thread; best of {ROUNDS} rounds"
+        "pingora 0.9 (bare and gateway: 2 threads); worker: a2a-rust 0.15 on 1 thread; unary: medians of {} slices; streaming: best of {ROUNDS} rounds",
+        grpc::UNARY_SLICES
     );
     println!();
     let cols: Vec<(&str, &Cell)> = COLUMN_NAMES.iter().copied().zip(cells.iter()).collect();
@@ -1474,6 +1483,9 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
         bare_pingora::run(&args[i + 1..]);
+    }
+    if let Some(i) = args.iter().position(|a| a == grpc::LOAD_FLAG) {
+        grpc::load(&args[i + 1..]);
     }
     if args.iter().any(|a| a == SERVE_FLAG) {
         serve();
