@@ -93,6 +93,20 @@ pub fn carry(
     })
 }
 
+/// Whether the body must be parsed to decide: not when the send passes (or
+/// is no blocking send) for a reason `carry` weighs before the body, which
+/// the body and the card cannot change (the binding, `returnImmediately`,
+/// a detaching route, `pass`). Asked with `body_in_hand` as the body's size
+/// allows; a send that needs no body gives `carry` the same answer with
+/// `body_in_hand` false, so a route on `pass` parses nothing.
+pub fn needs_body(setting: BlockingSends, send: &BlockingSend) -> bool {
+    let best = BlockingSend {
+        body_in_hand: true,
+        ..*send
+    };
+    carry(setting, &best, WorkerStreams::Yes) == Some(Ok(()))
+}
+
 /// Whether the card must be read to decide (only `auto` asks it, and only
 /// for a send that would otherwise be carried).
 pub fn needs_card(setting: BlockingSends, send: &BlockingSend) -> bool {
@@ -152,6 +166,72 @@ mod tests {
         ];
         for (i, (setting, send, worker, want)) in cases.iter().enumerate() {
             assert_eq!(carry(*setting, send, *worker), *want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn body_parsed_only_when_it_decides() {
+        let cases: &[(BlockingSends, BlockingSend, bool)] = &[
+            (Auto, SEND, true),
+            (Stream, SEND, true),
+            (Pass, SEND, false),
+            (
+                Auto,
+                BlockingSend {
+                    http_binding: false,
+                    ..SEND
+                },
+                false,
+            ),
+            (
+                Stream,
+                BlockingSend {
+                    return_immediately: true,
+                    ..SEND
+                },
+                false,
+            ),
+            (
+                Stream,
+                BlockingSend {
+                    cascade: CascadeMode::Detach,
+                    ..SEND
+                },
+                false,
+            ),
+        ];
+        for (i, (setting, send, want)) in cases.iter().enumerate() {
+            assert_eq!(needs_body(*setting, send), *want, "case {i}");
+        }
+        // Where no body is needed, not having one changes nothing, whatever
+        // the card says: every combination.
+        for setting in [Auto, Stream, Pass] {
+            for http_binding in [false, true] {
+                for return_immediately in [false, true] {
+                    for cascade in [CascadeMode::Cancel, CascadeMode::Detach] {
+                        let send = BlockingSend {
+                            http_binding,
+                            body_in_hand: true,
+                            return_immediately,
+                            cascade,
+                        };
+                        if needs_body(setting, &send) {
+                            continue;
+                        }
+                        let without = BlockingSend {
+                            body_in_hand: false,
+                            ..send
+                        };
+                        for worker in [Yes, No, Unknown] {
+                            assert_eq!(
+                                carry(setting, &without, worker),
+                                carry(setting, &send, Yes),
+                                "{setting:?} {send:?} {worker:?}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 

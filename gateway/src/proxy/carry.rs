@@ -127,18 +127,20 @@ impl Gateway {
             };
             facts.is_some_and(|f| f.duplicate.is_none())
         };
-        let parsed = body
-            .filter(|b| unambiguous(b))
-            .and_then(|b| serde_json::from_slice::<Value>(b).ok());
-        let history_length = parsed.as_ref().and_then(|v| history_length(v, binding));
-        let send = BlockingSend {
+        let setting = route.cfg.cascade.blocking_sends;
+        let mut send = BlockingSend {
             http_binding: matches!(binding, Binding::JsonRpc | Binding::Rest),
-            body_in_hand: parsed.is_some(),
+            body_in_hand: body.is_some(),
             // As the request reader read it (only a literal `true`).
             return_immediately: ctx.req.return_immediately,
             cascade: route.cfg.cascade.mode,
         };
-        let setting = route.cfg.cascade.blocking_sends;
+        // Parsed only where it can decide: a route on `pass` reads no body.
+        let parsed = body
+            .filter(|b| policies::carry::needs_body(setting, &send) && unambiguous(b))
+            .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+        send.body_in_hand = parsed.is_some();
+        let history_length = parsed.as_ref().and_then(|v| history_length(v, binding));
         let worker = if policies::carry::needs_card(setting, &send) {
             // Boxed: reading a card is an HTTP exchange, whose future would
             // otherwise sit inline in every request's `request_filter`
