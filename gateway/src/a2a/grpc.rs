@@ -2,17 +2,20 @@
 //! messages read as they pass, and the few fields of A2A's protobuf
 //! messages that policy needs.
 //!
-//! Requests, and the messages the gateway writes, use prost views of the
-//! published `proto/a2a_v1/a2a.proto` (package `lf.a2a.v1`, shipped with
-//! the `a2a-protocol-*` 0.15 crates): the same field numbers and types,
-//! only the fields the gateway reads or writes; prost skips every other
-//! field without decoding it (artifacts, parts, history), which the
-//! generated types would build in full. Answers, read once per streamed
-//! message, are walked field by field on prost's own wire primitives and
-//! borrow their strings ([`observe`]): no allocation per message. The
-//! tests check both against the generated types of `a2a-protocol-types`
+//! Sends (`SendMessage`, `SendStreamingMessage`), read before the worker
+//! sees them, and answers, read once per streamed message, are walked field
+//! by field on prost's own wire primitives and borrow their bytes
+//! (`send_view`, [`observe`]): an answer costs no allocation, a send only
+//! the few facts policy keeps. Other requests, and the messages the gateway
+//! writes, use prost views of the published `proto/a2a_v1/a2a.proto`
+//! (package `lf.a2a.v1`, shipped with the `a2a-protocol-*` 0.15 crates):
+//! the same field numbers and types, only the fields the gateway reads or
+//! writes; prost skips every other field without decoding it. The tests
+//! check all of them against the generated types of `a2a-protocol-types`
 //! (its `proto` feature): a message those types encode reads here as they
-//! wrote it, and what the gateway writes reads back with them.
+//! wrote it (for sends, also on thousands of random mutations: accepted,
+//! refused and read as prost's decode does), and what the gateway writes
+//! reads back with them.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
