@@ -19,14 +19,13 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
     if ctx.req.continued {
         upstream.remove_header(&http::header::EXPECT);
     }
-    // The caller's own origin-form target, when it is already the worker's
-    // path (no base path, no stripped prefix), is kept as is.
-    let unchanged = upstream.uri.authority().is_none()
-        && upstream
-            .uri
-            .path_and_query()
-            .is_some_and(|pq| pq.as_str() == ctx.req.upstream_path);
-    if !unchanged {
+    // The caller's own target, when it is already the worker's path (no
+    // base path, no stripped prefix), is kept as is: pingora writes
+    // `raw_path()` on an HTTP/1 request line and takes an HTTP/2 `:path`
+    // from it (an HTTP/2 caller's URI has an authority, its path is still
+    // the caller's `:path`), so only an absolute-form target or another
+    // path needs a new URI.
+    if upstream.raw_path() != ctx.req.upstream_path.as_bytes() {
         let uri: http::Uri = ctx
             .req
             .upstream_path
@@ -133,4 +132,50 @@ pub fn activates_lease(req: &RequestHeader) -> bool {
             })
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(target: &[u8]) -> RequestHeader {
+        RequestHeader::build("POST", target, None).unwrap()
+    }
+
+    fn ctx(upstream_path: &str) -> Ctx {
+        let mut ctx = Ctx::default();
+        ctx.req.upstream_path = upstream_path.into();
+        ctx
+    }
+
+    #[test]
+    fn the_target_is_rewritten_only_where_it_differs() {
+        // An HTTP/2 caller's URI carries its authority; the path is its
+        // `:path`, kept when it is the worker's.
+        let mut h2 = head(b"/lf.a2a.v1.A2AService/SendMessage");
+        h2.set_uri(
+            "http://gw.example/lf.a2a.v1.A2AService/SendMessage"
+                .parse()
+                .unwrap(),
+        );
+        upstream_head(&mut h2, &ctx("/lf.a2a.v1.A2AService/SendMessage")).unwrap();
+        assert_eq!(h2.raw_path(), b"/lf.a2a.v1.A2AService/SendMessage");
+        assert_eq!(h2.uri.authority().map(|a| a.as_str()), Some("gw.example"));
+
+        // Another path (a base path, a stripped prefix) replaces it.
+        let mut based = head(b"/a/v1/message:send?x=1");
+        upstream_head(&mut based, &ctx("/agent/v1/message:send?x=1")).unwrap();
+        assert_eq!(based.raw_path(), b"/agent/v1/message:send?x=1");
+
+        // An absolute-form target is written in origin form.
+        let mut absolute = head(b"http://gw.example/rpc");
+        upstream_head(&mut absolute, &ctx("/rpc")).unwrap();
+        assert_eq!(absolute.raw_path(), b"/rpc");
+        assert!(absolute.uri.authority().is_none());
+
+        // The same path stays as it came.
+        let mut same = head(b"/rpc?q=%2F");
+        upstream_head(&mut same, &ctx("/rpc?q=%2F")).unwrap();
+        assert_eq!(same.raw_path(), b"/rpc?q=%2F");
+    }
 }
