@@ -95,10 +95,10 @@ pub fn carry(
 
 /// Whether the body must be parsed to decide: not when the send passes (or
 /// is no blocking send) for a reason `carry` weighs before the body, which
-/// the body and the card cannot change (the binding, `returnImmediately`,
-/// a detaching route, `pass`). Asked with `body_in_hand` as the body's size
-/// allows; a send that needs no body gives `carry` the same answer with
-/// `body_in_hand` false, so a route on `pass` parses nothing.
+/// neither the body nor the card can change (the binding,
+/// `returnImmediately`, a detaching route, `pass`). `send.body_in_hand` is
+/// not asked: a send that needs no body gets the same answer from `carry`
+/// without one, so a route on `pass` parses nothing.
 pub fn needs_body(setting: BlockingSends, send: &BlockingSend) -> bool {
     let best = BlockingSend {
         body_in_hand: true,

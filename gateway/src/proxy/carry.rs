@@ -130,7 +130,8 @@ impl Gateway {
         let setting = route.cfg.cascade.blocking_sends;
         let mut send = BlockingSend {
             http_binding: matches!(binding, Binding::JsonRpc | Binding::Rest),
-            body_in_hand: body.is_some(),
+            // Set below, once the body is parsed (if it needs to be).
+            body_in_hand: false,
             // As the request reader read it (only a literal `true`).
             return_immediately: ctx.req.return_immediately,
             cascade: route.cfg.cascade.mode,
