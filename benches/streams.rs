@@ -61,7 +61,8 @@
 //!    `trickle:K:2` (one event per write, 2 ms apart) against `trickle:0:2`.
 //!    Columns: bare pingora, the gateway tracking the stream, the gateway
 //!    passing the same stream untracked (a `limits.max_inspect_body` of 1 KiB
-//!    below the ~1.6 KiB request body, so no SSE parsing at all), and the
+//!    below the ~1.6 KiB request body, on a route that checks no sends,
+//!    `worker_leases = "observe"`, so no SSE parsing at all), and the
 //!    gateway tracking with `timeouts.upstream_idle = "0s"` (bare pingora
 //!    sets no upstream read timeout; pingora-core's per-read timeout boxed a
 //!    timer each time a timed read had to wait, 2 allocations per trickled
@@ -268,7 +269,8 @@ enum Kind {
     /// listener ([`SMALL_L4_READ_BUFFER`]).
     BareSmallL4,
     Gateway,
-    /// The gateway with a 1 KiB `max_inspect_body`: our requests pass untracked.
+    /// The gateway with a 1 KiB `max_inspect_body` on a route that checks no
+    /// sends (`worker_leases = "observe"`): our requests pass untracked.
     GatewayUntracked,
     /// The gateway, tracking, with `timeouts.upstream_idle = "0s"` (no read
     /// timeout on worker connections).
@@ -319,8 +321,15 @@ impl Proxy {
                     Kind::GatewayNoIdle => "[timeouts]\nupstream_idle = \"0s\"\n",
                     _ => "",
                 };
+                // A route that checks sends refuses a body over the limit
+                // instead of passing it untracked; with leases observed (and
+                // no budget, imposed or polled lease) it checks none.
+                let route = match kind {
+                    Kind::GatewayUntracked => "worker_leases = \"observe\"\n",
+                    _ => "",
+                };
                 let cfg = format!(
-                    "[server]\nlisten = [\"{listen}\"]\nadmin = \"{admin_addr}\"\nthreads = 2\n\n{limits}\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+                    "[server]\nlisten = [\"{listen}\"]\nadmin = \"{admin_addr}\"\nthreads = 2\n\n{limits}\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{route}",
                     worker.url
                 );
                 let path = dir.join("gateway.toml");
