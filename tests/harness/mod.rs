@@ -38,6 +38,7 @@ use std::time::Duration;
 
 pub mod gateway;
 pub mod grpc;
+pub mod h2c;
 pub mod http;
 pub mod otlp;
 pub mod parent;

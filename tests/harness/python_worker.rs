@@ -15,6 +15,17 @@
 //! value). Unlike a2a-rust, the SDK does not require `a2a-version` metadata.
 //! A caller's RST_STREAM or dropped connection does not stop the task (as
 //! an SSE disconnect does not): see `tests/grpc_harness.rs`.
+//!
+//! [`PythonWorker::start_h2c`] runs the same agent under Hypercorn instead
+//! of uvicorn (`--server hypercorn`): its one port, [`PythonWorker::url`],
+//! speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c), and neither
+//! Hypercorn nor the SDK's routes check `Content-Type`, so a REST
+//! `POST /message:send` or a JSON-RPC `POST /` typed `application/grpc`
+//! (or `application/grpc+json`) with a JSON body is run like any send
+//! (`tests/security/h2c_workers.rs`). It also records every request
+//! ([`PythonWorker::requests_seen`]: HTTP version, method, path, content
+//! type) and every new task's budget grant ([`PythonWorker::budgets_seen`]).
+//! uvicorn, under every other constructor, speaks no HTTP/2 at all.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -127,6 +138,17 @@ impl PythonWorker {
     /// on a port of its own (`--grpc-port`, [`PythonWorker::grpc_url`]).
     pub async fn start_with_grpc(args: &[&str]) -> PythonWorker {
         Self::start_fresh(args, true).await
+    }
+
+    /// As [`PythonWorker::start_with_args`], served by Hypercorn
+    /// (`--server hypercorn --record-requests`): HTTP/1.1 and h2c (prior
+    /// knowledge) on [`PythonWorker::url`], no content type checked, every
+    /// request and budget grant recorded (see the module doc). `args` as
+    /// [`PythonWorker::start_with_args`] takes them (`--grpc-port` aside).
+    pub async fn start_h2c(args: &[&str]) -> PythonWorker {
+        let mut all = vec!["--server", "hypercorn", "--record-requests"];
+        all.extend_from_slice(args);
+        Self::start_fresh(&all, false).await
     }
 
     /// Starts the agent on fresh free ports (a second one for gRPC).
@@ -280,10 +302,39 @@ impl PythonWorker {
         resp.json()
     }
 
+    /// `requests_seen` of [`PythonWorker::stats`]: every HTTP request the
+    /// agent got (but `/_test/stats`), in arrival order. Empty unless
+    /// started with [`PythonWorker::start_h2c`] (`--record-requests`).
+    pub async fn requests_seen(&self) -> Vec<SeenRequest> {
+        let seen = self.stats().await["requests_seen"].clone();
+        serde_json::from_value(seen).expect("requests_seen")
+    }
+
+    /// `budgets_seen` of [`PythonWorker::stats`]: the budget grant
+    /// (`metadata["a2a-rust.com/budget"]`) of every new task's message that
+    /// had one, in order, as the worker read it (protobuf `Struct`: numbers
+    /// are floats, `1000000.0`). Empty unless started with
+    /// [`PythonWorker::start_h2c`] (`--record-requests`).
+    pub async fn budgets_seen(&self) -> Vec<Value> {
+        let seen = self.stats().await["budgets_seen"].clone();
+        serde_json::from_value(seen).expect("budgets_seen")
+    }
+
     /// Kills the agent now (SIGKILL) and waits for it.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// One request as the agent's ASGI app saw it (`requests_seen`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct SeenRequest {
+    /// The ASGI `http_version`: `"1.1"`, `"2"`.
+    pub http_version: String,
+    pub method: String,
+    pub path: String,
+    /// The `Content-Type` header, if any.
+    pub content_type: Option<String>,
 }
 
 /// Whether `GET /.well-known/agent-card.json` answers 200. Connects first,

@@ -12,7 +12,18 @@ SDK's own pieces:
 - `create_agent_card_routes(card)`: `GET /.well-known/agent-card.json`.
 
 Two test-only extras: `GET /_test/stats` and an ASGI middleware that records
-every `A2A-Extensions` request header.
+every `A2A-Extensions` request header. With `--record-requests` it also
+records the HTTP version, method, path and `Content-Type` of every request
+(`requests_seen`), and the executor every new task's budget grant (its
+message's `metadata["a2a-rust.com/budget"]` as JSON, numbers as floats:
+`budgets_seen`); both lists stay empty without the flag.
+
+`--server hypercorn` serves the same app with Hypercorn instead of uvicorn:
+HTTP/1.1 and HTTP/2 on the one plaintext port, HTTP/2 told by its
+connection preface (h2c with prior knowledge, as a gRPC client or a proxy
+speaking HTTP/2 to an `http://` upstream connects; also `Upgrade: h2c`).
+Neither the server nor the SDK's routes check `Content-Type`: a POST to
+`/message:send` or `/` typed `application/grpc` is read as JSON and run.
 
 With `--grpc-port PORT` the same handler (same executor, task store and
 stats) is also served over the A2A gRPC binding (`lf.a2a.v1.A2AService`,
@@ -41,6 +52,7 @@ What the agent does is chosen by the first text part of the user message:
 
 Usage: python python_agent.py --port N [--host 127.0.0.1] [--tenant-scoped]
        [--declare-extension URI ...] [--grpc-port M]
+       [--server uvicorn|hypercorn] [--record-requests]
 Prints `READY` on stdout once the sockets listen.
 """
 
@@ -49,7 +61,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import sys
 
 from dataclasses import dataclass, field
@@ -57,6 +71,7 @@ from dataclasses import dataclass, field
 import grpc
 import uvicorn
 
+from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -104,6 +119,13 @@ class Stats:
     turns: int = 0  # every execute() call (continuations included)
     cancels: int = 0  # executor cancel() calls
     extensions_seen: list[str] = field(default_factory=list)
+    # With --record-requests: {http_version, method, path, content_type}
+    # of every HTTP request but `/_test/stats`, in arrival order
+    # (content_type null when absent) ...
+    requests_seen: list[dict] = field(default_factory=list)
+    # ... and the budget grant of every new task's message that had one.
+    budgets_seen: list[dict] = field(default_factory=list)
+    record: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -111,6 +133,8 @@ class Stats:
             'turns': self.turns,
             'cancels': self.cancels,
             'extensions_seen': list(self.extensions_seen),
+            'requests_seen': list(self.requests_seen),
+            'budgets_seen': list(self.budgets_seen),
         }
 
 
@@ -166,6 +190,15 @@ def _parse(text: str) -> tuple[str, float, str | None, float]:
     return 'quick', 0, None, 0
 
 
+def _budget_grant(context: RequestContext):
+    """The message's budget grant as JSON, or None."""
+    message = context.message
+    if message is None or not message.HasField('metadata'):
+        return None
+    metadata = MessageToDict(message.metadata)
+    return metadata.get(BUDGET_KEY)
+
+
 def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
@@ -192,6 +225,9 @@ class TestAgentExecutor(AgentExecutor):
                 pass
         if context.current_task is None:
             self.stats.tasks_started += 1
+            grant = _budget_grant(context) if self.stats.record else None
+            if grant is not None:
+                self.stats.budgets_seen.append(grant)
             # A new task: the first event must be the Task itself.
             await event_queue.enqueue_event(
                 Task(
@@ -269,7 +305,9 @@ class TestAgentExecutor(AgentExecutor):
 
 
 class RecordExtensions:
-    """Pure ASGI middleware: records each `A2A-Extensions` request header.
+    """Pure ASGI middleware: records each `A2A-Extensions` request header
+    (and, with --record-requests, each request's HTTP version, method, path
+    and `Content-Type`).
 
     Pure ASGI (not BaseHTTPMiddleware) so SSE streaming and client-disconnect
     handling are exactly those of the SDK's routes.
@@ -281,9 +319,21 @@ class RecordExtensions:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope['type'] == 'http' and scope.get('path') != '/_test/stats':
+            content_type = None
             for name, value in scope.get('headers', []):
                 if name.lower() == b'a2a-extensions':
                     self.stats.extensions_seen.append(value.decode('latin-1'))
+                elif name.lower() == b'content-type':
+                    content_type = value.decode('latin-1')
+            if self.stats.record:
+                self.stats.requests_seen.append(
+                    {
+                        'http_version': scope.get('http_version'),
+                        'method': scope.get('method'),
+                        'path': scope.get('path'),
+                        'content_type': content_type,
+                    }
+                )
         await self.app(scope, receive, send)
 
 
@@ -424,6 +474,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app, stats, handler, on_shutdown = build_app(
         base_url, args.tenant_scoped, args.declare_extension, grpc_url
     )
+    stats.record = args.record_requests
     if args.grpc_port:
         grpc_server = await _start_grpc(
             handler, stats, args.host, args.grpc_port
@@ -433,6 +484,9 @@ async def _serve(args: argparse.Namespace) -> None:
             await grpc_server.stop(0.5)
 
         on_shutdown.append(stop_grpc)
+    if args.server == 'hypercorn':
+        await _serve_hypercorn(app, args)
+        return
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -449,6 +503,40 @@ async def _serve(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.02)
     print('READY', flush=True)
     await serving
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port; exits with the words the
+    harness retries on when the port is taken."""
+    sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            sys.exit(f'port {port}: address already in use ({e})')
+        raise
+    sock.listen(128)
+    return sock
+
+
+async def _serve_hypercorn(app: Starlette, args: argparse.Namespace) -> None:
+    """Serves `app` with Hypercorn on a socket bound here (so a taken port
+    fails as uvicorn's does, and `READY` means it listens): HTTP/1.1 and h2c
+    (prior knowledge or `Upgrade: h2c`) on the one port. Stops on SIGTERM
+    or SIGINT (Hypercorn's own handlers), running the app's lifespan end."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    sock = _listen(args.host, args.port)
+    config = Config()
+    # Hypercorn wraps the descriptor itself; detach so ours never closes it.
+    config.bind = [f'fd://{sock.detach()}']
+    config.loglevel = args.log_level.upper()
+    config.accesslog = None
+    print('READY', flush=True)
+    await serve(app, config, mode='asgi')
 
 
 def main() -> None:
@@ -473,6 +561,17 @@ def main() -> None:
         default=None,
         metavar='PORT',
         help='also serve the A2A gRPC binding (plaintext) on this port',
+    )
+    parser.add_argument(
+        '--server',
+        choices=['uvicorn', 'hypercorn'],
+        default='uvicorn',
+        help='the ASGI server (hypercorn also speaks h2c on --port)',
+    )
+    parser.add_argument(
+        '--record-requests',
+        action='store_true',
+        help='record every request and budget grant in /_test/stats',
     )
     parser.add_argument('--log-level', default='warning')
     args = parser.parse_args()

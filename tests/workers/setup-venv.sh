@@ -56,7 +56,7 @@ fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 "${pip[@]}" install --quiet -r "$req"
-"$venv/bin/python" -c 'import a2a.server.routes, uvicorn, sse_starlette, grpc
+"$venv/bin/python" -c 'import a2a.server.routes, uvicorn, sse_starlette, grpc, hypercorn.asyncio
 from a2a.server.request_handlers import GrpcHandler'
 
 echo "$want" >"$stamp"
