@@ -11,10 +11,16 @@
 //! by: `jwt:<sub>` or `key:<name>`, so that the two kinds never collide.
 //! Keys from a JWKS file or URL are reloaded every `jwks_refresh` on a
 //! thread of their own (never on the request path); a key set that cannot
-//! be read keeps the last good one and says so in the log.
+//! be read keeps the last good one and says so in the log, for at most
+//! `jwks_max_stale` after the last good read ([`Staleness`]): then no JWT
+//! is accepted until a read succeeds again (fail closed).
+//!
+//! A request names one identity: two `Authorization` headers, two API key
+//! headers, or an API key beside an `Authorization` on a route that
+//! verifies JWTs are refused.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet};
@@ -26,6 +32,18 @@ pub struct Identity {
     /// `jwt:<sub>` or `key:<name>`: what the store, `/budgets`, logs and
     /// budget caps (`[routes.budget.callers."jwt:alice"]`) name it by.
     pub shown: String,
+    /// Which credential the gateway verified (the other header, if any,
+    /// was not).
+    pub via: Via,
+}
+
+/// The credential an [`Identity`] was verified by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// A bearer JWT in `Authorization`.
+    Jwt,
+    /// An API key in the route's `api_key_header`.
+    ApiKey,
 }
 
 /// Why a caller was not identified.
@@ -48,6 +66,7 @@ pub enum Verdict {
 }
 
 /// One verification key with the algorithm it verifies.
+#[derive(Clone)]
 struct Key {
     kid: Option<String>,
     alg: Algorithm,
@@ -75,10 +94,37 @@ impl std::fmt::Debug for Authenticator {
 
 struct Jwt {
     /// Empty when the keys could not be read: every token is refused.
-    keys: Arc<ArcSwap<Vec<Key>>>,
+    keys: Arc<ArcSwap<KeySet>>,
     issuer: String,
     audience: String,
     leeway: Duration,
+}
+
+/// A route's JWT keys, as read last.
+#[derive(Default)]
+struct KeySet {
+    keys: Arc<Vec<Key>>,
+    /// When these keys stop being accepted: set once a read failed
+    /// (`jwks_max_stale` after the last good read); `None` while reads
+    /// succeed, and for a PEM key.
+    expires: Option<Instant>,
+}
+
+impl KeySet {
+    fn fresh(keys: Vec<Key>) -> Arc<KeySet> {
+        Arc::new(KeySet {
+            keys: Arc::new(keys),
+            expires: None,
+        })
+    }
+
+    /// The keys that verify a token at `now`: none once they expired.
+    fn usable(&self, now: Instant) -> &[Key] {
+        match self.expires {
+            Some(e) if now >= e => &[],
+            _ => &self.keys,
+        }
+    }
 }
 
 /// The algorithms a route accepts; the key's type must match.
@@ -89,6 +135,7 @@ impl Authenticator {
     /// file stops start-up or a reload, with why) and, for a JWKS file or
     /// URL, starts the thread that reloads them.
     pub fn new(route: &str, policy: &config::AuthPolicy) -> Result<Arc<Authenticator>, String> {
+        let read_at = Instant::now();
         let jwt = match &policy.jwt {
             None => None,
             Some(cfg) => {
@@ -110,7 +157,7 @@ impl Authenticator {
                     },
                 };
                 Some(Jwt {
-                    keys: Arc::new(ArcSwap::from_pointee(keys)),
+                    keys: Arc::new(ArcSwap::new(KeySet::fresh(keys))),
                     issuer: cfg.issuer.clone(),
                     audience: cfg.audience.clone(),
                     leeway: cfg.leeway,
@@ -124,7 +171,14 @@ impl Authenticator {
             api_keys: policy.api_keys.clone(),
         });
         if let (Some(jwt), Some(cfg)) = (&auth.jwt, &policy.jwt) {
-            refresh_in_background(route, &cfg.keys, Arc::downgrade(&jwt.keys));
+            // Keys fetched from a URL that did not answer were never read.
+            let read = !jwt.keys.load().keys.is_empty();
+            refresh_in_background(
+                route,
+                &cfg.keys,
+                Arc::downgrade(&jwt.keys),
+                read.then_some(read_at),
+            );
         }
         Ok(auth)
     }
@@ -139,7 +193,7 @@ impl Authenticator {
             route: route.to_owned(),
             mode: config::AuthMode::Required,
             jwt: policy.jwt.as_ref().map(|cfg| Jwt {
-                keys: Arc::new(ArcSwap::from_pointee(Vec::new())),
+                keys: Arc::new(ArcSwap::from_pointee(KeySet::default())),
                 issuer: cfg.issuer.clone(),
                 audience: cfg.audience.clone(),
                 leeway: cfg.leeway,
@@ -157,39 +211,55 @@ impl Authenticator {
         Authenticator::new(route, policy).unwrap_or_else(|why| Self::refusing(route, policy, &why))
     }
 
-    /// The caller of a request with these headers.
+    /// The caller of a request with these headers. A request must name
+    /// one identity: two `Authorization` headers, two of the API key
+    /// header, or an API key beside an `Authorization` on a route that
+    /// verifies JWTs (which identity would it be?) are refused.
     pub fn check(&self, headers: &http::HeaderMap) -> Verdict {
+        let rejected = |why: String| Verdict::Refused(Failure::Rejected { why });
+        let authorization = headers.get_all(http::header::AUTHORIZATION);
+        let mut authorizations = authorization.iter();
+        let bearer = authorizations.next();
+        if authorizations.next().is_some() {
+            return rejected("more than one Authorization header".into());
+        }
         if let Some(keys) = &self.api_keys {
-            if let Some(v) = headers.get(keys.header.as_str()) {
-                return match api_key(keys, v.as_bytes()) {
-                    Some(name) => Verdict::Identified(Identity {
-                        shown: format!("key:{name}"),
-                    }),
-                    None => Verdict::Refused(Failure::Rejected {
-                        why: format!("the {} value is not a known API key", keys.header),
-                    }),
+            let mut values = headers.get_all(keys.header.as_str()).iter();
+            if let Some(v) = values.next() {
+                if values.next().is_some() {
+                    return rejected(format!("more than one {} header", keys.header));
+                }
+                let Some(name) = api_key(keys, v.as_bytes()) else {
+                    return rejected(format!("the {} value is not a known API key", keys.header));
                 };
+                if bearer.is_some() && self.jwt.is_some() {
+                    return rejected(format!(
+                        "two credentials: an API key ({}) and an Authorization header",
+                        keys.header
+                    ));
+                }
+                return Verdict::Identified(Identity {
+                    shown: format!("key:{name}"),
+                    via: Via::ApiKey,
+                });
             }
         }
-        if let Some(jwt) = &self.jwt {
-            if let Some(v) = headers.get(http::header::AUTHORIZATION) {
-                let token = v.to_str().ok().and_then(|v| {
-                    v.strip_prefix("Bearer ")
-                        .or_else(|| v.strip_prefix("bearer "))
-                        .map(str::trim)
-                });
-                return match token {
-                    None => Verdict::Refused(Failure::Rejected {
-                        why: "Authorization is not `Bearer <JWT>`".into(),
+        if let (Some(jwt), Some(v)) = (&self.jwt, bearer) {
+            let token = v.to_str().ok().and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+                    .map(str::trim)
+            });
+            return match token {
+                None => rejected("Authorization is not `Bearer <JWT>`".into()),
+                Some(t) => match jwt.verify(t) {
+                    Ok(sub) => Verdict::Identified(Identity {
+                        shown: format!("jwt:{sub}"),
+                        via: Via::Jwt,
                     }),
-                    Some(t) => match jwt.verify(t) {
-                        Ok(sub) => Verdict::Identified(Identity {
-                            shown: format!("jwt:{sub}"),
-                        }),
-                        Err(why) => Verdict::Refused(Failure::Rejected { why }),
-                    },
-                };
-            }
+                    Err(why) => rejected(why),
+                },
+            };
         }
         match self.mode {
             config::AuthMode::Required => Verdict::Refused(Failure::Missing),
@@ -284,6 +354,11 @@ struct Claims {
 impl Jwt {
     /// The token's `sub`, or why it is refused.
     fn verify(&self, token: &str) -> Result<String, String> {
+        self.verify_at(token, Instant::now())
+    }
+
+    /// [`Jwt::verify`] at `now` (which says whether stale keys expired).
+    fn verify_at(&self, token: &str, now: Instant) -> Result<String, String> {
         let header = jsonwebtoken::decode_header(token).map_err(|e| format!("not a JWT: {e}"))?;
         if !ALGORITHMS.contains(&header.alg) {
             return Err(format!(
@@ -291,7 +366,13 @@ impl Jwt {
                 header.alg
             ));
         }
-        let keys = self.keys.load();
+        let set = self.keys.load();
+        let keys = set.usable(now);
+        if keys.is_empty() && !set.keys.is_empty() {
+            return Err(
+                "the JWT keys are stale: no read of them succeeded within jwks_max_stale".into(),
+            );
+        }
         let candidates: Vec<&Key> = keys
             .iter()
             .filter(|k| k.alg == header.alg)
@@ -419,59 +500,200 @@ fn fetch_jwks(url: &str) -> Result<Vec<Key>, String> {
     jwks_keys(&text)
 }
 
+/// Whether a route's last good JWKS keys may still be used while reads
+/// fail: the refresh thread's state, with the time given (tests give it).
+#[derive(Debug)]
+struct Staleness {
+    max_stale: Duration,
+    /// When the last successful read started (`None`: never read).
+    last_good: Option<Instant>,
+    /// A read failed since the last good one.
+    failing: bool,
+    /// The keys were dropped for it.
+    stale: bool,
+}
+
+/// What the refresh thread does after a read or a tick.
+#[derive(Debug, PartialEq, Eq)]
+enum Change {
+    None,
+    /// The keys read are used, with no expiry; `was_failing`: reads had
+    /// failed (and `was_stale`: the keys had been dropped).
+    Fresh {
+        was_failing: bool,
+        was_stale: bool,
+    },
+    /// The first failed read since the last good one: the keys are kept
+    /// until `until` (`None`: there are none).
+    Failing {
+        until: Option<Instant>,
+    },
+    /// `jwks_max_stale` passed since the last good read: the keys are
+    /// dropped.
+    Stale,
+}
+
+impl Staleness {
+    fn new(max_stale: Duration, last_good: Option<Instant>) -> Staleness {
+        Staleness {
+            max_stale,
+            last_good,
+            failing: false,
+            stale: false,
+        }
+    }
+
+    /// When the keys expire if reads keep failing.
+    fn until(&self) -> Option<Instant> {
+        self.last_good.map(|t| t + self.max_stale)
+    }
+
+    /// A read that started at `started` ended at `now`, `ok` or not.
+    fn read(&mut self, ok: bool, started: Instant, now: Instant) -> Change {
+        if ok {
+            let change = Change::Fresh {
+                was_failing: self.failing,
+                was_stale: self.stale,
+            };
+            *self = Staleness::new(self.max_stale, Some(started));
+            return change;
+        }
+        if self.failing {
+            return self.tick(now);
+        }
+        self.failing = true;
+        match self.tick(now) {
+            Change::Stale => Change::Stale,
+            _ => Change::Failing {
+                until: self.until(),
+            },
+        }
+    }
+
+    /// Time passed: [`Change::Stale`] once, when reads are failing and
+    /// `jwks_max_stale` passed since the last good one.
+    fn tick(&mut self, now: Instant) -> Change {
+        if self.failing && !self.stale && self.until().is_some_and(|u| now >= u) {
+            self.stale = true;
+            return Change::Stale;
+        }
+        Change::None
+    }
+}
+
 /// Reloads a JWKS file or URL every `refresh` on a thread of its own, until
-/// the route is gone (`keys` dropped: a reload replaced it).
-fn refresh_in_background(route: &str, source: &config::JwtKeys, keys: Weak<ArcSwap<Vec<Key>>>) {
-    let (refresh, load): (Duration, LoadKeys) = match source {
+/// the route is gone (`keys` dropped: a reload replaced it). `read_at`:
+/// when the keys in `keys` were read (`None`: not yet). While reads fail,
+/// the keys are kept for `max_stale` after the last good one, then
+/// dropped.
+fn refresh_in_background(
+    route: &str,
+    source: &config::JwtKeys,
+    keys: Weak<ArcSwap<KeySet>>,
+    read_at: Option<Instant>,
+) {
+    let (refresh, max_stale, load): (Duration, Duration, LoadKeys) = match source {
         config::JwtKeys::PublicKey { .. } => return,
-        config::JwtKeys::JwksFile { path, refresh } => {
+        config::JwtKeys::JwksFile {
+            path,
+            refresh,
+            max_stale,
+        } => {
             let path = path.clone();
             (
                 *refresh,
+                *max_stale,
                 Box::new(move || {
                     let text = config::read_jwks(&path)?;
                     jwks_keys(&text)
                 }),
             )
         }
-        config::JwtKeys::JwksUrl { url, refresh } => {
+        config::JwtKeys::JwksUrl {
+            url,
+            refresh,
+            max_stale,
+        } => {
             let url = url.clone();
-            (*refresh, Box::new(move || fetch_jwks(&url)))
+            (*refresh, *max_stale, Box::new(move || fetch_jwks(&url)))
         }
     };
     let route = route.to_owned();
-    let spawned = std::thread::Builder::new()
-        .name("jwks-refresh".into())
-        .spawn(move || {
-            let mut failing = false;
-            loop {
-                // Wake often enough to notice the route is gone.
-                let mut slept = Duration::ZERO;
-                while slept < refresh {
-                    let step = Duration::from_secs(1).min(refresh - slept);
-                    std::thread::sleep(step);
-                    slept += step;
-                    if keys.strong_count() == 0 {
-                        return;
-                    }
-                }
-                let Some(slot) = keys.upgrade() else { return };
-                match load() {
-                    Ok(k) => {
-                        if failing {
-                            tracing::info!(route = %route, "JWT keys read again");
-                        }
-                        failing = false;
-                        slot.store(Arc::new(k));
-                    }
-                    Err(e) => {
-                        if !failing {
-                            tracing::warn!(route = %route, error = %e, "cannot reload the JWT keys; keeping the last ones");
-                        }
-                        failing = true;
-                    }
+    let stale_gauge = crate::metrics::JWKS_STALE.with_label_values(&[&route]);
+    stale_gauge.set(0);
+    let mut state = Staleness::new(max_stale, read_at);
+    // Carries out a change; `read`: the keys a read gave, or why it failed.
+    let apply = move |slot: &ArcSwap<KeySet>,
+                      change: Change,
+                      read: Option<Result<Vec<Key>, String>>| {
+        let error = match read {
+            Some(Ok(k)) => {
+                slot.store(KeySet::fresh(k));
+                None
+            }
+            Some(Err(e)) => Some(e),
+            None => None,
+        };
+        match change {
+            Change::None => {}
+            Change::Fresh {
+                was_failing,
+                was_stale,
+            } => {
+                if was_stale {
+                    stale_gauge.set(0);
+                    tracing::warn!(route = %route, "JWT keys read again: JWTs are verified again");
+                } else if was_failing {
+                    tracing::info!(route = %route, "JWT keys read again");
                 }
             }
+            Change::Failing { until: None } => {
+                tracing::warn!(route = %route, error = %error.unwrap_or_default(), "cannot read the JWT keys; JWTs are refused until they are read");
+            }
+            Change::Failing { until } => {
+                let current = slot.load().keys.clone();
+                let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+                slot.store(Arc::new(KeySet {
+                    keys: current,
+                    expires: until,
+                }));
+                tracing::warn!(
+                    route = %route,
+                    error = %error.unwrap_or_default(),
+                    kept_for_s = left.map(|d| d.as_secs()),
+                    "cannot reload the JWT keys; keeping the last ones until jwks_max_stale after the last good read"
+                );
+            }
+            Change::Stale => {
+                slot.store(Arc::new(KeySet::default()));
+                stale_gauge.set(1);
+                tracing::warn!(
+                    route = %route,
+                    error = ?error,
+                    max_stale_s = max_stale.as_secs(),
+                    "the JWT keys were not read for jwks_max_stale: every JWT is refused until a read succeeds"
+                );
+            }
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("jwks-refresh".into())
+        .spawn(move || loop {
+            // Wake often enough to notice the route is gone, and the keys
+            // going stale.
+            let mut slept = Duration::ZERO;
+            while slept < refresh {
+                let step = Duration::from_secs(1).min(refresh - slept);
+                std::thread::sleep(step);
+                slept += step;
+                let Some(slot) = keys.upgrade() else { return };
+                apply(&slot, state.tick(Instant::now()), None);
+            }
+            let Some(slot) = keys.upgrade() else { return };
+            let started = Instant::now();
+            let read = load();
+            let change = state.read(read.is_ok(), started, Instant::now());
+            apply(&slot, change, Some(read));
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the JWKS refresh thread");
@@ -538,7 +760,8 @@ mod tests {
         assert_eq!(
             auth(config::AuthMode::Optional).check(&h),
             Verdict::Identified(Identity {
-                shown: "key:billing".into()
+                shown: "key:billing".into(),
+                via: Via::ApiKey,
             })
         );
         h.insert("x-api-key", "nope".parse().unwrap());
@@ -547,6 +770,235 @@ mod tests {
             auth(config::AuthMode::Optional).check(&h),
             Verdict::Refused(Failure::Rejected { .. })
         ));
+    }
+
+    /// An Ed25519 key pair made for these tests (`openssl genpkey
+    /// -algorithm ed25519`): the private half signs, the public half is a JWK.
+    const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEICqfPfz+yCU+STy/thy9Fttyb52q3SYtpG/+g1VrKbGG\n-----END PRIVATE KEY-----\n";
+    const ED_PUBLIC_X: &str = "osbNcjwL6N32NGRcodIODaBNpmmYIjfGpwCrracApwc";
+
+    fn jwt_keys() -> Vec<Key> {
+        jwks_keys(&format!(
+            r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","x":"{ED_PUBLIC_X}"}}]}}"#
+        ))
+        .unwrap()
+    }
+
+    /// A token for `sub`, signed by the test key; `alg: none` unsigned.
+    fn token(sub: &str, signed: bool) -> String {
+        use base64::Engine as _;
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 600;
+        let claims = serde_json::json!({"iss": "i", "aud": "a", "sub": sub, "exp": exp});
+        if !signed {
+            let b64 = |v: &serde_json::Value| {
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+            };
+            return format!(
+                "{}.{}.",
+                b64(&serde_json::json!({"alg": "none"})),
+                b64(&claims)
+            );
+        }
+        let key = jsonwebtoken::EncodingKey::from_ed_pem(ED_PRIVATE.as_bytes()).unwrap();
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(Algorithm::EdDSA), &claims, &key).unwrap()
+    }
+
+    /// A route with JWTs (the test key), API keys, or both.
+    fn both(jwt: bool, api_keys: bool) -> Authenticator {
+        Authenticator {
+            route: "r".into(),
+            mode: config::AuthMode::Required,
+            jwt: jwt.then(|| Jwt {
+                keys: Arc::new(ArcSwap::new(KeySet::fresh(jwt_keys()))),
+                issuer: "i".into(),
+                audience: "a".into(),
+                leeway: Duration::from_secs(5),
+            }),
+            api_keys: api_keys.then(keys),
+        }
+    }
+
+    /// One identity per request: duplicate headers and an API key beside
+    /// an `Authorization` (on a route that verifies JWTs) are refused; a
+    /// verified identity says which header proved it.
+    #[test]
+    fn one_credential_per_request() {
+        let good = format!("Bearer {}", token("alice", true));
+        let forged = format!("Bearer {}", token("admin", false));
+        let key = |who: &str| {
+            Verdict::Identified(Identity {
+                shown: format!("key:{who}"),
+                via: Via::ApiKey,
+            })
+        };
+        let jwt = |who: &str| {
+            Verdict::Identified(Identity {
+                shown: format!("jwt:{who}"),
+                via: Via::Jwt,
+            })
+        };
+        let rejected = |why: &str| Err(why.to_string());
+        // (jwt route, api key route, headers, verdict or the start of why)
+        type Case<'a> = (bool, bool, Vec<(&'a str, &'a str)>, Result<Verdict, String>);
+        let cases: Vec<Case<'_>> = vec![
+            (true, true, vec![("authorization", &good)], Ok(jwt("alice"))),
+            (true, true, vec![("x-api-key", "test")], Ok(key("billing"))),
+            (
+                false,
+                true,
+                vec![("x-api-key", "test"), ("authorization", &forged)],
+                Ok(key("billing")),
+            ),
+            (
+                true,
+                false,
+                vec![("x-api-key", "test"), ("authorization", &good)],
+                Ok(jwt("alice")),
+            ),
+            (true, true, vec![], Ok(Verdict::Refused(Failure::Missing))),
+            (
+                true,
+                true,
+                vec![("authorization", &good), ("authorization", &forged)],
+                rejected("more than one Authorization header"),
+            ),
+            (
+                true,
+                true,
+                vec![("authorization", &forged), ("authorization", &good)],
+                rejected("more than one Authorization header"),
+            ),
+            (
+                true,
+                true,
+                vec![("authorization", &good), ("authorization", &good)],
+                rejected("more than one Authorization header"),
+            ),
+            (
+                false,
+                true,
+                vec![
+                    ("authorization", "Basic a"),
+                    ("authorization", "Basic b"),
+                    ("x-api-key", "test"),
+                ],
+                rejected("more than one Authorization header"),
+            ),
+            (
+                true,
+                true,
+                vec![("x-api-key", "test"), ("x-api-key", "other")],
+                rejected("more than one x-api-key header"),
+            ),
+            (
+                false,
+                true,
+                vec![("x-api-key", "test"), ("x-api-key", "test")],
+                rejected("more than one x-api-key header"),
+            ),
+            (
+                true,
+                true,
+                vec![("x-api-key", "test"), ("authorization", &good)],
+                rejected("two credentials"),
+            ),
+            (
+                true,
+                true,
+                vec![("x-api-key", "test"), ("authorization", &forged)],
+                rejected("two credentials"),
+            ),
+            (
+                true,
+                true,
+                vec![("x-api-key", "nope"), ("authorization", &good)],
+                rejected("the x-api-key value is not a known API key"),
+            ),
+            (
+                true,
+                true,
+                vec![("authorization", &forged)],
+                rejected("not a JWT"),
+            ),
+        ];
+        for (i, (jwt_route, key_route, headers, want)) in cases.into_iter().enumerate() {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in &headers {
+                h.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            let got = both(jwt_route, key_route).check(&h);
+            match (&want, &got) {
+                (Ok(w), g) => assert_eq!(g, w, "case {i}: {headers:?}"),
+                (Err(w), Verdict::Refused(Failure::Rejected { why })) => {
+                    assert!(why.starts_with(w.as_str()), "case {i}: {why}")
+                }
+                (Err(w), g) => panic!("case {i}: want rejected ({w}), got {g:?}"),
+            }
+        }
+    }
+
+    /// Keys kept while reads fail expire `max_stale` after the last good
+    /// read (not after the first failure), are dropped once, and come back
+    /// with the next good read.
+    #[test]
+    fn stale_keys_expire_after_max_stale() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut st = Staleness::new(Duration::from_secs(10), Some(t0));
+        assert_eq!(st.tick(s(100)), Change::None, "reads never failed");
+        assert_eq!(
+            st.read(true, s(3), s(4)),
+            Change::Fresh {
+                was_failing: false,
+                was_stale: false
+            }
+        );
+        // The last good read started at 3: kept until 13.
+        assert_eq!(
+            st.read(false, s(6), s(7)),
+            Change::Failing { until: Some(s(13)) }
+        );
+        assert_eq!(st.read(false, s(9), s(10)), Change::None);
+        assert_eq!(st.tick(s(12)), Change::None);
+        assert_eq!(st.tick(s(13)), Change::Stale);
+        assert_eq!(st.tick(s(14)), Change::None, "dropped once");
+        assert_eq!(st.read(false, s(15), s(16)), Change::None);
+        assert_eq!(
+            st.read(true, s(20), s(21)),
+            Change::Fresh {
+                was_failing: true,
+                was_stale: true
+            }
+        );
+        assert_eq!(st.tick(s(100)), Change::None, "fresh again");
+        // A first failure already past the bound drops the keys at once.
+        assert_eq!(st.read(false, s(40), s(41)), Change::Stale);
+        // Never read (a URL that did not answer at start): nothing expires.
+        let mut never = Staleness::new(Duration::from_secs(1), None);
+        assert_eq!(
+            never.read(false, s(0), s(1)),
+            Change::Failing { until: None }
+        );
+        assert_eq!(never.tick(s(1000)), Change::None);
+
+        // A key set with an expiry verifies until it, and nothing from then.
+        let auth = both(true, false);
+        let jwt = auth.jwt.as_ref().unwrap();
+        let t = token("alice", true);
+        jwt.keys.store(Arc::new(KeySet {
+            keys: Arc::new(jwt_keys()),
+            expires: Some(s(13)),
+        }));
+        assert_eq!(jwt.verify_at(&t, s(12)).as_deref(), Ok("alice"));
+        let why = jwt.verify_at(&t, s(13)).unwrap_err();
+        assert!(why.contains("stale"), "{why}");
     }
 
     #[test]

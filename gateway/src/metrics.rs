@@ -654,6 +654,19 @@ impl RouteMetrics {
 /// Requests that matched no route: `route=""`.
 pub static NO_ROUTE_REQUESTS: LazyLock<RouteMetrics> = LazyLock::new(|| RouteMetrics::new(""));
 
+/// `a2agw_jwks_stale{route}`: 1 while the route's JWKS keys are dropped
+/// because no read of its `jwks_file` or `jwks_url` succeeded within
+/// `jwks_max_stale` (every JWT refused), else 0. Set for each route with
+/// such keys when it is built.
+pub static JWKS_STALE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "a2agw_jwks_stale",
+        "1 while the route's JWT keys are dropped: no JWKS read succeeded within jwks_max_stale (every JWT refused).",
+        &["route"]
+    )
+    .expect("metric registers once")
+});
+
 #[cfg(test)]
 mod route_metrics_tests {
     use super::*;
