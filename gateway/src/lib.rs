@@ -16,6 +16,7 @@ pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod proxy;
+pub mod redact;
 pub mod reload;
 pub mod resolve;
 pub mod server;

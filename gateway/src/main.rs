@@ -97,14 +97,32 @@ fn health(admin: SocketAddr, path: &str, timeout: std::time::Duration) -> Result
 /// Starts logging to stderr in `format`: the filter from `A2A_GATEWAY_LOG`;
 /// ANSI colour only when stderr is a terminal (never in a file or a
 /// container's log); JSON one object per line, the event's fields at its
-/// top level.
+/// top level. When the filter enables `debug` or `trace` anywhere, every
+/// line is scrubbed of credentials (pingora prints whole request heads
+/// there; `redact.rs`); otherwise nothing is scanned.
 fn init_logs(format: config::LogFormat) {
-    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("A2A_GATEWAY_LOG")
         .unwrap_or_else(|_| "info,pingora_core=warn,pingora_proxy=warn".into());
+    if a2a_gateway::redact::needed(filter.max_level_hint()) {
+        install_logs(
+            format,
+            filter,
+            a2a_gateway::redact::Redacting(std::io::stderr),
+        );
+    } else {
+        install_logs(format, filter, std::io::stderr);
+    }
+}
+
+/// [`init_logs`] with its writer.
+fn install_logs<W>(format: config::LogFormat, filter: tracing_subscriber::EnvFilter, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use std::io::IsTerminal as _;
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         config::LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
         config::LogFormat::Json => fmt
@@ -224,12 +242,19 @@ fn main() -> ExitCode {
         eprintln!("a2a-gateway: {e}");
         return ExitCode::from(2);
     }
+    // The log redacts this config's credentials, and those of every config
+    // a reload reads (added, never dropped: removed routes keep sending
+    // their owed cancels).
+    a2a_gateway::redact::learn(&cfg);
     let source = cli
         .config
         .clone()
         .map(|path| a2a_gateway::reload::ConfigSource {
             path,
-            overrides: Box::new(overrides),
+            overrides: Box::new(move |cfg: &mut config::Config| {
+                overrides(cfg);
+                a2a_gateway::redact::learn(cfg);
+            }),
         });
     init_logs(cfg.server.log_format);
     tracing::debug!(
