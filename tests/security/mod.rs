@@ -1,0 +1,5 @@
+//! The security suite (issue 43): one test per attack in which a caller
+//! chooses a name the gateway then trusts (a content type, a tenant, a
+//! header, a path, a `Host`), each against real workers. The threat model
+//! they show is in `docs/behaviour.md#threat-model`.
+mod logs;
