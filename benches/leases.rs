@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use a2a_gateway::store::redis::RedisStore;
-use a2a_gateway::store::{now_ms, TaskKey, TaskStore};
+use a2a_gateway::store::{now_ms, Asker, TaskKey, TaskStore};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -489,7 +489,13 @@ async fn fake_leases(redis_url: &str, n: usize) -> u64 {
                     task_id: format!("fake-{i}").into(),
                 };
                 store
-                    .lease_start(&key, 3_600_000, Some("another-replica"), now)
+                    .lease_start(
+                        &key,
+                        3_600_000,
+                        Some("another-replica"),
+                        now,
+                        &Asker::Unverified,
+                    )
                     .await
                     .expect("lease_start");
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use a2a_gateway::store::conformance::NEVER;
 use a2a_gateway::store::redis::{RedisStore, LIVE_TTL, SETTLED_RETENTION};
-use a2a_gateway::store::{CancelTarget, Owing, Renewal, TaskKey, TaskStore, TaskUpdate};
+use a2a_gateway::store::{Asker, CancelTarget, Owing, Renewal, TaskKey, TaskStore, TaskUpdate};
 use policies::TaskState;
 
 use crate::harness::gateway::free_port;
@@ -145,9 +145,15 @@ async fn concurrent_claims_take_each_lease_once() {
     let a = Arc::new(store(&server, "race").await);
     let b = Arc::new(store(&server, "race").await);
     for i in 0..200 {
-        a.lease_start(&key("r", "t", &format!("task-{i}")), 1_000, None, 0)
-            .await
-            .unwrap();
+        a.lease_start(
+            &key("r", "t", &format!("task-{i}")),
+            1_000,
+            None,
+            0,
+            &Asker::Unverified,
+        )
+        .await
+        .unwrap();
     }
     assert_eq!(a.lease_count().await.unwrap(), 200);
 
@@ -189,7 +195,10 @@ async fn renewal_racing_a_claim_never_both() {
     for i in 0..100 {
         let k = key("r", "", &format!("t{i}"));
         // Deadline 1000.
-        renewer.lease_start(&k, 1_000, None, 0).await.unwrap();
+        renewer
+            .lease_start(&k, 1_000, None, 0, &Asker::Unverified)
+            .await
+            .unwrap();
 
         // Lapsed on both clocks: the renewal never revives it, the claim
         // always gets it.
@@ -214,7 +223,10 @@ async fn renewal_racing_a_claim_never_both() {
 
         // Live on the renewer's clock, lapsed on the claimer's (replica
         // clocks differ): whichever runs first wins, never both.
-        renewer.lease_start(&k, 1_000, None, 0).await.unwrap();
+        renewer
+            .lease_start(&k, 1_000, None, 0, &Asker::Unverified)
+            .await
+            .unwrap();
         let (r, c) = tokio::join!(
             {
                 let (s, k) = (renewer.clone(), k.clone());
@@ -251,7 +263,9 @@ async fn dead_server_fails_fast_then_recovers() {
     let s = store(&server, "dead").await;
     let k = key("r", "", "t");
     s.update(&k, state(TaskState::Working), 1).await.unwrap();
-    s.lease_start(&k, 1_000, None, 1).await.unwrap();
+    s.lease_start(&k, 1_000, None, 1, &Asker::Unverified)
+        .await
+        .unwrap();
 
     server.kill().await;
     for round in 0..4 {
@@ -301,7 +315,9 @@ async fn dead_server_fails_fast_then_recovers() {
     // scripts included (reloaded into the new server's cache).
     assert_eq!(got, None);
     s.update(&k, state(TaskState::Working), 10).await.unwrap();
-    s.lease_start(&k, 1_000, Some("replica"), 10).await.unwrap();
+    s.lease_start(&k, 1_000, Some("replica"), 10, &Asker::Unverified)
+        .await
+        .unwrap();
     assert_eq!(
         s.lease_renew(&k, 20).await.unwrap(),
         Renewal::Renewed { deadline_ms: 1_020 }
@@ -341,7 +357,9 @@ async fn task_hashes_expire() {
     // Records made by a lease, and interrupted tasks holding a lease, live
     // long; ending the lease of an interrupted task shortens it.
     let l = key("r", "", "leased");
-    s.lease_start(&l, 1_000, None, 1).await.unwrap();
+    s.lease_start(&l, 1_000, None, 1, &Asker::Unverified)
+        .await
+        .unwrap();
     let t = pttl(s.task_key(&l)).await;
     assert!(t > short && t <= live, "{t}");
     s.update(&l, state(TaskState::InputRequired), 2)
@@ -349,7 +367,9 @@ async fn task_hashes_expire() {
         .unwrap();
     let t = pttl(s.task_key(&l)).await;
     assert!(t > 0 && t <= short, "{t}");
-    s.lease_start(&l, 1_000, None, 3).await.unwrap();
+    s.lease_start(&l, 1_000, None, 3, &Asker::Unverified)
+        .await
+        .unwrap();
     let t = pttl(s.task_key(&l)).await;
     assert!(t > short && t <= live, "{t}");
     s.lease_end(&l).await.unwrap();

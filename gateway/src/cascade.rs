@@ -21,6 +21,7 @@ enum Op {
         key: TaskKey,
         ttl_ms: u64,
         holder: Option<String>,
+        asker: Asker,
     },
     /// Answered once every op sent before it has been applied.
     Flush(oneshot::Sender<()>),
@@ -55,9 +56,10 @@ impl Tracker {
                         key,
                         ttl_ms,
                         holder,
+                        asker,
                     } => {
                         if let Err(e) = store
-                            .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms())
+                            .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms(), &asker)
                             .await
                         {
                             metrics::STORE_ERRORS
@@ -82,14 +84,17 @@ impl Tracker {
         }
     }
 
-    /// Queues the start of a lease (after the update that recorded the task).
-    pub fn lease_start(&self, key: TaskKey, ttl_ms: u64, holder: Option<String>) {
+    /// Queues the start of a lease (after the update that recorded the
+    /// task), for `asker`'s request: it starts nothing on a task `asker` may
+    /// not move.
+    pub fn lease_start(&self, key: TaskKey, ttl_ms: u64, holder: Option<String>, asker: Asker) {
         if self
             .tx
             .try_send(Op::LeaseStart {
                 key,
                 ttl_ms,
                 holder,
+                asker,
             })
             .is_err()
         {
@@ -176,6 +181,7 @@ impl Cascade {
             .as_ref()
             .map(|id| TaskKey::new(&end.route, end.tenant.as_deref(), id.clone()));
         let mut watchers = 0;
+        let mut recorded = None;
         if let Some(key) = &key {
             // Apply what this stream queued, then uncount it and read the
             // record back in the same store call (one round trip).
@@ -194,7 +200,7 @@ impl Cascade {
                 self.store.get(key).await
             };
             if let Ok(Some(r)) = &rec {
-                if !end.asker.moves(Some(r)) {
+                if !end.asker.moves(&key.tenant, Some(r)) {
                     // Someone else's child: passed to the worker, but this
                     // caller leaving cancels nothing (policies::owner).
                     metrics::CASCADE_DECISIONS
@@ -203,8 +209,13 @@ impl Cascade {
                     tracing::debug!(route = %end.route, task = %key, "stream of another caller than the task's owner ended; nothing to cancel");
                     return;
                 }
+                // Cancelled in the tenant the task was recorded in.
+                recorded = Some(r.key.clone());
             }
             watchers = self.merge(key, rec, &mut end.seen);
+        }
+        if recorded.is_some() {
+            key = recorded;
         }
         let mut event = end.event;
         let mut decision = decide(&end.policy, &end.seen, event, watchers);

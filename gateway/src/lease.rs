@@ -195,7 +195,7 @@ impl Leases {
             let rec = self.store.get(&key).await.ok();
             if rec
                 .as_ref()
-                .is_none_or(|r| checked.iter().any(|a| a.moves(r.as_ref())))
+                .is_none_or(|r| checked.iter().any(|a| a.moves(&key.tenant, r.as_ref())))
             {
                 due.push(key);
             } else {

@@ -96,7 +96,7 @@ impl Gateway {
                     (ttl_ms, Some(policies::lease::POLL_HOLDER.to_string()))
                 }
             };
-            tracker.lease_start(key.clone(), ttl_ms, holder);
+            tracker.lease_start(key.clone(), ttl_ms, holder, by.asker.clone());
         }
         if let Some(ttl) = sight.hold_ms {
             self.leases.hold(key.clone(), ttl, by.asker.clone());

@@ -153,7 +153,7 @@ async fn outbox(store: &dyn TaskStore) {
     // a lapse, so the reaper does not send it too.
     let leases = store.lease_count().await.unwrap();
     store
-        .lease_start(&okey("o2"), 1_000, None, 0)
+        .lease_start(&okey("o2"), 1_000, None, 0, &Asker::Unverified)
         .await
         .unwrap();
     let t2 = put_mine(store, &okey("o2"), &target, 500).await;
@@ -188,7 +188,7 @@ async fn outbox(store: &dyn TaskStore) {
     // A lapse claim holds the task's lease (its cancel in flight): that
     // claim delivers it, the cascade writes nothing.
     store
-        .lease_start(&okey("o3"), 1_000, None, 0)
+        .lease_start(&okey("o3"), 1_000, None, 0, &Asker::Unverified)
         .await
         .unwrap();
     let lapsed = claim(store, 5_000, 100, 60_000, &ob_routes()).await;
@@ -210,7 +210,7 @@ async fn outbox(store: &dyn TaskStore) {
     // A new lease on a task whose cancel the outbox carries does not make
     // the reaper send it as well.
     store
-        .lease_start(&okey("o3"), 1_000, None, 70_000)
+        .lease_start(&okey("o3"), 1_000, None, 70_000, &Asker::Unverified)
         .await
         .unwrap();
     assert!(claim(store, 80_000, 100, NEVER, &ob_routes())
@@ -556,7 +556,7 @@ fn lkey(id: &str) -> TaskKey {
 async fn leases(store: &dyn TaskStore) {
     let before = store.lease_count().await.unwrap();
     store
-        .lease_start(&lkey("l1"), 1_000, None, 100)
+        .lease_start(&lkey("l1"), 1_000, None, 100, &Asker::Unverified)
         .await
         .unwrap();
     let rec = store
@@ -627,11 +627,11 @@ async fn leases(store: &dyn TaskStore) {
 
     // Held leases renew in a batch; unknown keys are skipped.
     store
-        .lease_start(&lkey("h1"), 2_000, Some("replica-a"), 0)
+        .lease_start(&lkey("h1"), 2_000, Some("replica-a"), 0, &Asker::Unverified)
         .await
         .unwrap();
     store
-        .lease_start(&lkey("h2"), 2_000, Some("replica-a"), 0)
+        .lease_start(&lkey("h2"), 2_000, Some("replica-a"), 0, &Asker::Unverified)
         .await
         .unwrap();
     let n = store
@@ -672,7 +672,7 @@ async fn leases(store: &dyn TaskStore) {
     // Claims are bounded by `limit`, and every lapsed lease is claimed once.
     for i in 0..5 {
         store
-            .lease_start(&lkey(&format!("b{i}")), 1_000, None, 0)
+            .lease_start(&lkey(&format!("b{i}")), 1_000, None, 0, &Asker::Unverified)
             .await
             .unwrap();
     }
@@ -690,7 +690,7 @@ async fn leases(store: &dyn TaskStore) {
     // A claimer that dies mid-cancel: the lapse comes back at its hold, to
     // one claimer, and again at the next hold; ended, it is gone.
     store
-        .lease_start(&lkey("d1"), 1_000, None, 0)
+        .lease_start(&lkey("d1"), 1_000, None, 0, &Asker::Unverified)
         .await
         .unwrap();
     let got = claim(store, 5_000, 10, 8_000, &routes()).await;
@@ -712,12 +712,12 @@ async fn leases(store: &dyn TaskStore) {
     // A task that gets a new lease after a claim (the caller resumed it):
     // the old claim's hold does not reap the new lease.
     store
-        .lease_start(&lkey("n1"), 1_000, None, 0)
+        .lease_start(&lkey("n1"), 1_000, None, 0, &Asker::Unverified)
         .await
         .unwrap();
     assert_eq!(claim(store, 5_000, 10, 8_000, &routes()).await.len(), 1);
     store
-        .lease_start(&lkey("n1"), 60_000, None, 6_000)
+        .lease_start(&lkey("n1"), 60_000, None, 6_000, &Asker::Unverified)
         .await
         .unwrap();
     assert!(claim(store, 8_000, 10, NEVER, &routes()).await.is_empty());
@@ -735,7 +735,7 @@ async fn leases(store: &dyn TaskStore) {
     // anyone's, and so is nothing else.
     let other: Vec<Arc<str>> = vec![Arc::from("elsewhere")];
     store
-        .lease_start(&lkey("h1"), 1_000, None, 0)
+        .lease_start(&lkey("h1"), 1_000, None, 0, &Asker::Unverified)
         .await
         .unwrap();
     let first = claim(store, 5_000, 10, NEVER, &other).await;

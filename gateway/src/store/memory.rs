@@ -10,8 +10,8 @@ use policies::budget::Account;
 use policies::lease::{self, Renewal};
 
 use super::{
-    AccountKey, AccountView, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation, Shortfall,
-    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, LOCAL_OWNER,
+    AccountKey, AccountView, Asker, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation,
+    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, LOCAL_OWNER,
 };
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
@@ -342,7 +342,7 @@ impl TaskStore for MemoryStore {
         let settled = update.state.is_some_and(|s| s.is_settled());
         let (rec, ()) = self.modify(key, now_ms, |rec| {
             let before = rec.lease.as_ref().map(|l| l.deadline_ms);
-            rec.apply(update, now_ms);
+            rec.apply(&key.tenant, update, now_ms);
             if let (Some(d), None) = (before, &rec.lease) {
                 self.index().remove(&(d, key.clone()));
             }
@@ -368,7 +368,11 @@ impl TaskStore for MemoryStore {
         ttl_ms: u64,
         holder: Option<&str>,
         now_ms: u64,
+        asker: &Asker,
     ) -> Result<(), StoreError> {
+        if !asker.moves(&key.tenant, self.tasks.get(key).as_ref()) {
+            return Ok(());
+        }
         // A hand-back or claim hold of an earlier lease must not reap this one.
         self.retries().remove(key);
         self.modify(key, now_ms, |rec| {

@@ -19,13 +19,48 @@ use policies::TaskState;
 
 use crate::a2a::Binding;
 
-/// A task as the gateway names it: the route it went through, the tenant it
-/// was sent in (`""` for none) and the worker's task id.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A task as the gateway names it: the route it went through and the
+/// worker's task id. The tenant travels with the key but is not part of
+/// its identity (equality, order, hash and the store's key leave it out):
+/// in a key read from the store it is the tenant the task was first
+/// recorded in, which the gateway's own cancels use; in a key built from a
+/// request it is the tenant the caller named, which the store compares
+/// with the recorded one ([`policies::owner::moves_state`]). A tenant is a
+/// caller's word, and a worker may ignore it on lookup: were it part of the
+/// identity, naming another tenant would make a second, ownerless record
+/// of someone else's task.
+#[derive(Clone, Debug)]
 pub struct TaskKey {
     pub route: Arc<str>,
     pub tenant: Arc<str>,
     pub task_id: Arc<str>,
+}
+
+impl PartialEq for TaskKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.route == other.route && self.task_id == other.task_id
+    }
+}
+
+impl Eq for TaskKey {}
+
+impl std::hash::Hash for TaskKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.route.hash(state);
+        self.task_id.hash(state);
+    }
+}
+
+impl PartialOrd for TaskKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TaskKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (&self.route, &self.task_id).cmp(&(&other.route, &other.task_id))
+    }
 }
 
 impl TaskKey {
@@ -123,9 +158,17 @@ impl Asker {
         }
     }
 
-    /// Whether this asker may move the state of `rec` (no record: yes).
-    pub fn moves(&self, rec: Option<&TaskRecord>) -> bool {
-        policies::owner::moves_state(rec.and_then(|r| r.owner.as_deref()), self.as_policy())
+    /// Whether this asker, naming the task in `tenant` (`""` for none),
+    /// may move the state of `rec` (no record: yes).
+    pub fn moves(&self, tenant: &str, rec: Option<&TaskRecord>) -> bool {
+        rec.is_none_or(|r| {
+            policies::owner::moves_state(
+                r.owner.as_deref(),
+                &r.key.tenant,
+                self.as_policy(),
+                tenant,
+            )
+        })
     }
 }
 
@@ -259,13 +302,17 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 
     /// Starts (or restarts, replacing) a lease on the task: deadline
     /// `now + ttl`, entered in the deadline index. Creates the record if the
-    /// store has none.
+    /// store has none. Does nothing when `asker`, naming the task in
+    /// `key.tenant`, may not move the state of the record there is
+    /// ([`Asker::moves`]): a lease someone else could let lapse would
+    /// cancel the owner's task.
     async fn lease_start(
         &self,
         key: &TaskKey,
         ttl_ms: u64,
         holder: Option<&str>,
         now_ms: u64,
+        asker: &Asker,
     ) -> Result<(), StoreError>;
 
     /// Renews the task's lease by its TTL, in one atomic step against a
@@ -450,7 +497,9 @@ impl TaskRecord {
     }
 
     /// Applies an update; the one definition every store shares.
-    pub fn apply(&mut self, u: TaskUpdate, now_ms: u64) {
+    /// `tenant`: the tenant the update's key names (the asker's); a record
+    /// keeps the tenant it was created with.
+    pub fn apply(&mut self, tenant: &str, u: TaskUpdate, now_ms: u64) {
         if u.context_id.is_some() {
             self.context_id = u.context_id;
         }
@@ -465,13 +514,24 @@ impl TaskRecord {
                 self.lease = None;
             }
         }
+        // A request naming the task in another tenant than its record's
+        // claims nothing: no owner, no cancel target, no watcher.
+        if *self.key.tenant != *tenant {
+            self.updated_ms = now_ms;
+            return;
+        }
         if u.target.is_some() {
             self.target = u.target;
         }
         if self.owner.is_none() {
             self.owner = u.owner;
         }
-        if policies::owner::moves_state(self.owner.as_deref(), u.asker.as_policy()) {
+        if policies::owner::moves_state(
+            self.owner.as_deref(),
+            &self.key.tenant,
+            u.asker.as_policy(),
+            tenant,
+        ) {
             self.watchers = self.watchers.saturating_add_signed(u.watchers_delta);
         }
         self.updated_ms = now_ms;

@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `{ns}:task:{route}:{tenant}:{task_id}` | hash | one [`TaskRecord`] |
+//! | `{ns}:task:{route}:{task_id}` | hash | one [`TaskRecord`]; its `tenant` field is the tenant it was first recorded in (a task is one record whatever tenant a caller names it in: [`TaskKey`]) |
 //! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
 //! | `{ns}:leases:retry:{route}` | sorted set | the route's lapsed leases handed back for another claim (and the holds of claimed ones), score = when; claimed only by replicas that have the route; expires a day after its last hand-back |
 //! | `{ns}:leases:retry` | sorted set | the same for every route, as written before they were kept per route: still claimed, no longer written |
@@ -13,7 +13,7 @@
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
 //! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
 //!
-//! Route, tenant and task id are percent-encoded (everything but
+//! Route and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
 //! share a key. The hash has one field per record field: `route`, `tenant`,
 //! `task_id`, `context_id`, `state` (the wire name, `TASK_STATE_*`),
@@ -144,7 +144,9 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 /// KEYS: task, leases. ARGV: now, route, tenant, task_id, has_context,
 /// context, state (`""` = none), has_target, binding, path, watchers_delta,
-/// replica (its `w:` field takes the delta). Returns the record (`record`).
+/// replica (its `w:` field takes the delta), owner, asker kind, asker id.
+/// A record keeps the tenant it was created with; an update naming another
+/// changes only the state. Returns the record (`record`).
 const UPDATE: &str = include_str!("lua/update.lua");
 
 /// KEYS: task. The record (`record`), `{}` when there is none.
@@ -152,8 +154,10 @@ const GET: &str = include_str!("lua/get.lua");
 
 /// KEYS: task, leases, lease retries (as written before retries were kept
 /// per route), the route's lease retries. ARGV: now, deadline, ttl,
-/// has_holder, holder, route, tenant, task_id. A hand-back or claim hold of
-/// an earlier lease of the task is dropped: it must not reap this one.
+/// has_holder, holder, route, tenant, task_id, asker kind, asker id. Does
+/// nothing (0) for an asker that may not move the task's state. A hand-back
+/// or claim hold of an earlier lease of the task is dropped: it must not
+/// reap this one.
 const LEASE_START: &str = include_str!("lua/lease_start.lua");
 
 /// KEYS: task, leases. ARGV: now. Returns -1 (no lease), -2 (lapsed) or the
@@ -456,10 +460,9 @@ impl RedisStore {
     /// The Redis key of a task's hash.
     pub fn task_key(&self, key: &TaskKey) -> String {
         format!(
-            "{}{}:{}:{}",
+            "{}{}:{}",
             self.task_prefix,
             pct(&key.route),
-            pct(&key.tenant),
             pct(&key.task_id)
         )
     }
@@ -662,6 +665,24 @@ fn connect_error(e: &redis::RedisError) -> String {
     }
 }
 
+/// Who asks, as the scripts read it: `u` (no auth), `a` (anonymous) or
+/// `i` (an identity, [`asker_id`]).
+fn asker_kind(asker: &Asker) -> &'static str {
+    match asker {
+        Asker::Unverified => "u",
+        Asker::Anonymous => "a",
+        Asker::Identity(_) => "i",
+    }
+}
+
+/// The identity an `i` asker names (`""` for the others).
+fn asker_id(asker: &Asker) -> &str {
+    match asker {
+        Asker::Identity(id) => id,
+        _ => "",
+    }
+}
+
 #[async_trait]
 impl TaskStore for RedisStore {
     async fn update(
@@ -688,15 +709,8 @@ impl TaskStore for RedisStore {
             .arg(update.watchers_delta)
             .arg(&self.replica)
             .arg(update.owner.as_deref().unwrap_or(""))
-            .arg(match &update.asker {
-                Asker::Unverified => "u",
-                Asker::Anonymous => "a",
-                Asker::Identity(_) => "i",
-            })
-            .arg(match &update.asker {
-                Asker::Identity(id) => &**id,
-                _ => "",
-            });
+            .arg(asker_kind(&update.asker))
+            .arg(asker_id(&update.asker));
         let v: Value = self
             .call(
                 "update",
@@ -732,6 +746,7 @@ impl TaskStore for RedisStore {
         ttl_ms: u64,
         holder: Option<&str>,
         now_ms: u64,
+        asker: &Asker,
     ) -> Result<(), StoreError> {
         let (now_ms, ttl_ms) = (now_ms.min(MAX_EXACT), ttl_ms.min(MAX_EXACT));
         let deadline_ms = lease::deadline(now_ms, ttl_ms).min(MAX_EXACT);
@@ -748,7 +763,9 @@ impl TaskStore for RedisStore {
             .arg(holder.unwrap_or(""))
             .arg(&*key.route)
             .arg(&*key.tenant)
-            .arg(&*key.task_id);
+            .arg(&*key.task_id)
+            .arg(asker_kind(asker))
+            .arg(asker_id(asker));
         let _: Value = self
             .call("lease_start", |mut c| async move {
                 inv.invoke_async(&mut c).await

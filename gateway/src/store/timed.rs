@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use prometheus::{register_histogram_vec, Histogram, HistogramVec};
 
 use super::{
-    AccountView, CancelTarget, OwedCancel, Owing, Renewal, Reservation, Shortfall, StoreError,
-    TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    AccountView, Asker, CancelTarget, OwedCancel, Owing, Renewal, Reservation, Shortfall,
+    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
 };
 
 /// The `op` label values: the [`TaskStore`] method names.
@@ -152,8 +152,13 @@ impl TaskStore for TimedStore {
         ttl_ms: u64,
         holder: Option<&str>,
         now_ms: u64,
+        asker: &Asker,
     ) -> Result<(), StoreError> {
-        timed!(self, 3, self.inner.lease_start(key, ttl_ms, holder, now_ms))
+        timed!(
+            self,
+            3,
+            self.inner.lease_start(key, ttl_ms, holder, now_ms, asker)
+        )
     }
 
     async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError> {

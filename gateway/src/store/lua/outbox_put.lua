@@ -9,8 +9,8 @@ if redis.call('HEXISTS', k, 'lease_ttl') == 1 then
     if s and num(s) > now then return 0 end
   end
 end
-redis.call('HSET', k, 'route', ARGV[2], 'tenant', ARGV[3], 'task_id', ARGV[4], 'updated_ms', ARGV[1],
-  'ob_owner', ARGV[5], 'ob_token', ARGV[6], 'ob_binding', ARGV[7], 'ob_path', ARGV[8],
+name_task(k, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+redis.call('HSET', k, 'ob_owner', ARGV[5], 'ob_token', ARGV[6], 'ob_binding', ARGV[7], 'ob_path', ARGV[8],
   'ob_cause', ARGV[9])
 redis.call('HDEL', k, 'lease_ttl', 'lease_deadline', 'lease_holder')
 for i = 2, 4 do redis.call('ZREM', KEYS[i], k) end

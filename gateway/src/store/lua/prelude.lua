@@ -53,3 +53,17 @@ local function renew(k, z, now)
   expire(k)
   return d
 end
+-- Names the task's hash (route, task id) and keeps the tenant it was first
+-- recorded in; returns whether `tenant` is that tenant (policies::owner:
+-- a request naming the task in another tenant moves nothing).
+local function name_task(k, now, route, tenant, task_id)
+  redis.call('HSET', k, 'route', route, 'task_id', task_id, 'updated_ms', now)
+  redis.call('HSETNX', k, 'tenant', tenant)
+  return redis.call('HGET', k, 'tenant') == tenant
+end
+-- Whether an asker ('u' no auth, 'a' anonymous, 'i' identity `id`) may move
+-- the state of the task in hash k, whose tenant it names already matched.
+local function asker_moves(k, kind, id)
+  local owner = redis.call('HGET', k, 'owner')
+  return (not owner) or kind == 'u' or (kind == 'i' and owner == id)
+end

@@ -1,5 +1,5 @@
 local k, z = KEYS[1], KEYS[2]
-redis.call('HSET', k, 'route', ARGV[2], 'tenant', ARGV[3], 'task_id', ARGV[4], 'updated_ms', ARGV[1])
+local same = name_task(k, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 if ARGV[5] == '1' then redis.call('HSET', k, 'context_id', ARGV[6]) end
 local s = ARGV[7]
 if s ~= '' then
@@ -12,6 +12,11 @@ if s ~= '' then
     redis.call('ZREM', KEYS[3], k)
   end
 end
+-- A request naming the task in another tenant claims nothing more.
+if not same then
+  expire(k)
+  return record(k)
+end
 if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', ARGV[10]) end
 -- ARGV[13]: the owner a send records if there is none ('' none);
 -- ARGV[14]: who asks, 'u' (no auth), 'a' (anonymous) or 'i' (ARGV[15]).
@@ -19,8 +24,7 @@ if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', 
 if ARGV[13] ~= '' and redis.call('HEXISTS', k, 'owner') == 0 then
   redis.call('HSET', k, 'owner', ARGV[13])
 end
-local owner = redis.call('HGET', k, 'owner')
-if (not owner) or ARGV[14] == 'u' or (ARGV[14] == 'i' and owner == ARGV[15]) then
+if asker_moves(k, ARGV[14], ARGV[15]) then
   local wf = 'w:' .. ARGV[12]
   local w = math.max(num(redis.call('HGET', k, wf)), 0) + num(ARGV[11])
   if w <= 0 then
