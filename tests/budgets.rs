@@ -306,7 +306,13 @@ async fn concurrent_children(
         };
         let (path, body) = stream_request(bind, Some(tenant), budgeted(text, None));
         async move {
-            let r = post_json(&url, &path, &[("accept", "text/event-stream")], &body).await;
+            let r = post_json(
+                &url,
+                &path,
+                &[("accept", "text/event-stream"), ("x-api-key", TENANT_KEY)],
+                &body,
+            )
+            .await;
             (bind, r)
         }
     });
@@ -386,8 +392,31 @@ fn check_refusal(status: u16, body: &Value, retry: Option<&str>) {
     }
 }
 
-const ACCOUNT_ROUTE: &str = "[routes.budget]\nmeters = { tokens = 100 }\n\n\
-    [[routes.budget.accounts]]\nper = \"tenant\"\nwindow = \"1h\"\nmeters = { tokens = 350 }\n";
+/// The API key [`concurrent_children`] sends, which [`account_route`]
+/// lets name the tenants `acme` and `beta`.
+const TENANT_KEY: &str = "ak-tenants-0123456789";
+
+/// A route keeping one account per tenant, which needs its callers'
+/// tenants bound to their verified identities: the key `TENANT_KEY` may
+/// name `acme` and `beta`.
+fn account_route() -> String {
+    let dir = crate::harness::gateway::scratch_dir("budget-accounts");
+    let keys = dir.join("keys");
+    std::fs::write(
+        &keys,
+        format!(
+            "{} tenants\n",
+            a2a_gateway::budget::sha256_hex(TENANT_KEY.as_bytes())
+        ),
+    )
+    .unwrap();
+    format!(
+        "[routes.auth]\napi_keys_file = \"{}\"\ntenants = {{ \"key:tenants\" = [\"acme\", \"beta\"] }}\n\
+         [routes.budget]\nmeters = {{ tokens = 100 }}\n\n\
+         [[routes.budget.accounts]]\nper = \"tenant\"\nwindow = \"1h\"\nmeters = {{ tokens = 350 }}\n",
+        keys.display()
+    )
+}
 
 /// Ten concurrent children against an account of 350 (each granted 100):
 /// three start, seven are refused with the account and what is left, and
@@ -396,7 +425,7 @@ const ACCOUNT_ROUTE: &str = "[routes.budget]\nmeters = { tokens = 100 }\n\n\
 #[tokio::test]
 async fn ten_children_share_an_account() {
     let worker = Worker::start(Kind::Python).await;
-    let gw = Gateway::in_front_of(&worker.url(), ACCOUNT_ROUTE).await;
+    let gw = Gateway::in_front_of(&worker.url(), &account_route()).await;
     let (admitted, refused) =
         concurrent_children(&[&gw.url], "acme", 10, "spend:600:tokens=10").await;
     assert_eq!(
@@ -443,13 +472,14 @@ async fn ten_children_share_an_account() {
     );
 }
 
-/// A one-route config on `redis` whose route keeps [`ACCOUNT_ROUTE`]'s
+/// A one-route config on `redis` whose route keeps [`account_route`]'s
 /// tenant account.
 fn account_route_on(redis: &RedisServer, worker: &Worker) -> String {
     format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{ACCOUNT_ROUTE}",
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{}",
         redis.url(),
-        worker.url()
+        worker.url(),
+        account_route()
     )
 }
 

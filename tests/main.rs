@@ -27,6 +27,7 @@ mod poll_lease;
 mod python_selftest;
 mod redis_tls;
 mod reload;
+mod security;
 mod shutdown;
 mod sse_recorded;
 mod store_conformance;

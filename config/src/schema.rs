@@ -713,7 +713,8 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     }
     let headers = header_policy(r);
     let auth = crate::auth::auth_policy(r, env);
-    let budget = budget_policy(r, auth.is_some());
+    let binds_tenants = auth.as_ref().is_some_and(|a| a.tenants.is_some());
+    let budget = budget_policy(r, auth.is_some(), binds_tenants);
     r.finish();
     Some(Route {
         name: name?,
@@ -857,10 +858,15 @@ const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 const NEEDS_CALLER_HEADER: &str =
     "needs caller_header, the header whose value names the caller (or [routes.auth])";
 
+/// Why tenant caps and accounts need tenants bound to identities.
+const NEEDS_TENANT_BINDING: &str = "[routes.auth] with tenants (which verified identities may name which tenant): without it a caller names any tenant, or none, and escapes it";
+
 /// `[routes.budget]`: caps, tenants' and callers' caps, and accounts.
 /// `authenticated`: the route has `[routes.auth]`, whose verified identity
-/// names the caller (then `caller_header` is refused).
-fn budget_policy(r: &mut Reader<'_>, authenticated: bool) -> BudgetPolicy {
+/// names the caller (then `caller_header` is refused). `binds_tenants`:
+/// its `tenants` says which identity may name which tenant, which tenant
+/// caps and accounts need.
+fn budget_policy(r: &mut Reader<'_>, authenticated: bool, binds_tenants: bool) -> BudgetPolicy {
     let mut b = r.section("budget");
     let caps = caps(&mut b);
     let over_cap = b.or("over_cap", OverCap::Clamp, over_cap);
@@ -876,16 +882,24 @@ fn budget_policy(r: &mut Reader<'_>, authenticated: bool) -> BudgetPolicy {
     // A bad caller_header is reported as such; only a missing one makes
     // `callers` and `per = "caller"` errors too.
     let has_caller_header = b.has("caller_header") || authenticated;
+    let tenants_at = b.has("tenants").then(|| b.pos("tenants"));
     let tenants = named_caps(b.section("tenants"), tenant_name, |_, name| {
         key_segment(name)
     });
+    if let (Some(at), false, false) = (tenants_at, tenants.is_empty(), binds_tenants) {
+        b.report_at(
+            at,
+            "tenants",
+            format!("tenant caps need {NEEDS_TENANT_BINDING}"),
+        );
+    }
     if b.has("callers") && !has_caller_header {
         let at = b.pos("callers");
         b.report_at(at, "callers", format!("callers {NEEDS_CALLER_HEADER}"));
     }
     // Caller keys are often API keys: paths name them by position only.
     let callers = named_caps(b.section("callers"), caller_key, |i, _| format!("[{i}]"));
-    let accounts = accounts(&mut b, has_caller_header);
+    let accounts = accounts(&mut b, has_caller_header, binds_tenants);
     b.finish();
     BudgetPolicy {
         caps,
@@ -953,8 +967,13 @@ fn caller_key(key: &str) -> Result<(), String> {
 }
 
 /// `[[routes.budget.accounts]]`. `has_caller_header`: whether the budget
-/// table names a `caller_header` (good or bad).
-fn accounts(b: &mut Reader<'_>, has_caller_header: bool) -> Vec<AccountPolicy> {
+/// table names a `caller_header` (good or bad); `binds_tenants`: whether
+/// `[routes.auth] tenants` binds tenants to identities.
+fn accounts(
+    b: &mut Reader<'_>,
+    has_caller_header: bool,
+    binds_tenants: bool,
+) -> Vec<AccountPolicy> {
     let Some((_, readers)) = b.tables("accounts") else {
         return Vec::new();
     };
@@ -973,6 +992,14 @@ fn accounts(b: &mut Reader<'_>, has_caller_header: bool) -> Vec<AccountPolicy> {
         if per == Some(AccountScope::Caller) && !has_caller_header {
             let at = a.pos("per");
             a.report_at(at, "per", format!("per = \"caller\" {NEEDS_CALLER_HEADER}"));
+        }
+        if per == Some(AccountScope::Tenant) && !binds_tenants {
+            let at = a.pos("per");
+            a.report_at(
+                at,
+                "per",
+                format!("per = \"tenant\" needs {NEEDS_TENANT_BINDING}"),
+            );
         }
         let window = a.required("window", window);
         let meters = a.required("meters", meters(1));

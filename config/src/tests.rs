@@ -97,13 +97,10 @@ fn examples_parse() {
                 caps: caps(Some(600_000), &[("tokens", 50_000)]),
                 over_cap: OverCap::Clamp,
                 caller_header: Some("x-api-key".into()),
-                tenants: BTreeMap::from([(
-                    "acme".into(),
-                    caps(Some(300_000), &[("tokens", 20_000)])
-                )]),
+                tenants: BTreeMap::new(),
                 callers: BTreeMap::from([("key-1".into(), caps(None, &[("tokens", 1000)]))]),
                 accounts: vec![AccountPolicy {
-                    per: AccountScope::Tenant,
+                    per: AccountScope::Route,
                     window: 24 * 3600 * S,
                     meters: meters(&[("tokens", 1_000_000)]),
                 }],
@@ -175,6 +172,23 @@ fn budget(body: &str) -> BudgetPolicy {
     ok(&budget_src(body)).routes.remove(0).budget
 }
 
+/// [`budget_src`] on a route whose `[routes.auth]` (after the budget, so
+/// that error positions in `body` stay as they are) binds tenants to
+/// identities, which tenant caps and accounts need.
+fn bound_src(body: &str) -> String {
+    let keys = std::env::temp_dir().join(format!("a2agw-config-tests-{}", std::process::id()));
+    std::fs::write(&keys, format!("{} a\n", "0".repeat(64))).unwrap();
+    format!(
+        "{}\n[routes.auth]\napi_keys_file = \"{}\"\ntenants = {{ \"key:a\" = [\"acme\"] }}\n",
+        budget_src(body),
+        keys.display()
+    )
+}
+
+fn bound_budget(body: &str) -> BudgetPolicy {
+    ok(&bound_src(body)).routes.remove(0).budget
+}
+
 #[test]
 fn budget_policy() {
     // Every key, in inline forms this time.
@@ -183,11 +197,9 @@ fn budget_policy() {
 meters = { tokens = 50000, "gpu.seconds" = 0 }
 over_cap = "refuse"
 caller_header = "X-Api-Key"
-tenants = { acme = { max_deadline = "5m" }, "big co" = { meters = { tokens = 20000 } } }
 callers = { "key-1" = { meters = { tokens = 1000 } }, "key 2" = { max_deadline = "10ms" } }
 accounts = [
   { per = "route", window = "1h", meters = { tokens = 10000000 } },
-  { per = "tenant", window = "24h", meters = { tokens = 1000000, "gpu.seconds" = 3600 } },
   { per = "caller", window = "1s", meters = { tokens = 1 } },
   { per = "caller", window = "8784h", meters = { requests = 1 } },
 ]
@@ -197,10 +209,7 @@ accounts = [
         caps: caps(Some(3_600_000), &[("tokens", 50_000), ("gpu.seconds", 0)]),
         over_cap: OverCap::Refuse,
         caller_header: Some("x-api-key".into()),
-        tenants: BTreeMap::from([
-            ("acme".into(), caps(Some(300_000), &[])),
-            ("big co".into(), caps(None, &[("tokens", 20_000)])),
-        ]),
+        tenants: BTreeMap::new(),
         callers: BTreeMap::from([
             ("key-1".into(), caps(None, &[("tokens", 1000)])),
             ("key 2".into(), caps(Some(10), &[])),
@@ -210,11 +219,6 @@ accounts = [
                 per: AccountScope::Route,
                 window: 3600 * S,
                 meters: meters(&[("tokens", 10_000_000)]),
-            },
-            AccountPolicy {
-                per: AccountScope::Tenant,
-                window: 24 * 3600 * S,
-                meters: meters(&[("tokens", 1_000_000), ("gpu.seconds", 3600)]),
             },
             AccountPolicy {
                 per: AccountScope::Caller,
@@ -231,10 +235,34 @@ accounts = [
     assert_eq!(b, want);
     assert!(b.is_active());
     let scopes: Vec<&str> = b.accounts.iter().map(|a| a.per.as_str()).collect();
-    assert_eq!(scopes, ["route", "tenant", "caller", "caller"]);
+    assert_eq!(scopes, ["route", "caller", "caller"]);
+
+    // Tenants' caps and accounts, on a route that binds tenants.
+    let b = bound_budget(
+        r#"tenants = { acme = { max_deadline = "5m" }, "big co" = { meters = { tokens = 20000 } } }
+accounts = [
+  { per = "tenant", window = "24h", meters = { tokens = 1000000, "gpu.seconds" = 3600 } },
+]
+"#,
+    );
+    assert_eq!(
+        b.tenants,
+        BTreeMap::from([
+            ("acme".into(), caps(Some(300_000), &[])),
+            ("big co".into(), caps(None, &[("tokens", 20_000)])),
+        ])
+    );
+    assert_eq!(
+        b.accounts,
+        [AccountPolicy {
+            per: AccountScope::Tenant,
+            window: 24 * 3600 * S,
+            meters: meters(&[("tokens", 1_000_000), ("gpu.seconds", 3600)]),
+        }]
+    );
 
     // The same in standard tables, at the bounds.
-    let b = budget(
+    let b = bound_budget(
         "max_deadline = \"720h\"\n\
          [routes.budget.tenants.acme]\nmax_deadline = \"10ms\"\n\
          [[routes.budget.accounts]]\nper = \"tenant\"\nwindow = \"1s\"\n\
@@ -261,7 +289,12 @@ fn budget_activity() {
         "[[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"\nmeters = { tokens = 1 }",
     ];
     for body in active {
-        assert!(budget(body).is_active(), "{body}");
+        let b = if body.contains("tenant") {
+            bound_budget(body)
+        } else {
+            budget(body)
+        };
+        assert!(b.is_active(), "{body}");
     }
     let inactive = [
         "",
@@ -337,8 +370,24 @@ fn budget_errors() {
     let mut table = table;
     table.push((&duplicate, "12:21: routes[0].budget.accounts[1].meters.tokens: an account per tenant already limits \"tokens\" (accounts[0])"));
     let mut wrong = Vec::new();
-    for (body, want) in &table {
+    // Tenant caps and accounts need tenants bound to identities.
+    let unbound = [
+        ("[routes.budget.tenants.acme]\nmax_deadline = \"1m\"", "5:16: routes[0].budget.tenants: tenant caps need [routes.auth] with tenants (which verified identities may name which tenant): without it a caller names any tenant, or none, and escapes it"),
+        (account, "6:7: routes[0].budget.accounts[0].per: per = \"tenant\" needs [routes.auth] with tenants (which verified identities may name which tenant): without it a caller names any tenant, or none, and escapes it"),
+    ];
+    for (body, want) in unbound {
         let src = budget_src(body);
+        let got = errors(&src);
+        if got != [want] {
+            wrong.push(format!("{src}\n  want: {want}\n  got:  {got:?}"));
+        }
+    }
+    for (body, want) in &table {
+        let src = if body.contains("tenant") {
+            bound_src(body)
+        } else {
+            budget_src(body)
+        };
         let got = errors(&src);
         if got != [*want] {
             wrong.push(format!("{src}\n  want: {want}\n  got:  {got:?}"));
@@ -389,6 +438,7 @@ meters = { tokens = 100 }
         "7:33: routes[0].budget.meters.tokens: must be at least 0, found -1",
         "8:12: routes[0].budget.over_cap: expected one of \"clamp\", \"refuse\", found \"never\"",
         "10:1: routes[0].budget.tenants.acme: names no cap; give max_deadline, meters or both",
+        "10:16: routes[0].budget.tenants: tenant caps need [routes.auth] with tenants (which verified identities may name which tenant): without it a caller names any tenant, or none, and escapes it",
         "12:16: routes[0].budget.callers: callers needs caller_header, the header whose value names the caller (or [routes.auth])",
         "16:7: routes[0].budget.accounts[0].per: per = \"caller\" needs caller_header, the header whose value names the caller (or [routes.auth])",
         "17:10: routes[0].budget.accounts[0].window: must be between 1s and 8784h (366 days), found \"0s\"",

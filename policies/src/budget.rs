@@ -523,6 +523,16 @@ impl Account {
     }
 }
 
+/// The tenant a send's caps and `per = "tenant"` account go by: the one it
+/// names when the route's config names that tenant (a cap table, or
+/// `[routes.auth] tenants`), else none. A tenant is chosen by the caller:
+/// a name the config does not know must not open a fresh account (a caller
+/// could name a new one for every send, and grow the store without bound),
+/// so every such name shares the account of sends that name no tenant.
+pub fn budget_tenant(tenant: Option<&str>, named: impl Fn(&str) -> bool) -> Option<&str> {
+    tenant.filter(|t| named(t))
+}
+
 /// The start of the fixed window holding `now_ms`, windows aligned to the
 /// Unix epoch (a daily window starts at 00:00 UTC), so that every replica
 /// keys the same account. A `window_ms` of 0 is one window forever (0).
@@ -628,6 +638,15 @@ pub fn exhausted_text(by: &Exhaustion) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_tenants_share_the_untenanted_account() {
+        let named = |t: &str| t == "acme";
+        assert_eq!(budget_tenant(Some("acme"), named), Some("acme"));
+        for t in [Some("acme1"), Some("ACME"), Some(""), None] {
+            assert_eq!(budget_tenant(t, named), None, "{t:?}");
+        }
+    }
 
     fn meters(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
         pairs.iter().map(|&(n, v)| (n.to_owned(), v)).collect()

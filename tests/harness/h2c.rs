@@ -193,14 +193,19 @@ pub async fn try_request(
         let (response, mut stream) = send
             .send_request(req, body.is_empty())
             .map_err(|e| format!("send: {e}"))?;
-        if !body.is_empty() {
-            stream
+        // A server may answer and end the stream from the head alone (a
+        // gateway refusing the call): the body then cannot be sent, and
+        // the answer is what counts.
+        let unsent = match body.is_empty() {
+            true => None,
+            false => stream
                 .send_data(Bytes::copy_from_slice(body), true)
-                .map_err(|e| format!("send body: {e}"))?;
-        }
+                .err()
+                .map(|e| format!("; the body was not sent: {e}")),
+        };
         let resp = response
             .await
-            .map_err(|e| format!("no response head: {e}"))?;
+            .map_err(|e| format!("no response head: {e}{}", unsent.as_deref().unwrap_or("")))?;
         let (parts, mut recv) = resp.into_parts();
         let mut out = H2Response {
             status: parts.status.as_u16(),

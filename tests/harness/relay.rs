@@ -15,6 +15,9 @@ pub struct Relay {
 }
 
 struct Shared {
+    /// What the gateway sent the worker through the relay, every
+    /// connection's bytes appended as they passed (up to 4 MiB).
+    sent: std::sync::Mutex<Vec<u8>>,
     open: AtomicBool,
     accepted: AtomicUsize,
     live: AtomicUsize,
@@ -27,6 +30,7 @@ impl Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
+            sent: std::sync::Mutex::new(Vec::new()),
             open: AtomicBool::new(true),
             accepted: AtomicUsize::new(0),
             live: AtomicUsize::new(0),
@@ -45,13 +49,36 @@ impl Relay {
                         tokio::time::sleep(Duration::from_secs(60)).await;
                         return;
                     }
-                    let Ok(mut out) = tokio::net::TcpStream::connect(&to).await else {
+                    let Ok(out) = tokio::net::TcpStream::connect(&to).await else {
                         return;
                     };
                     s.live.fetch_add(1, Ordering::SeqCst);
                     let mut cut = s.cut.subscribe();
+                    let (mut from_gw, mut to_gw) = inbound.split();
+                    let (mut from_worker, mut to_worker) = out.into_split();
+                    let up = async {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from_gw.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            {
+                                let mut sent = s.sent.lock().unwrap();
+                                if sent.len() + n <= 4 << 20 {
+                                    sent.extend_from_slice(&buf[..n]);
+                                }
+                            }
+                            if to_worker.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to_worker.shutdown().await;
+                    };
+                    let down = tokio::io::copy(&mut from_worker, &mut to_gw);
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
+                        _ = async { tokio::join!(up, down) } => {}
                         _ = cut.changed() => {}
                     }
                     s.live.fetch_sub(1, Ordering::SeqCst);
@@ -65,6 +92,12 @@ impl Relay {
     /// worker that stopped answering); open ones pass on.
     pub fn set_open(&self, open: bool) {
         self.shared.open.store(open, Ordering::SeqCst);
+    }
+
+    /// Everything the gateway sent the worker through the relay so far
+    /// (request heads and bodies, as bytes on the wire), lossily as text.
+    pub fn sent_text(&self) -> String {
+        String::from_utf8_lossy(&self.shared.sent.lock().unwrap()).into_owned()
     }
 
     /// Connections accepted so far.

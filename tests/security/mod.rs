@@ -2,4 +2,9 @@
 //! chooses a name the gateway then trusts (a content type, a tenant, a
 //! header, a path, a `Host`), each against real workers. The threat model
 //! they show is in `docs/behaviour.md#threat-model`.
+
+mod grpc_typed;
+mod h2c_workers;
+mod identity;
 mod logs;
+mod tenants;

@@ -140,7 +140,8 @@ pub enum Call {
     Other,
 }
 
-const CARD_PATH: &str = "/.well-known/agent-card.json";
+/// Where an agent's card is, below its interface URL.
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 
 fn is_route_head(seg: &str) -> bool {
     matches!(

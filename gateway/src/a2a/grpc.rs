@@ -39,6 +39,18 @@ pub fn is_grpc_content_type(ct: &[u8]) -> bool {
         && matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
 }
 
+/// Whether a gRPC content type names the protobuf codec the gateway reads
+/// (`application/grpc`, `application/grpc+proto`, parameters aside), not
+/// another (`application/grpc+json`), which it cannot.
+pub fn is_proto_codec(ct: &[u8]) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    let Some(rest) = ct.get(GRPC.len()..) else {
+        return false;
+    };
+    let codec = rest.split(|&b| b == b';').next().unwrap_or(b"");
+    is_grpc_content_type(ct) && (codec.is_empty() || codec.eq_ignore_ascii_case(b"+proto"))
+}
+
 /// The A2A method a gRPC path names: `Some(None)` for a path of the A2A
 /// service with a method this version does not know (passed untracked),
 /// `None` for another service.
@@ -1536,6 +1548,19 @@ mod tests {
         assert!(is_grpc_content_type(b"application/grpc;charset=x"));
         assert!(!is_grpc_content_type(b"application/grpc-web"));
         assert!(!is_grpc_content_type(b"application/json"));
+        for (ct, proto) in [
+            (&b"application/grpc"[..], true),
+            (b"application/grpc+proto", true),
+            (b"APPLICATION/GRPC+PROTO; charset=x", true),
+            (b"application/grpc;x=y", true),
+            (b"application/grpc+json", false),
+            (b"application/grpc+protobuf", false),
+            (b"application/grpc-web", false),
+            (b"application/json", false),
+            (b"application/grp", false),
+        ] {
+            assert_eq!(is_proto_codec(ct), proto, "{}", String::from_utf8_lossy(ct));
+        }
         assert_eq!(
             method_of("/lf.a2a.v1.A2AService/SendStreamingMessage"),
             Some(Some(A2aMethod::SendStreamingMessage))

@@ -1,5 +1,6 @@
 //! Stage 3, admit: `policies`' verdicts on what the body carried, in this
-//! order: a v0.3 send on a route that checks sends; the lease grant's bounds (where
+//! order: the tenant it names, where the route binds tenants to
+//! identities; a v0.3 send on a route that checks sends; the lease grant's bounds (where
 //! the gateway enforces grants); the store's health for a send whose lease
 //! the gateway must hold (`on_store_error`); the budget (admitted,
 //! reserved, its grant written into the message). The first refusal wins.
@@ -20,6 +21,25 @@ use crate::metrics::{self, Untracked};
 use crate::store::{Renewal, TaskKey};
 
 impl Gateway {
+    /// `[routes.auth] tenants`: the tenant the request names (path, query,
+    /// body) must be one its caller may use (`policies::owner::
+    /// may_name_tenant`). Asked once the tenant is known: after the body is
+    /// read, or from the head when the body is not.
+    pub(super) fn tenant_refusal(ctx: &Ctx) -> Option<Refusal> {
+        // Only an A2A call names a tenant.
+        ctx.req.method?;
+        let route = ctx.route.as_ref()?;
+        let bound = route.cfg.auth.as_ref()?.tenants.as_ref()?;
+        let allowed = ctx
+            .req
+            .caller
+            .as_ref()
+            .and_then(|c| bound.get(c.name.as_str()))
+            .map(Vec::as_slice);
+        let tenant = ctx.req.tenant.as_deref().unwrap_or("");
+        (!policies::owner::may_name_tenant(allowed, tenant)).then_some(Refusal::TenantNotAllowed)
+    }
+
     /// Admits the call, or leaves a refusal in the context. `body`: the
     /// whole body when it can still be re-written with an admitted budget
     /// grant (`None` when it is already on its way to the worker).
@@ -27,6 +47,9 @@ impl Gateway {
         let Some(route) = ctx.route.clone() else {
             return;
         };
+        if let Some(r) = Self::tenant_refusal(ctx) {
+            return ctx.refuse(r);
+        }
         if grants.v03_send && route.checks_sends() {
             return ctx.refuse(Refusal::V03Send);
         }
@@ -76,12 +99,24 @@ impl Gateway {
         grants: Grants,
         body: &[u8],
     ) {
+        // Tenants the config names keep accounts and caps of their own;
+        // any other name shares the no-tenant account (policies::budget).
+        let named = |t: &str| {
+            route.cfg.budget.tenants.contains_key(t)
+                || route
+                    .cfg
+                    .auth
+                    .as_ref()
+                    .and_then(|a| a.tenants.as_ref())
+                    .is_some_and(|b| b.values().flatten().any(|n| n == t))
+        };
+        let tenant = policies::budget::budget_tenant(ctx.req.tenant.as_deref(), named);
         let admitted = self
             .budgets
             .admit(
                 &route.name,
                 &route.cfg.budget,
-                ctx.req.tenant.as_deref(),
+                tenant,
                 ctx.req.caller.as_deref(),
                 grants.budget,
                 ctx.req.received_ms,
@@ -152,7 +187,7 @@ impl Gateway {
             // request itself still goes to the worker.
             let asker = ctx.asker(route);
             if let Ok(rec) = self.store.get(&key).await {
-                if !asker.moves(rec.as_ref()) {
+                if !asker.moves(&key.tenant, rec.as_ref()) {
                     metrics::LEASE_RENEWALS
                         .with_label_values(&[&route.name, by.as_str(), "not_owner"])
                         .inc();

@@ -12,7 +12,7 @@ use pingora::proxy::Session;
 use super::ctx::Ctx;
 use super::http1;
 use super::inject::activates_lease;
-use super::refusal::Refusal;
+use super::refusal::{GrpcUnread, Refusal};
 use super::route::{host_without_port, Matched};
 use super::Gateway;
 use crate::a2a::{classify, A2aMethod, Binding, Call};
@@ -33,11 +33,9 @@ impl Gateway {
     pub(super) fn classify(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Next, Refusal> {
         let fault = http1::conform(session).err();
         let req = session.req_header();
+        let content_type = req.headers.get(http::header::CONTENT_TYPE);
         let grpc = req.method == http::Method::POST
-            && req
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .is_some_and(|ct| crate::a2a::grpc::is_grpc_content_type(ct.as_bytes()));
+            && content_type.is_some_and(|ct| crate::a2a::grpc::is_grpc_content_type(ct.as_bytes()));
         ctx.req.grpc = grpc;
         let host = request_host(req).map(host_without_port);
         let full_path = req.uri.path();
@@ -66,14 +64,37 @@ impl Gateway {
             return Err(Refusal::Http1(fault));
         }
         ctx.req.received_ms = now_ms();
+        // On a route that checks sends, a gRPC call is read as a call of
+        // the A2A service in the protobuf codec, or refused: a worker that
+        // serves h2c and ignores content types (hypercorn, hyper's auto
+        // mode) would run a send typed `application/grpc` at its REST or
+        // JSON-RPC path, which the gateway passes unread elsewhere.
+        if grpc && route.checks_sends() {
+            let unread = match &call {
+                Call::Grpc { method: None } => Some(GrpcUnread::Method),
+                Call::Grpc { .. } => (!content_type
+                    .is_some_and(|ct| crate::a2a::grpc::is_proto_codec(ct.as_bytes())))
+                .then_some(GrpcUnread::Codec),
+                _ => Some(GrpcUnread::Service),
+            };
+            if let Some(what) = unread {
+                ctx.req.binding = Some(Binding::Grpc);
+                ctx.route = Some(route);
+                return Err(Refusal::GrpcUnread(what));
+            }
+        }
         // The agent card is the public discovery document: served to
-        // anyone, as A2A workers serve it.
-        if let Some(auth) = route.auth.as_ref().filter(|_| call != Call::AgentCard) {
+        // anyone, as A2A workers serve it (the route's own card only:
+        // `/.well-known/agent-card.json` below the route, not any path
+        // ending so, which the worker may serve as something else).
+        let public_card = call == Call::AgentCard && rel == crate::a2a::classify::CARD_PATH;
+        if let Some(auth) = route.auth.as_ref().filter(|_| !public_card) {
             // The verified identity names the caller (the config refuses
             // `caller_header` beside `auth`).
             ctx.route = Some(route.clone());
             match auth.check(&req.headers) {
                 crate::auth::Verdict::Identified(id) => {
+                    ctx.req.checked_jwt = id.via == crate::auth::Via::Jwt;
                     ctx.req.caller = Some(Box::new(crate::budget::Caller {
                         name: id.shown.clone(),
                         shown: id.shown,
@@ -102,6 +123,22 @@ impl Gateway {
         ctx.req.worker_root = route.worker_root(prefix);
         ctx.req.upstream_path = upstream_path(&ctx.req.worker_root, rel, full_path, req);
         ctx.req.caller_headers = caller_headers(&route.cfg, &req.headers);
+        if let Some(policy) = &route.cfg.auth {
+            // A cancel on the caller's behalf carries what the worker got:
+            // a credential the gateway checked (else the route's own), and
+            // the verified identity.
+            if !ctx.req.checked_jwt {
+                ctx.req.caller_headers.retain(|(k, _)| k != "authorization");
+            }
+            ctx.req
+                .caller_headers
+                .retain(|(k, _)| *k != policy.identity_header);
+            if let Some(c) = &ctx.req.caller {
+                ctx.req
+                    .caller_headers
+                    .push((policy.identity_header.clone(), c.name.clone()));
+            }
+        }
         let next = match &call {
             Call::Rest {
                 method,

@@ -87,8 +87,12 @@ pub struct Request {
     /// The caller's headers the gateway's own cancel repeats (its
     /// credential, the route's `cancel_headers`), in memory only.
     pub caller_headers: Vec<(String, String)>,
-    /// The caller, as the route's `budget.caller_header` names it.
+    /// The caller, as the route's `budget.caller_header` names it, or as
+    /// `[routes.auth]` verified it.
     pub caller: Option<Box<Caller>>,
+    /// `[routes.auth]` verified the caller's `Authorization` (a JWT): it
+    /// may go on to the worker. Any other `Authorization` does not.
+    pub checked_jwt: bool,
     /// When the request arrived (Unix ms): a grant's deadline counts from it.
     pub received_ms: u64,
     /// The gateway answered the caller's `Expect: 100-continue` itself

@@ -46,6 +46,7 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
         // gRPC's own per-message compression, likewise.
         upstream.remove_header("grpc-accept-encoding");
     }
+    verified_identity(upstream, route, ctx)?;
     header_policy(upstream, route, &ctx.call)?;
     match &ctx.body {
         // HTTP/2 frames a gRPC body: a length only where the caller gave one.
@@ -70,6 +71,30 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
             upstream,
             &[policies::budget::BUDGET_EXTENSION_URI.to_owned()],
         )?;
+    }
+    Ok(())
+}
+
+/// On a route with `[routes.auth]`, what the worker is told of the caller:
+/// the identity the gateway verified in `identity_header` (a value a
+/// caller sent there is removed, so the worker can trust it), and only
+/// credentials the gateway checked or the route's own: an `Authorization`
+/// it did not verify (beside an API key, or on a route that checks API keys
+/// only) is replaced by the route's `worker_credential`, or removed.
+/// (Two `Authorization` or API-key headers were refused already.)
+fn verified_identity(req: &mut RequestHeader, route: &Route, ctx: &Ctx) -> Result<()> {
+    let Some(policy) = &route.cfg.auth else {
+        return Ok(());
+    };
+    req.remove_header(policy.identity_header.as_str());
+    if let Some(caller) = &ctx.req.caller {
+        req.insert_header(policy.identity_header.clone(), caller.name.as_str())?;
+    }
+    if !ctx.req.checked_jwt {
+        req.remove_header(&http::header::AUTHORIZATION);
+        if let Some(cred) = &route.cfg.worker_credential {
+            req.insert_header(http::header::AUTHORIZATION, cred.as_str())?;
+        }
     }
     Ok(())
 }

@@ -154,7 +154,13 @@ impl ProxyHttp for Gateway {
         let mut pre_read = None;
         match self.classify(session, ctx) {
             Err(r) => ctx.refuse(r),
-            Ok(classify::Next::Forward) => {}
+            // Everything is in the head: its tenant is judged now (a body
+            // read is judged with the rest of its call, in `admit`).
+            Ok(classify::Next::Forward) => {
+                if let Some(r) = Self::tenant_refusal(ctx) {
+                    ctx.refuse(r);
+                }
+            }
             Ok(classify::Next::ReadBody) => pre_read = self.read_body(session, ctx).await?,
         }
         // The rare paths' futures are boxed: pingora boxes this hook's

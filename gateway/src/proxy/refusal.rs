@@ -58,6 +58,13 @@ pub enum Refusal {
     BodyTooLarge { limit: usize },
     /// A WebSocket upgrade on a budgeted route.
     BudgetWebSocket,
+    /// A gRPC call on a route that checks sends that the gateway would
+    /// pass unread: another service, an A2A method this version does not
+    /// know, or a codec other than protobuf.
+    GrpcUnread(GrpcUnread),
+    /// `[routes.auth] tenants`: the verified caller (or an anonymous one)
+    /// named a tenant it may not use.
+    TenantNotAllowed,
     /// `[routes.auth]`: no credential on a route that requires one
     /// (`rejected: false`), or one that was not accepted. `challenge` is the
     /// `WWW-Authenticate` value, `what` what the caller must send. Why a
@@ -72,6 +79,18 @@ pub enum Refusal {
     /// The worker could not be reached, broke off, or did not answer in
     /// time (`status` 502 or 504, from `policies::failure`).
     WorkerFailed { status: u16, why: String },
+}
+
+/// What kind of gRPC call a route that checks sends would pass unread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcUnread {
+    /// Not a method of `lf.a2a.v1.A2AService` (any path, the REST and
+    /// JSON-RPC ones included).
+    Service,
+    /// A method of the A2A service this version does not know.
+    Method,
+    /// A codec other than protobuf (`application/grpc+json`).
+    Codec,
 }
 
 /// The parts of an A2A error answer.
@@ -111,6 +130,10 @@ impl Refusal {
             Refusal::BudgetNotAttached => "budget_unreadable",
             Refusal::BodyTooLarge { .. } => "body_too_large",
             Refusal::BudgetWebSocket => "budget_websocket",
+            Refusal::GrpcUnread(GrpcUnread::Service) => "grpc_other_service",
+            Refusal::GrpcUnread(GrpcUnread::Method) => "grpc_unknown_method",
+            Refusal::GrpcUnread(GrpcUnread::Codec) => "grpc_codec",
+            Refusal::TenantNotAllowed => "tenant_not_allowed",
             Refusal::Unauthenticated {
                 rejected: false, ..
             } => "unauthenticated",
@@ -248,6 +271,23 @@ impl Refusal {
                 -32004,
                 (403, "PERMISSION_DENIED"),
                 "this route enforces budgets, which the gateway applies on the JSON-RPC and HTTP+JSON bindings only; use one of those".into(),
+            ),
+            Refusal::GrpcUnread(what) => parts(
+                -32004,
+                (403, "PERMISSION_DENIED"),
+                format!(
+                    "this route checks every send it passes, and passes gRPC calls of lf.a2a.v1.A2AService in the protobuf codec only: {}",
+                    match what {
+                        GrpcUnread::Service => "this path is no method of that service",
+                        GrpcUnread::Method => "this method of that service is not one the gateway reads",
+                        GrpcUnread::Codec => "send application/grpc or application/grpc+proto",
+                    }
+                ),
+            ),
+            Refusal::TenantNotAllowed => parts(
+                -32004,
+                (403, "PERMISSION_DENIED"),
+                "the caller may not name this tenant on this route".into(),
             ),
             // As a2a-rust answers a refused credential: 401 on every
             // binding (a client refreshes its token on the status), with
@@ -478,6 +518,10 @@ mod tests {
             Refusal::LeaseStoreUnavailable,
             Refusal::Budget(BudgetError::StoreUnavailable("down".into())),
             Refusal::BudgetNotAttached,
+            Refusal::GrpcUnread(GrpcUnread::Service),
+            Refusal::GrpcUnread(GrpcUnread::Method),
+            Refusal::GrpcUnread(GrpcUnread::Codec),
+            Refusal::TenantNotAllowed,
             Refusal::BodyTooLarge { limit: 1 },
             Refusal::BudgetWebSocket,
             Refusal::WorkerUnresolvable("no such host".into()),

@@ -31,11 +31,12 @@ pub struct Route {
 
 impl Route {
     /// Whether the gateway enforces anything for this route's sends (lease
-    /// grants, an imposed lease, a poll lease, a budget): then it must read
-    /// every call it passes completely and unambiguously, and refuses what
-    /// it cannot.
+    /// grants, an imposed lease, a poll lease, a budget, a send's verified
+    /// owner): then it must read every call it passes completely and
+    /// unambiguously, and refuses what it cannot.
     pub fn checks_sends(&self) -> bool {
-        self.cfg.budget.is_active()
+        self.auth.is_some()
+            || self.cfg.budget.is_active()
             || self.cfg.lease.impose_ttl.is_some()
             || self.polls()
             || self.gateway_enforces_leases()
