@@ -211,6 +211,17 @@ impl Gateway {
             ctx.req.binding = Some(Binding::Rest);
             return Err(Refusal::BudgetWebSocket);
         }
+        let binds_tenants = ctx
+            .route
+            .as_ref()
+            .and_then(|r| r.cfg.auth.as_ref())
+            .is_some_and(|a| a.tenants.is_some());
+        if binds_tenants && upgrade {
+            // A frame naming a tenant its caller may not use cannot be
+            // refused without breaking the socket.
+            ctx.req.binding = Some(Binding::Rest);
+            return Err(Refusal::TenantWebSocket);
+        }
         // An idle WebSocket is not cut by read timeouts (ping/pong and long
         // silences pass); other requests get the configured one.
         if !upgrade {

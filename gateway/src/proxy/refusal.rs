@@ -65,6 +65,8 @@ pub enum Refusal {
     /// `[routes.auth] tenants`: the verified caller (or an anonymous one)
     /// named a tenant it may not use.
     TenantNotAllowed,
+    /// A WebSocket upgrade on a route that binds tenants to identities.
+    TenantWebSocket,
     /// `[routes.auth]`: no credential on a route that requires one
     /// (`rejected: false`), or one that was not accepted. `challenge` is the
     /// `WWW-Authenticate` value, `what` what the caller must send. Why a
@@ -134,6 +136,7 @@ impl Refusal {
             Refusal::GrpcUnread(GrpcUnread::Method) => "grpc_unknown_method",
             Refusal::GrpcUnread(GrpcUnread::Codec) => "grpc_codec",
             Refusal::TenantNotAllowed => "tenant_not_allowed",
+            Refusal::TenantWebSocket => "tenants_websocket",
             Refusal::Unauthenticated {
                 rejected: false, ..
             } => "unauthenticated",
@@ -288,6 +291,11 @@ impl Refusal {
                 -32004,
                 (403, "PERMISSION_DENIED"),
                 "the caller may not name this tenant on this route".into(),
+            ),
+            Refusal::TenantWebSocket => parts(
+                -32004,
+                (403, "PERMISSION_DENIED"),
+                "this route binds tenants to callers, which the gateway checks on the JSON-RPC, HTTP+JSON and gRPC bindings only; use one of those".into(),
             ),
             // As a2a-rust answers a refused credential: 401 on every
             // binding (a client refreshes its token on the status), with
@@ -522,6 +530,7 @@ mod tests {
             Refusal::GrpcUnread(GrpcUnread::Method),
             Refusal::GrpcUnread(GrpcUnread::Codec),
             Refusal::TenantNotAllowed,
+            Refusal::TenantWebSocket,
             Refusal::BodyTooLarge { limit: 1 },
             Refusal::BudgetWebSocket,
             Refusal::WorkerUnresolvable("no such host".into()),
