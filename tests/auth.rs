@@ -7,78 +7,19 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
+use crate::harness::jwt::{JwksServer, Signer, AUD, ISS};
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of};
 use crate::harness::{scaled_count, scaled_ms, scaled_secs};
 
-const ISS: &str = "https://idp.test";
-const AUD: &str = "a2a-gateway";
 const API_KEY: &str = "ak-billing-0123456789";
 const OPS_KEY: &str = "ak-ops-9876543210";
 const LEASE_URI: &str = "https://a2a-rust.com/extensions/lease/v1";
-
-/// A signing key and its public half as a JWK.
-struct Signer {
-    alg: Algorithm,
-    kid: String,
-    key: EncodingKey,
-    jwk: Value,
-    public_pem: String,
-}
-
-impl Signer {
-    fn ed25519(kid: &str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
-        let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(kp.public_key_raw());
-        Signer {
-            alg: Algorithm::EdDSA,
-            kid: kid.into(),
-            key: EncodingKey::from_ed_pem(kp.serialize_pem().as_bytes()).unwrap(),
-            jwk: json!({"kty": "OKP", "crv": "Ed25519", "kid": kid, "use": "sig", "x": x}),
-            public_pem: kp.public_key_pem(),
-        }
-    }
-
-    fn p256(kid: &str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let raw = kp.public_key_raw();
-        assert_eq!(raw.len(), 65, "an uncompressed P-256 point");
-        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-        Signer {
-            alg: Algorithm::ES256,
-            kid: kid.into(),
-            key: EncodingKey::from_ec_pem(kp.serialize_pem().as_bytes()).unwrap(),
-            jwk: json!({"kty": "EC", "crv": "P-256", "kid": kid, "x": b64(&raw[1..33]), "y": b64(&raw[33..])}),
-            public_pem: kp.public_key_pem(),
-        }
-    }
-
-    /// A signed token with `claims` over the defaults (iss, aud, an exp an
-    /// hour away, sub "alice").
-    fn token(&self, claims: Value) -> String {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let mut c = json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": now + 3600, "iat": now});
-        for (k, v) in claims.as_object().unwrap() {
-            if v.is_null() {
-                c.as_object_mut().unwrap().remove(k);
-            } else {
-                c[k] = v.clone();
-            }
-        }
-        let mut h = Header::new(self.alg);
-        h.kid = Some(self.kid.clone());
-        encode(&h, &c, &self.key).unwrap()
-    }
-}
 
 fn now() -> u64 {
     SystemTime::now()
@@ -512,117 +453,6 @@ async fn only_the_owners_subscription_holds_a_poll_lease() {
             >= 1.0
     );
     std::fs::remove_dir_all(&dir).ok();
-}
-
-impl Signer {
-    /// An RSA-2048 key made by the `openssl` command (rcgen makes no RSA
-    /// keys), signing RS256.
-    fn rsa(kid: &str, dir: &std::path::Path) -> Signer {
-        let pem = dir.join(format!("{kid}.pem"));
-        let run = |args: &[&str]| {
-            let out = std::process::Command::new("openssl")
-                .args(args)
-                .output()
-                .expect("run openssl (scripts/deps installs it)");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            out.stdout
-        };
-        let pem_s = pem.to_str().unwrap();
-        run(&[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            pem_s,
-        ]);
-        let public_pem = String::from_utf8(run(&["pkey", "-in", pem_s, "-pubout"])).unwrap();
-        // "Modulus=C0FFEE..." in hex; the exponent is openssl's default 65537.
-        let modulus = String::from_utf8(run(&["rsa", "-in", pem_s, "-noout", "-modulus"])).unwrap();
-        let hex = modulus.trim().trim_start_matches("Modulus=");
-        let n: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-        Signer {
-            alg: Algorithm::RS256,
-            kid: kid.into(),
-            key: EncodingKey::from_rsa_pem(&std::fs::read(&pem).unwrap()).unwrap(),
-            jwk: json!({"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": b64(&n), "e": "AQAB"}),
-            public_pem,
-        }
-    }
-}
-
-/// Serves `doc` (replaceable) as `application/json` to any GET on a port of
-/// its own, counting the fetches: an identity provider's JWKS endpoint.
-struct JwksServer {
-    url: String,
-    doc: std::sync::Arc<std::sync::Mutex<String>>,
-    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl JwksServer {
-    async fn start(doc: String) -> JwksServer {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!(
-            "http://{}/.well-known/jwks.json",
-            listener.local_addr().unwrap()
-        );
-        let doc = std::sync::Arc::new(std::sync::Mutex::new(doc));
-        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (d, f) = (doc.clone(), fetches.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let (d, f) = (d.clone(), f.clone());
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let body = d.lock().unwrap().clone();
-                    let resp = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = s.write_all(resp.as_bytes()).await;
-                });
-            }
-        });
-        JwksServer {
-            url,
-            doc,
-            fetches,
-            task,
-        }
-    }
-
-    fn serve(&self, doc: String) {
-        *self.doc.lock().unwrap() = doc;
-    }
-
-    fn fetches(&self) -> usize {
-        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for JwksServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// RS256 tokens verified with keys the gateway fetches from a JWKS URL (an

@@ -209,6 +209,109 @@ fn bearer_matches(given: Option<&[u8]>, token: &str) -> bool {
     scheme.eq_ignore_ascii_case(b"bearer ") && same
 }
 
+impl Admin {
+    /// Without a token (so on loopback), a 403 for a request not meant for
+    /// this listener by a local client: a `Host` other than its own address
+    /// (a browser led here by DNS rebinding sends the attacker's name), or
+    /// an `Origin` other than `http://` and that `Host` (a page of another
+    /// site: a cross-site `POST /reload`). `None`: it may pass.
+    fn refuse_foreign(&self, session: &ServerSession) -> Option<Response<Vec<u8>>> {
+        let own = self
+            .tasks
+            .as_ref()
+            .map(|t| t.addr)
+            .or_else(|| session.server_addr().and_then(|a| a.as_inet()).copied())?;
+        let head = session.req_header();
+        let why = foreign(own.port(), &head.headers, head.uri.authority())?;
+        let from = session
+            .client_addr()
+            .map_or_else(|| "?".to_string(), ToString::to_string);
+        tracing::info!(from = %from, path = %head.uri.path(), why, "admin request refused (no admin token: only this listener's own Host, no other Origin)");
+        Some(reply(
+            403,
+            "text/plain",
+            format!(
+                "forbidden: {why}; without an admin token the admin endpoint answers only requests addressed to 127.0.0.1:{port}, [::1]:{port} or localhost:{port}, with no Origin of another site\n",
+                port = own.port()
+            )
+            .into_bytes(),
+        ))
+    }
+}
+
+/// Why a request to a tokenless admin listening on `port` is not its own
+/// ([`Admin::refuse_foreign`]), or `None`. `authority`: the request
+/// target's, if absolute (HTTP/2's `:authority`).
+fn foreign(
+    port: u16,
+    headers: &http::HeaderMap,
+    authority: Option<&http::uri::Authority>,
+) -> Option<&'static str> {
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Some("more than one Host header");
+    }
+    let host = match (host, authority) {
+        (None, None) => return Some("no Host header"),
+        (Some(h), a) => {
+            let Ok(h) = h.to_str() else {
+                return Some("the Host header is not visible ASCII");
+            };
+            if a.is_some_and(|a| !a.as_str().eq_ignore_ascii_case(h)) {
+                return Some("the Host header and the request target name different hosts");
+            }
+            h
+        }
+        (None, Some(a)) => a.as_str(),
+    };
+    if !own_host(host, port) {
+        return Some("the Host is not this listener's loopback address");
+    }
+    let mut origins = headers.get_all(http::header::ORIGIN).iter();
+    match (origins.next(), origins.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => Some("more than one Origin header"),
+        (Some(o), None) => {
+            let same = o
+                .as_bytes()
+                .strip_prefix(b"http://")
+                .is_some_and(|o| o.eq_ignore_ascii_case(host.as_bytes()));
+            (!same).then_some("a request from a page of another origin")
+        }
+    }
+}
+
+/// Whether `host` (a `Host` value) names this listener: `localhost`, a
+/// loopback IPv4 address or `[::1]`, with `port` (80 when none is given).
+fn own_host(host: &str, port: u16) -> bool {
+    let (name, given) = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, "")) => (addr, None),
+            Some((addr, rest)) => match rest.strip_prefix(':') {
+                Some(p) => (addr, Some(p)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host, None),
+        },
+    };
+    let port_ok = match given {
+        None => port == 80,
+        Some(p) => p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>() == Ok(port),
+    };
+    let loopback = if host.starts_with('[') {
+        name.parse::<Ipv6Addr>().is_ok_and(|a| a.is_loopback())
+    } else {
+        name.eq_ignore_ascii_case("localhost")
+            || name.parse::<Ipv4Addr>().is_ok_and(|a| a.is_loopback())
+    };
+    port_ok && loopback
+}
+
 fn not_found() -> Response<Vec<u8>> {
     reply(
         404,
@@ -548,6 +651,11 @@ impl Admin {
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if self.token.is_none() {
+            if let Some(refused) = self.refuse_foreign(session) {
+                return refused;
+            }
+        }
         let path = session.req_header().uri.path().to_string();
         if !matches!(path.as_str(), "/healthz" | "/readyz") {
             if let Some(token) = &self.token {
@@ -715,6 +823,106 @@ mod tests {
         assert!(budget_of(&view, &key_of("w", "acme", "t1"), 0).is_none());
         assert!(budget_of(&view, &key_of("v", "", "t1"), 0).is_none());
         assert!(budget_of(&view, &key_of("w", "", "t2"), 0).is_none());
+    }
+
+    /// A tokenless admin on port 9090 answers only its own loopback
+    /// `Host`, and an `Origin` only when it is `http://` and that `Host`.
+    #[test]
+    fn foreign_hosts_and_origins() {
+        let check = |headers: &[(&str, &str)], authority: Option<&str>| {
+            let mut h = http::HeaderMap::new();
+            for (k, v) in headers {
+                h.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            let a = authority.map(|a| a.parse::<http::uri::Authority>().unwrap());
+            foreign(9090, &h, a.as_ref())
+        };
+        for own in [
+            "127.0.0.1:9090",
+            "127.1.2.3:9090",
+            "[::1]:9090",
+            "localhost:9090",
+            "LocalHost:9090",
+        ] {
+            assert_eq!(check(&[("host", own)], None), None, "{own}");
+            let origin = format!("http://{own}");
+            assert_eq!(
+                check(&[("host", own), ("origin", &origin)], None),
+                None,
+                "{own}"
+            );
+            assert_eq!(check(&[], Some(own)), None, "HTTP/2 {own}");
+        }
+        for bad in [
+            "evil.example:9090",
+            "evil.example",
+            "127.0.0.1",
+            "127.0.0.1:9091",
+            "127.0.0.1:09090x",
+            "localhost",
+            "localhost.:9090",
+            "10.0.0.1:9090",
+            "[::2]:9090",
+            "[::1]9090",
+            "[::1",
+            "0.0.0.0:9090",
+            "127.0.0.1.nip.io:9090",
+        ] {
+            assert_eq!(
+                check(&[("host", bad)], None),
+                Some("the Host is not this listener's loopback address"),
+                "{bad}"
+            );
+        }
+        assert!(own_host("localhost", 80));
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::HOST,
+            http::HeaderValue::from_bytes(b"127.0.0.1:9090\xff").unwrap(),
+        );
+        assert_eq!(
+            foreign(9090, &h, None),
+            Some("the Host header is not visible ASCII")
+        );
+        assert_eq!(check(&[], None), Some("no Host header"));
+        assert_eq!(
+            check(
+                &[("host", "127.0.0.1:9090"), ("host", "127.0.0.1:9090")],
+                None
+            ),
+            Some("more than one Host header")
+        );
+        assert_eq!(
+            check(&[("host", "127.0.0.1:9090")], Some("evil.example:9090")),
+            Some("the Host header and the request target name different hosts")
+        );
+        for origin in [
+            "http://evil.example",
+            "null",
+            "https://127.0.0.1:9090",
+            "http://localhost:9090",
+            "http://127.0.0.1:9090.evil.example",
+        ] {
+            assert_eq!(
+                check(&[("host", "127.0.0.1:9090"), ("origin", origin)], None),
+                Some("a request from a page of another origin"),
+                "{origin}"
+            );
+        }
+        assert_eq!(
+            check(
+                &[
+                    ("host", "127.0.0.1:9090"),
+                    ("origin", "http://127.0.0.1:9090"),
+                    ("origin", "http://127.0.0.1:9090")
+                ],
+                None
+            ),
+            Some("more than one Origin header")
+        );
     }
 
     #[test]

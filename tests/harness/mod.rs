@@ -40,6 +40,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod h2c;
 pub mod http;
+pub mod jwt;
 pub mod otlp;
 pub mod parent;
 pub mod python_worker;

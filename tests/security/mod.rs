@@ -3,8 +3,11 @@
 //! header, a path, a `Host`), each against real workers. The threat model
 //! they show is in `docs/behaviour.md#threat-model`.
 
+mod admin;
+mod credentials;
 mod grpc_typed;
 mod h2c_workers;
 mod identity;
+mod jwks;
 mod logs;
 mod tenants;
