@@ -51,6 +51,8 @@ async fn redis_store_conformance() {
     let s = store(&server, "conf").await;
     assert_eq!(s.kind(), "redis");
     a2a_gateway::store::conformance::run(&s).await;
+    let bounded = store(&server, "bound").await.with_max_accounts(3);
+    a2a_gateway::store::conformance::account_bound(&bounded, 3).await;
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
@@ -63,18 +65,25 @@ async fn redis_store_conformance() {
 async fn key_layout_and_bad_data() {
     let server = RedisServer::start().await;
     let s = store(&server, "ns").await;
-    assert_eq!(s.task_key(&key("r", "a:b", "c")), "ns:task:r:a%3Ab:c");
-    assert_eq!(s.task_key(&key("r", "", "t/1")), "ns:task:r::t%2F1");
+    // The tenant is not part of a task's key (`TaskKey`).
+    assert_eq!(s.task_key(&key("r", "a:b", "c")), "ns:task:r:c");
+    assert_eq!(s.task_key(&key("r", "", "t/1")), "ns:task:r:t%2F1");
+    assert_eq!(s.task_key(&key("a:b", "", "c")), "ns:task:a%3Ab:c");
     assert_eq!(s.leases_key(), "ns:leases");
 
-    // A `:` in a tenant or task id never makes two tasks share a key.
+    // A `:` in a route or task id never makes two tasks share a key.
     s.update(&key("r", "a:b", "c"), state(TaskState::Working), 1)
         .await
         .unwrap();
-    assert_eq!(s.get(&key("r", "a", "b:c")).await.unwrap(), None);
+    assert_eq!(s.get(&key("r:c", "", "c")).await.unwrap(), None);
+    assert_eq!(s.get(&key("r", "", "r:c")).await.unwrap(), None);
     let listed = s.list(10).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].key, key("r", "a:b", "c"));
+    assert_eq!(
+        &*listed[0].key.tenant, "a:b",
+        "the tenant is kept with the record"
+    );
 
     // Garbage in a hash reads as None/0, never a panic.
     let mut c = raw(&server).await;

@@ -274,6 +274,9 @@ pub struct Limits {
     pub max_card_body: usize,
     /// Capacity of the in-memory task store.
     pub max_tracked_tasks: u64,
+    /// Live budget accounts (one per route, tenant or caller and window)
+    /// the store keeps; a send that would open one more is refused.
+    pub max_accounts: u64,
 }
 
 impl Default for Limits {
@@ -283,6 +286,7 @@ impl Default for Limits {
             max_sse_event: 1 << 20,
             max_card_body: 1 << 20,
             max_tracked_tasks: 1_000_000,
+            max_accounts: 100_000,
         }
     }
 }

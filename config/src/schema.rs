@@ -501,6 +501,7 @@ fn limits(mut r: Reader<'_>) -> Limits {
             d.max_tracked_tasks,
             int_in(1..=i64::MAX),
         ),
+        max_accounts: r.or("max_accounts", d.max_accounts, int_in(1..=i64::MAX)),
     };
     r.finish();
     limits

@@ -131,6 +131,7 @@ fn defaults() {
     assert_eq!(c.limits.max_sse_event, 1 << 20);
     assert_eq!(c.limits.max_card_body, 1 << 20);
     assert_eq!(c.limits.max_tracked_tasks, 1_000_000);
+    assert_eq!(c.limits.max_accounts, 100_000);
     assert_eq!(c.timeouts.connect, 5 * S);
     assert_eq!(c.timeouts.upstream_idle, Some(3600 * S));
     assert_eq!(c.timeouts.downstream_idle, Some(3600 * S));

@@ -35,7 +35,9 @@ use crate::a2a::request::SentGrant;
 use crate::a2a::Binding;
 use crate::cancel::{CancelJob, Canceller};
 use crate::metrics;
-use crate::store::{now_ms, AccountKey, Reservation, Shortfall, StoreHealth, TaskStore};
+use crate::store::{
+    now_ms, AccountKey, Reservation, Shortfall, StoreHealth, TaskStore, Unreserved,
+};
 
 /// How long past its window's end an account is kept, so that children
 /// that started in it still settle into it.
@@ -62,6 +64,8 @@ pub enum BudgetError {
     },
     /// The store could not reserve (and `on_store_error = "fail-closed"`).
     StoreUnavailable(String),
+    /// The grant would open an account past `limits.max_accounts`: 503.
+    AccountsFull { max: u64 },
 }
 
 impl std::fmt::Display for BudgetError {
@@ -85,6 +89,10 @@ impl std::fmt::Display for BudgetError {
             BudgetError::StoreUnavailable(e) => write!(
                 f,
                 "the budget could not be reserved: the gateway's store is unavailable ({e})"
+            ),
+            BudgetError::AccountsFull { max } => write!(
+                f,
+                "the budget could not be reserved: the gateway keeps at most {max} budget accounts (limits.max_accounts) and this send would open another"
             ),
         }
     }
@@ -346,7 +354,11 @@ impl Budgets {
                 }
                 Ok(asks)
             }
-            Ok(Err(Shortfall { index, left })) => {
+            Ok(Err(Unreserved::Full { max })) => {
+                tracing::warn!(route = %route, max, "a budget account was not opened: limits.max_accounts live accounts already");
+                Err(BudgetError::AccountsFull { max })
+            }
+            Ok(Err(Unreserved::Short(Shortfall { index, left }))) => {
                 let a = &asks[index];
                 let resets_at_ms = a.expires_ms - ACCOUNT_SLACK_MS;
                 Err(BudgetError::Exhausted {

@@ -72,7 +72,8 @@ pub const REDIS_NAMESPACE: &str = "a2agw";
 pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskStore>, String> {
     match &cfg.store.kind {
         config::StoreKind::Memory => Ok(crate::store::timed::TimedStore::wrap(Arc::new(
-            MemoryStore::new(cfg.limits.max_tracked_tasks, memory_retention(cfg)),
+            MemoryStore::new(cfg.limits.max_tracked_tasks, memory_retention(cfg))
+                .with_max_accounts(cfg.limits.max_accounts),
         ))),
         config::StoreKind::Redis { url } => {
             let rt = STORE_RUNTIME.get_or_init(|| {
@@ -92,7 +93,8 @@ pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskSt
                     REDIS_NAMESPACE,
                     replica,
                 ))
-                .map_err(|e| format!("store {}: {e}", config::redact_url(url)))?;
+                .map_err(|e| format!("store {}: {e}", config::redact_url(url)))?
+                .with_max_accounts(cfg.limits.max_accounts);
             Ok(crate::store::timed::TimedStore::wrap(Arc::new(store)))
         }
     }

@@ -5,6 +5,7 @@
 
 mod admin;
 mod credentials;
+mod edges;
 mod grpc_typed;
 mod h2c_workers;
 mod identity;

@@ -129,6 +129,7 @@ impl Refusal {
             Refusal::Budget(BudgetError::Refused(_)) => "budget_malformed",
             Refusal::Budget(BudgetError::Exhausted { .. }) => "budget_account_exhausted",
             Refusal::Budget(BudgetError::StoreUnavailable(_)) => "store_unavailable",
+            Refusal::Budget(BudgetError::AccountsFull { .. }) => "budget_accounts_full",
             Refusal::BudgetNotAttached => "budget_unreadable",
             Refusal::BodyTooLarge { .. } => "body_too_large",
             Refusal::BudgetWebSocket => "budget_websocket",
@@ -257,7 +258,7 @@ impl Refusal {
                 })),
                 retry_after: Some(resets_in_ms.div_ceil(1000)),
             },
-            Refusal::Budget(e @ BudgetError::StoreUnavailable(_)) => {
+            Refusal::Budget(e @ (BudgetError::StoreUnavailable(_) | BudgetError::AccountsFull { .. })) => {
                 parts(-32603, (503, "UNAVAILABLE"), e.to_string())
             }
             Refusal::BudgetNotAttached => parts(
@@ -525,6 +526,7 @@ mod tests {
             Refusal::Lease(LeaseRefusal::Malformed("x".into())),
             Refusal::LeaseStoreUnavailable,
             Refusal::Budget(BudgetError::StoreUnavailable("down".into())),
+            Refusal::Budget(BudgetError::AccountsFull { max: 2 }),
             Refusal::BudgetNotAttached,
             Refusal::GrpcUnread(GrpcUnread::Service),
             Refusal::GrpcUnread(GrpcUnread::Method),

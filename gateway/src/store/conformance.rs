@@ -252,9 +252,36 @@ async fn balance(store: &dyn TaskStore, holder: &str, meter: &str) -> policies::
         .expect("the account is listed")
 }
 
-/// Reserves `asks` (the store answered).
+/// Reserves `asks` (the store answered, and not with a full store).
 async fn reserve(store: &dyn TaskStore, asks: &[Reservation]) -> Result<(), Shortfall> {
-    store.account_reserve(asks).await.unwrap()
+    match store.account_reserve(asks).await.unwrap() {
+        Ok(()) => Ok(()),
+        Err(Unreserved::Short(s)) => Err(s),
+        Err(full) => panic!("{full:?}"),
+    }
+}
+
+/// On a store built to keep at most `max` live accounts (an empty one):
+/// `max` accounts open, the next is refused whole (an ask on an open
+/// account beside it included), and open accounts still reserve.
+pub async fn account_bound(store: &dyn TaskStore, max: u64) {
+    for i in 0..max {
+        reserve(store, &[ask(&format!("b{i}"), "tokens", 1, 10)])
+            .await
+            .unwrap();
+    }
+    let both = [ask("b0", "tokens", 1, 10), ask("new", "tokens", 1, 10)];
+    assert_eq!(
+        store.account_reserve(&both).await.unwrap(),
+        Err(Unreserved::Full { max })
+    );
+    assert_eq!(
+        balance(store, "b0", "tokens").await.reserved,
+        1,
+        "nothing reserved"
+    );
+    reserve(store, &[ask("b0", "tokens", 1, 10)]).await.unwrap();
+    assert_eq!(balance(store, "b0", "tokens").await.reserved, 2);
 }
 
 async fn accounts(store: &dyn TaskStore) {
@@ -456,12 +483,40 @@ async fn records(store: &dyn TaskStore) {
         .unwrap();
     assert_eq!(rec.state, Some(TaskState::Working));
 
-    // Tenants are separate tasks.
+    // A task is one record whatever tenant names it: the one it was
+    // first recorded in stays, and another tenant's update moves only the
+    // state (the worker's word), never watchers, owner or target.
     let other = TaskKey {
         tenant: "acme".into(),
         ..key("t1")
     };
-    assert_eq!(store.get(&other).await.unwrap(), None);
+    let rec = store.get(&other).await.unwrap().expect("the same record");
+    assert_eq!(&*rec.key.tenant, "");
+    let rec = store
+        .update(
+            &other,
+            TaskUpdate {
+                watchers_delta: 1,
+                owner: Some("key:mallory".into()),
+                target: Some(CancelTarget {
+                    binding: Binding::Rest,
+                    path: "/elsewhere".into(),
+                }),
+                ..TaskUpdate::default()
+            },
+            30,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&*rec.key.tenant, "", "the first tenant stays");
+    assert_eq!((rec.watchers, rec.owner.as_deref()), (0, None));
+    assert_ne!(rec.target.map(|t| t.path), Some("/elsewhere".into()));
+    // Nor does it start a lease there.
+    store
+        .lease_start(&other, 1_000, None, 30, &Asker::Unverified)
+        .await
+        .unwrap();
+    assert_eq!(store.get(&key("t1")).await.unwrap().unwrap().lease, None);
 
     let listed = store.list(10).await.unwrap();
     assert_eq!(listed.len(), 2);

@@ -11,7 +11,7 @@ use policies::lease::{self, Renewal};
 
 use super::{
     AccountKey, AccountView, Asker, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation,
-    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, LOCAL_OWNER,
+    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved, LOCAL_OWNER,
 };
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
@@ -101,9 +101,9 @@ pub struct MemoryStore {
     deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
     /// Lapsed leases handed back (`lease_retry`, and each claim's hold).
     retries: Mutex<Retries>,
-    /// Budget accounts by (account, meter). Small: one entry per tenant or
-    /// caller and meter.
-    accounts: Mutex<BTreeMap<(AccountKey, String), Meter>>,
+    /// Budget accounts, at most `max_accounts` live ones.
+    accounts: Mutex<Accounts>,
+    max_accounts: u64,
     /// Tickets settled lately, as Redis keeps them
     /// ([`super::TICKET_TOMBSTONE`]).
     tombstones: Mutex<Tombstones>,
@@ -137,6 +137,37 @@ impl Tombstones {
     }
 }
 
+/// The budget accounts: each meter's balance, and the live accounts.
+#[derive(Debug, Default)]
+struct Accounts {
+    meters: BTreeMap<(AccountKey, String), Meter>,
+    /// Every live account and when it may be forgotten (its meters' latest).
+    open: HashMap<AccountKey, u64>,
+    /// When expired accounts were last dropped.
+    pruned_ms: u64,
+}
+
+impl Accounts {
+    /// Drops expired accounts, at most once a second unless `now_please`:
+    /// a walk of every account under the lock, which a reservation must
+    /// not pay each time. An expired account lingering meanwhile is of a
+    /// past window, which no reservation names again.
+    fn prune(&mut self, now: u64, now_please: bool) {
+        if !now_please && now < self.pruned_ms.saturating_add(1000) {
+            return;
+        }
+        self.pruned_ms = now;
+        self.meters.retain(|_, m| m.expires_ms > now);
+        self.open.retain(|_, expires| *expires > now);
+    }
+
+    /// Counts `r`'s account as live until `r.expires_ms` at least.
+    fn note(&mut self, r: &Reservation) {
+        let e = self.open.entry(r.account.clone()).or_insert(0);
+        *e = (*e).max(r.expires_ms);
+    }
+}
+
 /// One meter of one budget account.
 #[derive(Debug)]
 struct Meter {
@@ -159,6 +190,12 @@ impl Meter {
 }
 
 impl MemoryStore {
+    /// Keeps at most `max` live budget accounts (`limits.max_accounts`).
+    pub fn with_max_accounts(mut self, max: u64) -> Self {
+        self.max_accounts = max;
+        self
+    }
+
     pub fn new(capacity: u64, retention: Duration) -> Self {
         MemoryStore {
             tasks: Cache::builder()
@@ -167,7 +204,8 @@ impl MemoryStore {
                 .build(),
             deadlines: Mutex::new(BTreeSet::new()),
             retries: Mutex::new(Retries::default()),
-            accounts: Mutex::new(BTreeMap::new()),
+            accounts: Mutex::new(Accounts::default()),
+            max_accounts: config::Limits::default().max_accounts,
             tombstones: Mutex::new(Tombstones::default()),
             outbox: Mutex::new(Outbox::default()),
         }
@@ -212,7 +250,7 @@ impl MemoryStore {
         self.tombstones.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn accounts(&self) -> std::sync::MutexGuard<'_, BTreeMap<(AccountKey, String), Meter>> {
+    fn accounts(&self) -> std::sync::MutexGuard<'_, Accounts> {
         // Every change under the lock is applied whole or not at all.
         self.accounts.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -241,12 +279,12 @@ impl TaskStore for MemoryStore {
     async fn account_reserve(
         &self,
         asks: &[Reservation],
-    ) -> Result<Result<(), Shortfall>, StoreError> {
+    ) -> Result<Result<(), Unreserved>, StoreError> {
         let now = super::now_ms();
         let mut tombstones = self.tombstones();
         tombstones.prune(now);
-        let mut accounts = self.accounts();
-        accounts.retain(|_, m| m.expires_ms > now);
+        let mut guard = self.accounts();
+        guard.prune(now, false);
         // An ask whose ticket is held already, or was settled lately, is
         // not reserved again.
         let fresh: Vec<(usize, &Reservation)> = asks
@@ -254,12 +292,32 @@ impl TaskStore for MemoryStore {
             .enumerate()
             .filter(|(_, a)| {
                 !tombstones.tickets.contains(&a.ticket)
-                    && accounts
+                    && guard
+                        .meters
                         .get(&(a.account.clone(), a.meter.clone()))
                         .is_none_or(|m| !m.tickets.contains(&a.ticket))
             })
             .collect();
         drop(tombstones);
+        // Accounts these asks would open, within the bound.
+        let opens = |g: &Accounts| {
+            let new: HashSet<&AccountKey> = fresh
+                .iter()
+                .map(|(_, a)| &a.account)
+                .filter(|k| !g.open.contains_key(*k))
+                .collect();
+            g.open.len() + new.len()
+        };
+        let max = usize::try_from(self.max_accounts).unwrap_or(usize::MAX);
+        if opens(&guard) > max {
+            guard.prune(now, true);
+            if opens(&guard) > max {
+                return Ok(Err(Unreserved::Full {
+                    max: self.max_accounts,
+                }));
+            }
+        }
+        let accounts = &mut *guard;
         // Check everything first (asks for one account and meter add up),
         // then apply: all or nothing.
         let mut trial: BTreeMap<(AccountKey, String), Account> = BTreeMap::new();
@@ -267,21 +325,24 @@ impl TaskStore for MemoryStore {
             let id = (ask.account.clone(), ask.meter.clone());
             let acct = trial.entry(id.clone()).or_insert_with(|| {
                 let mut a = accounts
+                    .meters
                     .get(&id)
                     .map_or(Account::new(ask.limit), |m| m.balance);
                 a.limit = ask.limit;
                 a
             });
             if let Err(e) = acct.reserve(ask.amount) {
-                return Ok(Err(Shortfall {
+                return Ok(Err(Unreserved::Short(Shortfall {
                     index,
                     left: e.left,
-                }));
+                })));
             }
         }
         for (_, ask) in fresh {
+            accounts.note(ask);
             let id = (ask.account.clone(), ask.meter.clone());
             let m = accounts
+                .meters
                 .entry(id.clone())
                 .or_insert_with(|| Meter::new(ask));
             if let Some(a) = trial.remove(&id) {
@@ -301,13 +362,15 @@ impl TaskStore for MemoryStore {
         for (r, charged) in settled {
             let id = (r.account.clone(), r.meter.clone());
             let held = accounts
+                .meters
                 .get_mut(&id)
                 .is_some_and(|m| m.tickets.remove(&r.ticket));
             if !held && tombstones.tickets.contains(&r.ticket) {
                 continue; // settled already
             }
             if held || *charged > 0 {
-                let m = accounts.entry(id).or_insert_with(|| Meter::new(r));
+                accounts.note(r);
+                let m = accounts.meters.entry(id).or_insert_with(|| Meter::new(r));
                 // Not held: its reserve never landed (or was forgotten);
                 // what it spent is charged all the same.
                 m.balance
@@ -322,6 +385,7 @@ impl TaskStore for MemoryStore {
         let now = super::now_ms();
         Ok(self
             .accounts()
+            .meters
             .iter()
             .filter(|(_, m)| m.expires_ms > now)
             .take(limit)
@@ -627,5 +691,7 @@ mod tests {
     async fn conformance() {
         let store = MemoryStore::new(1000, Duration::from_secs(60));
         super::super::conformance::run(&store).await;
+        let bounded = MemoryStore::new(1000, Duration::from_secs(60)).with_max_accounts(3);
+        super::super::conformance::account_bound(&bounded, 3).await;
     }
 }

@@ -224,6 +224,17 @@ pub struct Shortfall {
     pub left: u64,
 }
 
+/// Why [`TaskStore::account_reserve`] reserved nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unreserved {
+    /// An ask did not fit its account.
+    Short(Shortfall),
+    /// The asks would open more live accounts than the store keeps
+    /// (`limits.max_accounts`): refused rather than grown, since a caller
+    /// named by a header it chooses could open one for every name.
+    Full { max: u64 },
+}
+
 /// One meter of one account, for the admin endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccountView {
@@ -362,11 +373,12 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// respect to every replica: either each account had room for its ask
     /// and all are now reserved, or none is and the first that had not is
     /// returned. An ask whose ticket the store holds, or settled lately, is
-    /// not reserved again. One round trip.
+    /// not reserved again. Nothing is reserved either when the asks would
+    /// open more live accounts than the store keeps. One round trip.
     async fn account_reserve(
         &self,
         asks: &[Reservation],
-    ) -> Result<Result<(), Shortfall>, StoreError>;
+    ) -> Result<Result<(), Unreserved>, StoreError>;
 
     /// Ends reservations: each is taken off its account's reserved total and
     /// `charged` is added to its spent total (the spend the child reported,

@@ -11,6 +11,7 @@
 //! | `{ns}:outbox:{route}` | sorted set | the route's owed cancels (member = a task key whose hash holds the `ob_*` fields), score = when a claimer next looks at it: the earliest its holder's heartbeat could run out, or when a hand-back is due; claimed only by replicas that have the route; expires a day after its last write |
 //! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
+//! | `{ns}:accounts` | sorted set | every live account hash (member: its key), score = when it expires: bounds them at `limits.max_accounts` |
 //! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
 //!
 //! Route and task id are percent-encoded (everything but
@@ -102,7 +103,7 @@ use redis::{Script, Value};
 use super::clock::{self, StoreClock};
 use super::{
     AccountKey, AccountView, Asker, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation,
-    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
@@ -194,10 +195,12 @@ const LEASE_RETRY: &str = include_str!("lua/lease_retry.lua");
 /// the cursor is `0` or it has enough.
 const LIST: &str = include_str!("lua/list.lua");
 
-/// KEYS: one account hash per ask. ARGV: n, then per ask meter, amount,
-/// limit, expires_at, route, scope, holder, window, ticket. All or nothing:
-/// returns `{-1, "0"}` when every ask was reserved, else `{index, left}` of
-/// the first that did not fit (asks on one account and meter add up). An
+/// KEYS: one account hash per ask, then the live accounts' index. ARGV:
+/// n, then per ask meter, amount, limit, expires_at, route, scope, holder,
+/// window, ticket, then now and the most live accounts. All or nothing:
+/// returns `{-1, "0"}` when every ask was reserved, `{-2, "0"}` when they
+/// would open more accounts than that, else `{index, left}` of the first
+/// that did not fit (asks on one account and meter add up). An
 /// ask whose ticket the account holds (`t:{ticket}`) or that was settled
 /// lately (`{ns}:ticket:{ticket}`) is skipped: a reserve that lands after
 /// its own withdrawal reserves nothing.
@@ -375,6 +378,10 @@ pub struct RedisStore {
     /// The server's clock as this replica sees it, from each heartbeat's
     /// `TIME`: what every replica judges deadlines by.
     clock: StoreClock,
+    /// `{ns}:accounts`: every live account hash, scored by when it expires.
+    accounts_key: String,
+    /// At most this many live accounts (`limits.max_accounts`).
+    max_accounts: u64,
 }
 
 impl fmt::Debug for RedisStore {
@@ -447,9 +454,17 @@ impl RedisStore {
             gone: tokio::sync::Mutex::new(false),
             scripts: Scripts::new(namespace),
             clock: StoreClock::default(),
+            accounts_key: format!("{namespace}:accounts"),
+            max_accounts: config::Limits::default().max_accounts,
         };
         store.replica_alive().await?;
         Ok(store)
+    }
+
+    /// Keeps at most `max` live budget accounts (`limits.max_accounts`).
+    pub fn with_max_accounts(mut self, max: u64) -> Self {
+        self.max_accounts = max;
+        self
     }
 
     /// The namespace every key starts with.
@@ -875,7 +890,7 @@ impl TaskStore for RedisStore {
     async fn account_reserve(
         &self,
         asks: &[Reservation],
-    ) -> Result<Result<(), Shortfall>, StoreError> {
+    ) -> Result<Result<(), Unreserved>, StoreError> {
         if asks.is_empty() {
             return Ok(Ok(()));
         }
@@ -884,6 +899,9 @@ impl TaskStore for RedisStore {
         for a in asks {
             self.reservation_args(&mut inv, a);
         }
+        inv.key(&self.accounts_key)
+            .arg(self.clock_ms().min(MAX_EXACT))
+            .arg(self.max_accounts.min(MAX_EXACT));
         let v: Value = self
             .call("account_reserve", |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -895,10 +913,13 @@ impl TaskStore for RedisStore {
         };
         match pair {
             (Some(-1), _) => Ok(Ok(())),
-            (Some(i), Some(left)) if i >= 0 => Ok(Err(Shortfall {
+            (Some(-2), _) => Ok(Err(Unreserved::Full {
+                max: self.max_accounts,
+            })),
+            (Some(i), Some(left)) if i >= 0 => Ok(Err(Unreserved::Short(Shortfall {
                 index: i as usize,
                 left: left.max(0) as u64,
-            })),
+            }))),
             _ => Err(StoreError(format!(
                 "redis account_reserve: unexpected answer {v:?}"
             ))),
@@ -1292,14 +1313,23 @@ fn u64_of(s: Option<&String>) -> Option<u64> {
 }
 
 /// Reads a record; `key` names it when the caller knows it, else the hash's
-/// own `route`/`tenant`/`task_id` fields do.
+/// own `route`/`task_id` fields do. Its tenant is always the hash's: the
+/// one the task was first recorded in, whatever tenant `key` names.
 fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord {
     let field = |name: &str| f.get(name).map(String::as_str).unwrap_or("");
-    let key = key.cloned().unwrap_or_else(|| TaskKey {
-        route: field("route").into(),
-        tenant: field("tenant").into(),
-        task_id: field("task_id").into(),
-    });
+    let key = match key {
+        Some(k) => TaskKey {
+            tenant: f
+                .get("tenant")
+                .map_or_else(|| k.tenant.clone(), |t| t.as_str().into()),
+            ..k.clone()
+        },
+        None => TaskKey {
+            route: field("route").into(),
+            tenant: field("tenant").into(),
+            task_id: field("task_id").into(),
+        },
+    };
     let binding = f.get("binding").and_then(|b| binding_of(b));
     let target = binding
         .zip(f.get("target_path"))

@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use prometheus::{register_histogram_vec, Histogram, HistogramVec};
 
 use super::{
-    AccountView, Asker, CancelTarget, OwedCancel, Owing, Renewal, Reservation, Shortfall,
-    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    AccountView, Asker, CancelTarget, OwedCancel, Owing, Renewal, Reservation, StoreError, TaskKey,
+    TaskRecord, TaskStore, TaskUpdate, Unreserved,
 };
 
 /// The `op` label values: the [`TaskStore`] method names.
@@ -199,7 +199,7 @@ impl TaskStore for TimedStore {
     async fn account_reserve(
         &self,
         asks: &[Reservation],
-    ) -> Result<Result<(), Shortfall>, StoreError> {
+    ) -> Result<Result<(), Unreserved>, StoreError> {
         timed!(self, 10, self.inner.account_reserve(asks))
     }
 
