@@ -150,12 +150,30 @@ async fn python_settled_streams_are_not_cancelled() {
 }
 
 /// Unary calls pass with their answers and statuses: `SendMessage`'s task,
-/// `GetTask` of it, an unknown task's NOT_FOUND; a call of another gRPC
-/// service is proxied verbatim (the worker's UNIMPLEMENTED comes back).
+/// `GetTask` of it, an unknown task's NOT_FOUND. A call of another gRPC
+/// service is refused PERMISSION_DENIED on a route that checks sends (the
+/// default), unless the route names the service in `grpc_pass_services`:
+/// then it is proxied verbatim (the worker's UNIMPLEMENTED comes back), as
+/// on a route that checks nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unary_calls_and_other_services_pass() {
     let worker = Worker::start_with_grpc(Kind::Rust).await;
-    let gw = gateway(&worker, "").await;
+    let checking = gateway(&worker, "").await;
+    let mut conn = RawGrpc::connect(&checking.url).await;
+    let other = conn
+        .call(
+            "/grpc.health.v1.Health/Check",
+            &proto::GetTaskRequest::default(),
+            &[],
+        )
+        .await;
+    let (_, status, _) = other.finish(scaled_secs(5)).await;
+    assert_eq!(status, Some(7), "PERMISSION_DENIED, from the gateway");
+    let gw = gateway(
+        &worker,
+        "grpc_pass_services = [\"grpc.health.v1.Health\"]\n",
+    )
+    .await;
     let mut conn = RawGrpc::connect(&gw.url).await;
     let answer: proto::SendMessageResponse = conn
         .unary("SendMessage", &send_request("quick", ""), &[])

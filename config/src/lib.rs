@@ -432,6 +432,37 @@ pub struct Route {
     /// are not authenticated, and `budget.caller_header` names them
     /// unverified.
     pub auth: Option<AuthPolicy>,
+    /// gRPC services (`grpc.health.v1.Health`) whose calls pass to the
+    /// worker unread even where the route checks sends: the operator's
+    /// word that the worker serves no A2A send at their paths.
+    pub grpc_pass_services: Vec<String>,
+}
+
+impl Route {
+    /// What makes the route check every send it passes (strict reading:
+    /// what it cannot read is refused, not passed), as the words its
+    /// start-up log line gives; empty when nothing does. `"lease_grants"`
+    /// under `worker_leases = "auto"` holds until the worker's card
+    /// declares the lease extension.
+    pub fn send_checks(&self) -> Vec<&'static str> {
+        let mut why = Vec::new();
+        if self.auth.is_some() {
+            why.push("auth");
+        }
+        if self.budget.is_active() {
+            why.push("budget");
+        }
+        if self.lease.impose_ttl.is_some() {
+            why.push("imposed_lease");
+        }
+        if self.lease.poll_ttl.is_some() {
+            why.push("poll_lease");
+        }
+        if self.lease.worker_leases != WorkerLeases::Observe {
+            why.push("lease_grants");
+        }
+        why
+    }
 }
 
 /// How a route holds the children it starts to budgets (the a2a-rust budget
@@ -651,6 +682,7 @@ impl fmt::Debug for Route {
             headers,
             budget,
             auth,
+            grpc_pass_services,
         } = self;
         f.debug_struct("Route")
             .field("name", name)
@@ -682,6 +714,7 @@ impl fmt::Debug for Route {
             )
             .field("budget", budget)
             .field("auth", auth)
+            .field("grpc_pass_services", grpc_pass_services)
             .finish()
     }
 }
@@ -763,6 +796,7 @@ impl Config {
                 headers: HeaderPolicy::default(),
                 budget: BudgetPolicy::default(),
                 auth: None,
+                grpc_pass_services: Vec::new(),
             }],
             leases: Leases::default(),
             tracing: None,

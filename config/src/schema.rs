@@ -713,6 +713,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         );
     }
     let headers = header_policy(r);
+    let grpc_pass_services = r.or("grpc_pass_services", Vec::new(), grpc_services);
     let auth = crate::auth::auth_policy(r, env);
     let binds_tenants = auth.as_ref().is_some_and(|a| a.tenants.is_some());
     let budget = budget_policy(r, auth.is_some(), binds_tenants);
@@ -731,7 +732,39 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         headers,
         budget,
         auth,
+        grpc_pass_services,
     })
+}
+
+/// `grpc_pass_services`: fully qualified gRPC service names
+/// (`grpc.health.v1.Health`), never the A2A service, which is read.
+fn grpc_services(item: &Item) -> Result<Vec<String>, String> {
+    let list = item
+        .as_array()
+        .ok_or_else(|| expected("an array of gRPC service names", item))?;
+    let mut out: Vec<String> = Vec::new();
+    for v in list {
+        let name = v
+            .as_str()
+            .ok_or_else(|| format!("expected a gRPC service name string, found {v}"))?;
+        let ok = !name.is_empty()
+            && name.len() <= 256
+            && name.split('.').all(|part| {
+                !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            });
+        if !ok {
+            return Err(format!(
+                "{name:?} is not a gRPC service name (dotted identifiers: grpc.health.v1.Health)"
+            ));
+        }
+        if name == "lf.a2a.v1.A2AService" {
+            return Err("the A2A service is read, never passed unread".into());
+        }
+        if !out.iter().any(|s| s == name) {
+            out.push(name.to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// A client certificate and its key (`worker_client_cert` and

@@ -106,6 +106,7 @@ fn examples_parse() {
                 }],
             },
             auth: None,
+            grpc_pass_services: Vec::new(),
         }
     );
     assert_eq!(default.lease, LeasePolicy::default());
@@ -177,8 +178,14 @@ fn budget(body: &str) -> BudgetPolicy {
 /// that error positions in `body` stay as they are) binds tenants to
 /// identities, which tenant caps and accounts need.
 fn bound_src(body: &str) -> String {
-    let keys = std::env::temp_dir().join(format!("a2agw-config-tests-{}", std::process::id()));
-    std::fs::write(&keys, format!("{} a\n", "0".repeat(64))).unwrap();
+    // Written once: tests run at once, and one reading while another
+    // rewrites it would find it half written.
+    static KEYS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("a2agw-config-tests-{}", std::process::id()));
+        std::fs::write(&path, format!("{} a\n", "0".repeat(64))).unwrap();
+        path
+    });
     format!(
         "{}\n[routes.auth]\napi_keys_file = \"{}\"\ntenants = {{ \"key:a\" = [\"acme\"] }}\n",
         budget_src(body),
@@ -627,7 +634,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -810,7 +817,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
         ]
     );
 }
@@ -1471,4 +1478,39 @@ fn tracing_table() {
     );
     let errs = errors(&format!("tracing = 1\n{ROUTE}"));
     assert!(errs[0].contains("expected a table"), "{errs:#?}");
+}
+
+/// What makes a route check sends, as its start-up log line names it.
+#[test]
+fn send_checks() {
+    let checks = |extra: &str| ok(&format!("{ROUTE}{extra}")).routes[0].send_checks();
+    assert_eq!(checks(""), ["lease_grants"], "worker_leases = \"auto\"");
+    assert!(checks("worker_leases = \"observe\"").is_empty());
+    assert_eq!(
+        checks("worker_leases = \"observe\"\npoll_lease = \"1m\"\nlease = { ttl = \"30s\" }\n[routes.budget]\nmax_deadline = \"1m\""),
+        ["budget", "imposed_lease", "poll_lease"]
+    );
+}
+
+#[test]
+fn grpc_pass_services() {
+    let route = |extra: &str| format!("{ROUTE}{extra}");
+    let c = ok(&route(
+        "grpc_pass_services = [\"grpc.health.v1.Health\", \"x.Y\", \"x.Y\"]",
+    ));
+    assert_eq!(
+        c.routes[0].grpc_pass_services,
+        ["grpc.health.v1.Health", "x.Y"]
+    );
+    assert!(ok(ROUTE).routes[0].grpc_pass_services.is_empty());
+    for (bad, why) in [
+        ("[\"lf.a2a.v1.A2AService\"]", "the A2A service is read"),
+        ("[\"a/b\"]", "is not a gRPC service name"),
+        ("[\"a..b\"]", "is not a gRPC service name"),
+        ("[\"\"]", "is not a gRPC service name"),
+        ("\"grpc.health.v1.Health\"", "expected an array"),
+    ] {
+        let errs = errors(&route(&format!("grpc_pass_services = {bad}")));
+        assert!(errs.len() == 1 && errs[0].contains(why), "{bad}: {errs:?}");
+    }
 }

@@ -293,6 +293,14 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         replica = %replica_id,
         "a2a-gateway starting"
     );
+    for r in &cfg.routes {
+        let checks = r.send_checks();
+        if checks.is_empty() {
+            tracing::info!(route = %r.name, "the route checks no send: what it cannot read (not JSON, gRPC of other services, ...) passes to the worker untracked");
+        } else {
+            tracing::info!(route = %r.name, checks = %checks.join(","), "the route checks every send: what it cannot read as an A2A call is refused (docs/behaviour.md, strict reading)");
+        }
+    }
     server.run_forever()
 }
 

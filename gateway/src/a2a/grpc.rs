@@ -51,6 +51,13 @@ pub fn is_proto_codec(ct: &[u8]) -> bool {
     is_grpc_content_type(ct) && (codec.is_empty() || codec.eq_ignore_ascii_case(b"+proto"))
 }
 
+/// The service a gRPC path names: `pkg.Service` of `/pkg.Service/Method`
+/// (neither part empty, nothing after the method).
+pub fn service_of(path: &str) -> Option<&str> {
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some(service)
+}
+
 /// The A2A method a gRPC path names: `Some(None)` for a path of the A2A
 /// service with a method this version does not know (passed untracked),
 /// `None` for another service.
@@ -1567,6 +1574,19 @@ mod tests {
         );
         assert_eq!(method_of("/lf.a2a.v1.A2AService/Nope"), Some(None));
         assert_eq!(method_of("/grpc.health.v1.Health/Check"), None);
+        assert_eq!(
+            service_of("/grpc.health.v1.Health/Check"),
+            Some("grpc.health.v1.Health")
+        );
+        for path in [
+            "/grpc.health.v1.Health",
+            "/grpc.health.v1.Health/",
+            "//Check",
+            "/a/b/c",
+            "x/y",
+        ] {
+            assert_eq!(service_of(path), None, "{path}");
+        }
         assert_eq!(single_message(&[0, 0, 0, 0, 2, 1]), None);
         assert_eq!(single_message(&[1, 0, 0, 0, 1, 1]), None);
         assert_eq!(single_message(&[0, 0, 0, 0, 1, 1]), Some(&[1u8][..]));

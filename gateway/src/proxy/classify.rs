@@ -75,6 +75,12 @@ impl Gateway {
                 Call::Grpc { .. } => (!content_type
                     .is_some_and(|ct| crate::a2a::grpc::is_proto_codec(ct.as_bytes())))
                 .then_some(GrpcUnread::Codec),
+                // A service the route passes at the operator's word.
+                _ if crate::a2a::grpc::service_of(rel)
+                    .is_some_and(|s| route.cfg.grpc_pass_services.iter().any(|p| p == s)) =>
+                {
+                    None
+                }
                 _ => Some(GrpcUnread::Service),
             };
             if let Some(what) = unread {
