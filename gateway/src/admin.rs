@@ -528,8 +528,12 @@ impl Admin {
                 tenant: tenant.clone(),
                 task_id: Arc::from(lookup.id.as_str()),
             };
+            // A task is one record whatever tenant names it; the one asked
+            // for must be the one it was recorded in.
             if let Some(record) = self.store.get(&key).await? {
-                found.push(record);
+                if lookup.tenant.is_none() || record.key.tenant == tenant {
+                    found.push(record);
+                }
             }
         }
         if lookup.route.is_none() || lookup.tenant.is_none() {

@@ -308,7 +308,19 @@ impl Cascade {
                     // is looked for by its message, for as long as the id
                     // wait allows.
                     if let Some(id) = self.find_child(&end, wait).await {
-                        key = Some(TaskKey::new(&end.route, end.tenant.as_deref(), id.clone()));
+                        let found = TaskKey::new(&end.route, end.tenant.as_deref(), id.clone());
+                        // Found by a message id the caller chose: a task
+                        // the store knows as another's (owner or tenant)
+                        // is not this caller's to cancel.
+                        if let Ok(Some(r)) = self.store.get(&found).await {
+                            if !end.asker.moves(&found.tenant, Some(&r)) {
+                                metrics::CASCADE_DECISIONS
+                                    .with_label_values(&[&end.route, "keep_not_owner"])
+                                    .inc();
+                                return;
+                            }
+                        }
+                        key = Some(found);
                         end.task_id = Some(id);
                         end.seen.id_known = true;
                         decision = decide(&end.policy, &end.seen, event, 0);
