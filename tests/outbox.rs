@@ -46,9 +46,10 @@ async fn raw(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
-/// The task's hash (task ids and tenants here need no percent-encoding).
-fn task_key(tenant: Option<&str>, id: &str) -> String {
-    format!("a2agw:task:w:{}:{id}", tenant.unwrap_or(""))
+/// The task's hash: one per route and task id, whatever its tenant (task
+/// ids here need no percent-encoding).
+fn task_key(id: &str) -> String {
+    format!("a2agw:task:w:{id}")
 }
 
 /// Who holds the task's owed cancel (`None`: the outbox holds none).
@@ -115,7 +116,7 @@ async fn owed_by_a(
     gate.set_open(false);
     stream.close();
     let mut conn = raw(redis).await;
-    let key = task_key(tenant, &id);
+    let key = task_key(&id);
     let mut owner = None;
     for _ in 0..scaled_count(250) {
         owner = holder(&mut conn, &key).await;
@@ -173,7 +174,7 @@ async fn owner_killed(kind: Kind, bind: Bind, tenant: Option<&str>) {
     );
     tokio::time::sleep(scaled_ms(1000)).await;
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
-    assert_outbox_empty(&mut raw(&redis).await, &task_key(tenant, &id)).await;
+    assert_outbox_empty(&mut raw(&redis).await, &task_key(&id)).await;
     assert_eq!(
         b.counter("a2agw_cancels_total", &["outcome=\"canceled\""])
             .await,
@@ -199,7 +200,7 @@ async fn owner_alive(kind: Kind, bind: Bind, tenant: Option<&str>) {
         "the worker is unreachable"
     );
     assert_eq!(
-        holder(&mut conn, &task_key(tenant, &id)).await.as_deref(),
+        holder(&mut conn, &task_key(&id)).await.as_deref(),
         Some(owner.as_str()),
         "still A's: B's log:\n{}",
         b.log_text()
@@ -223,7 +224,7 @@ async fn owner_alive(kind: Kind, bind: Bind, tenant: Option<&str>) {
         });
     tokio::time::sleep(scaled_ms(1000)).await;
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
-    assert_outbox_empty(&mut conn, &task_key(tenant, &id)).await;
+    assert_outbox_empty(&mut conn, &task_key(&id)).await;
     assert!(
         !b.log_text().contains("claimed an owed cancel"),
         "B claimed a live replica's cancel; its log:\n{}",

@@ -134,7 +134,8 @@ async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
     // connection open otherwise, and reading to the end would wait for its
     // idle timeout.
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .map_err(|e| e.to_string())?;

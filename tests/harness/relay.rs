@@ -76,7 +76,13 @@ impl Relay {
                         }
                         let _ = to_worker.shutdown().await;
                     };
-                    let down = tokio::io::copy(&mut from_worker, &mut to_gw);
+                    // Each direction ends by closing the other side's
+                    // write half, as `copy_bidirectional` does.
+                    let down = async {
+                        use tokio::io::AsyncWriteExt;
+                        let _ = tokio::io::copy(&mut from_worker, &mut to_gw).await;
+                        let _ = to_gw.shutdown().await;
+                    };
                     tokio::select! {
                         _ = async { tokio::join!(up, down) } => {}
                         _ = cut.changed() => {}
