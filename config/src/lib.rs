@@ -393,6 +393,9 @@ impl Default for SampleRatio {
     }
 }
 
+/// `routes.health_interval`'s default.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+
 /// `tracing.service_name`'s default.
 pub const DEFAULT_SERVICE_NAME: &str = "a2a-gateway";
 
@@ -403,7 +406,16 @@ pub const DEFAULT_SERVICE_NAME: &str = "a2a-gateway";
 pub struct Route {
     /// Unique; 1 to 64 of `a-z0-9_-`. Used in logs and metrics.
     pub name: String,
+    /// The worker: `worker`, or the first of `workers`.
     pub worker: WorkerUrl,
+    /// Every replica of the worker (`workers`; `[worker]` for one), in
+    /// config order, each its own `host:port`, all with `worker`'s scheme
+    /// and base path. New sends are balanced over them; a task's later
+    /// calls and cancels go to the one that took its send.
+    pub workers: Vec<WorkerUrl>,
+    /// How often the replicas of a route with several are health-checked
+    /// (a TCP connect) and their addresses looked up again.
+    pub health_interval: Duration,
     /// Matches this path and paths below it (`/research`, `/research/x`);
     /// starts with `/`, never ends with one. `None`: any path.
     pub path_prefix: Option<String>,
@@ -671,6 +683,8 @@ impl fmt::Debug for Route {
         let Route {
             name,
             worker,
+            workers,
+            health_interval,
             path_prefix,
             host,
             strip_prefix,
@@ -687,6 +701,8 @@ impl fmt::Debug for Route {
         f.debug_struct("Route")
             .field("name", name)
             .field("worker", worker)
+            .field("workers", workers)
+            .field("health_interval", health_interval)
             .field("path_prefix", path_prefix)
             .field("host", host)
             .field("strip_prefix", strip_prefix)
@@ -785,6 +801,8 @@ impl Config {
             routes: vec![Route {
                 name: "default".into(),
                 worker: WorkerUrl::parse(worker)?,
+                workers: vec![WorkerUrl::parse(worker)?],
+                health_interval: DEFAULT_HEALTH_INTERVAL,
                 path_prefix: None,
                 host: None,
                 strip_prefix: true,

@@ -639,7 +639,7 @@ fn routes(
         }
         // One worker, one trust: the proxy and the gateway's cancels reach a
         // worker by its host:port, whichever route named it.
-        if route.worker.tls {
+        for worker in route.workers.iter().filter(|w| w.tls) {
             let here = (
                 route.worker_ca.as_ref().map(|c| c.path.clone()),
                 route
@@ -647,7 +647,7 @@ fn routes(
                     .as_ref()
                     .map(|c| (c.cert_path.clone(), c.key_path.clone())),
             );
-            match trust.entry(route.worker.authority()) {
+            match trust.entry(worker.authority()) {
                 hash_map::Entry::Occupied(e) => {
                     let (j, first) = e.get();
                     if *first != here {
@@ -662,7 +662,7 @@ fn routes(
                             key,
                             format!(
                                 "routes[{j}] reaches the same worker ({}) with a different {key}; give both the same",
-                                route.worker.authority()
+                                worker.authority()
                             ),
                         );
                     }
@@ -681,7 +681,17 @@ fn routes(
 /// field on [`Route`].
 fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route> {
     let name = r.required("name", route_name);
-    let worker = r.required("worker", |item| WorkerUrl::parse(string(item)?));
+    let (worker, workers) = replicas(r);
+    let health_interval = r.or("health_interval", crate::DEFAULT_HEALTH_INTERVAL, |item| {
+        let d = duration(item)?;
+        if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&d) {
+            return Err(format!(
+                "must be between 100ms and 1h, found {}",
+                found(item)
+            ));
+        }
+        Ok(d)
+    });
     let path_prefix = r.opt("path_prefix", path_prefix);
     let host = r.opt("host", route_host);
     let strip_prefix = r.or("strip_prefix", true, boolean);
@@ -721,6 +731,8 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     Some(Route {
         name: name?,
         worker: worker?,
+        workers: workers?,
+        health_interval,
         path_prefix,
         host,
         strip_prefix,
@@ -734,6 +746,60 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         auth,
         grpc_pass_services,
     })
+}
+
+/// `worker` or `workers` (not both): the worker and its replicas. The
+/// replicas of one route serve one agent: the same scheme and base path,
+/// each its own `host:port`.
+fn replicas(r: &mut Reader<'_>) -> (Option<WorkerUrl>, Option<Vec<WorkerUrl>>) {
+    let parse = |item: &Item| WorkerUrl::parse(string(item)?);
+    let worker = if r.has("workers") {
+        r.opt("worker", parse)
+    } else {
+        r.required("worker", parse)
+    };
+    let list = r.opt("workers", |item| {
+        let list = item
+            .as_array()
+            .ok_or_else(|| expected("an array of worker URLs", item))?;
+        if list.is_empty() {
+            return Err("names no worker; expected at least one URL".to_string());
+        }
+        let mut out: Vec<WorkerUrl> = Vec::new();
+        for v in list {
+            let url = WorkerUrl::parse(
+                v.as_str()
+                    .ok_or_else(|| format!("expected a worker URL string, found {v}"))?,
+            )?;
+            if let Some(first) = out.first() {
+                if (first.tls, &first.base_path) != (url.tls, &url.base_path) {
+                    return Err(format!(
+                        "the replicas of one worker share its scheme and base path: {} differs from {}",
+                        url.authority(),
+                        first.authority()
+                    ));
+                }
+            }
+            if out.iter().any(|w| w.authority() == url.authority()) {
+                return Err(format!("{} is named twice", url.authority()));
+            }
+            out.push(url);
+        }
+        Ok(out)
+    });
+    if r.has("worker") && r.has("workers") {
+        let at = r.pos("workers");
+        r.report_at(
+            at,
+            "workers",
+            "give worker (one) or workers (its replicas), not both",
+        );
+        return (None, None);
+    }
+    match list {
+        Some(list) => (list.first().cloned(), Some(list)),
+        None => (worker.clone(), worker.map(|w| vec![w])),
+    }
 }
 
 /// `grpc_pass_services`: fully qualified gRPC service names

@@ -69,6 +69,8 @@ fn examples_parse() {
         &Route {
             name: "research".into(),
             worker: WorkerUrl::parse("http://127.0.0.1:9000/base").unwrap(),
+            workers: vec![WorkerUrl::parse("http://127.0.0.1:9000/base").unwrap()],
+            health_interval: DEFAULT_HEALTH_INTERVAL,
             path_prefix: Some("/research".into()),
             host: Some("research.example.com".into()),
             strip_prefix: true,
@@ -634,7 +636,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, workers, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -817,7 +819,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, workers, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
         ]
     );
 }
@@ -1512,5 +1514,46 @@ fn grpc_pass_services() {
     ] {
         let errs = errors(&route(&format!("grpc_pass_services = {bad}")));
         assert!(errs.len() == 1 && errs[0].contains(why), "{bad}: {errs:?}");
+    }
+}
+
+#[test]
+fn worker_replicas() {
+    let route = |keys: &str| format!("[[routes]]\nname = \"a\"\n{keys}\n");
+    let c = ok(&route(
+        "workers = [\"http://a:9000/x\", \"http://b:9000/x\"]\nhealth_interval = \"1s\"",
+    ));
+    let r = &c.routes[0];
+    assert_eq!(r.worker.authority(), "a:9000");
+    let names: Vec<String> = r.workers.iter().map(WorkerUrl::authority).collect();
+    assert_eq!(names, ["a:9000", "b:9000"]);
+    assert_eq!(r.health_interval, S);
+    assert_eq!(
+        ok(ROUTE).routes[0].workers,
+        [ok(ROUTE).routes[0].worker.clone()]
+    );
+    for (keys, why) in [
+        (
+            "worker = \"http://a\"\nworkers = [\"http://b\"]",
+            "not both",
+        ),
+        ("workers = []", "names no worker"),
+        (
+            "workers = [\"http://a:1\", \"https://b:1\"]",
+            "share its scheme and base path",
+        ),
+        (
+            "workers = [\"http://a:1/x\", \"http://b:1/y\"]",
+            "share its scheme and base path",
+        ),
+        ("workers = [\"http://a:1\", \"http://a:1/\"]", "named twice"),
+        ("workers = [\"ftp://a\"]", "expected an http or https URL"),
+        (
+            "workers = [\"http://a\"]\nhealth_interval = \"10ms\"",
+            "between 100ms and 1h",
+        ),
+    ] {
+        let errs = errors(&route(keys));
+        assert!(errs.len() == 1 && errs[0].contains(why), "{keys}: {errs:?}");
     }
 }

@@ -547,6 +547,31 @@ impl Admin {
         Ok(found)
     }
 
+    /// `GET /replicas`: each route with several `workers`, each replica's
+    /// authority and whether it is up (its last health check passed and no
+    /// connection to it failed since).
+    fn replicas(&self) -> Response<Vec<u8>> {
+        let Some(tasks) = &self.tasks else {
+            return json_reply(200, &json!({"routes": []}));
+        };
+        let routes: Vec<serde_json::Value> = tasks
+            .routes
+            .load()
+            .all()
+            .iter()
+            .filter_map(|r| {
+                let replicas = r.replicas.as_ref()?;
+                let list: Vec<_> = replicas
+                    .view()
+                    .into_iter()
+                    .map(|(replica, up)| json!({"replica": replica, "up": up}))
+                    .collect();
+                Some(json!({"route": &*r.name, "replicas": list}))
+            })
+            .collect();
+        json_reply(200, &json!({ "routes": routes }))
+    }
+
     /// `GET /tasks/{id}`: the record, its lease (and what is left of it),
     /// the budget this replica's ledger holds for it, and its owed cancel.
     async fn view(&self, record: &TaskRecord) -> serde_json::Value {
@@ -577,6 +602,7 @@ impl Admin {
             "binding": record.target.as_ref().map(|t| t.binding.as_str()),
             "watchers": record.watchers,
             "owner": record.owner,
+            "replica": record.replica,
             "lease": record.lease.as_ref().map(|l| json!({
                 "ttlMs": l.ttl_ms,
                 "deadlineMs": l.deadline_ms,
@@ -622,9 +648,13 @@ impl Admin {
         let Some(target) = record.target else {
             return unsent("the store does not say how the task was reached (no binding recorded)");
         };
+        let Some(worker) = route.worker_for(record.replica.as_deref()) else {
+            crate::lease::lost(&key, record.replica.as_deref());
+            return unsent("the task's worker replica is not one of its route's workers any more");
+        };
         let job = CancelJob {
             key: key.clone(),
-            worker: route.cfg.worker.clone(),
+            worker,
             target,
             headers: crate::cancel::cancel_headers(&route.cfg, &[]),
             cause: "admin",
@@ -701,6 +731,7 @@ impl ServeHttp for Admin {
                 self.budgets.admin_view().await.to_string().into_bytes(),
             ),
             "/reload" => self.reload(session).await,
+            "/replicas" => self.replicas(),
             "/tasks" => match self.store.list(1000).await {
                 Ok(tasks) => {
                     let tasks: Vec<_> = tasks

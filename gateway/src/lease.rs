@@ -260,9 +260,14 @@ impl Leases {
                 self.end(&rec.key).await;
                 continue;
             };
+            let Some(worker) = route.worker_for(rec.replica.as_deref()) else {
+                lost(&rec.key, rec.replica.as_deref());
+                self.end(&rec.key).await;
+                continue;
+            };
             let job = CancelJob {
                 key: rec.key.clone(),
-                worker: route.cfg.worker.clone(),
+                worker,
                 target,
                 headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: "lease_lapsed",
@@ -339,9 +344,27 @@ impl Leases {
                 .with_label_values(&[&route.name])
                 .inc();
             tracing::info!(task = %owed.key, cause = %owed.cause, "claimed an owed cancel (its replica is gone, or its last try failed); sending it");
+            // On a route with several workers, the one the task runs on.
+            let worker = match &route.replicas {
+                None => Some(route.cfg.worker.clone()),
+                Some(_) => match self.store.get(&owed.key).await {
+                    Ok(rec) => route.worker_for(rec.and_then(|r| r.replica).as_deref()),
+                    Err(_) => {
+                        // Looked for again at its next claim.
+                        let at = self.store.clock_ms();
+                        let _ = self.store.outbox_retry(&owed.key, &owed.token, at).await;
+                        continue;
+                    }
+                },
+            };
+            let Some(worker) = worker else {
+                lost(&owed.key, None);
+                let _ = self.store.outbox_done(&owed.key).await;
+                continue;
+            };
             let job = CancelJob {
                 key: owed.key,
-                worker: route.cfg.worker.clone(),
+                worker,
                 target: owed.target,
                 // Only what the config gives: the caller's headers were never
                 // stored.
@@ -471,6 +494,14 @@ pub fn default_replica_id() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "gateway".to_string());
     format!("{host}-{}-{}", std::process::id(), now_ms())
+}
+
+/// A cancel the gateway owes a task whose worker replica its route no
+/// longer has (or never recorded): counted and logged, never sent to
+/// another replica as if the task ran there.
+pub(crate) fn lost(key: &TaskKey, replica: Option<&str>) {
+    metrics::TASKS_LOST.with_label_values(&[&key.route]).inc();
+    tracing::warn!(task = %key, replica = ?replica, "the task's worker replica is gone from its route: its cancel is not sent to another");
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod redact;
 pub mod reload;
+pub mod replicas;
 pub mod resolve;
 pub mod server;
 pub mod store;

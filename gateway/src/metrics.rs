@@ -90,6 +90,12 @@ counter!(
     "CancelTask attempts, retries included.",
     &["route"]
 );
+counter!(
+    TASKS_LOST,
+    "a2agw_tasks_lost_total",
+    "Tasks whose worker replica the route no longer has, or that did not answer past the cancel's retries: never sent to another replica as if it were theirs.",
+    &["route"]
+);
 counter!(UNREACHABLE, "a2agw_unreachable_children_total", "Children whose caller left before any event named them: a task may run on that nobody can cancel.", &["route"]);
 counter!(
     UNTRACKED,
@@ -663,6 +669,18 @@ pub static JWKS_STALE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         "a2agw_jwks_stale",
         "1 while the route's JWT keys are dropped: no JWKS read succeeded within jwks_max_stale (every JWT refused).",
         &["route"]
+    )
+    .expect("metric registers once")
+});
+
+/// `a2agw_replica_up{route,replica}`: 1 while a replica of a route with
+/// several (`workers`) passed its last health check and its last
+/// connection did not fail, else 0. Set by each check.
+pub static REPLICA_UP: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "a2agw_replica_up",
+        "1 while a worker replica passed its last health check and no connection to it failed since.",
+        &["route", "replica"]
     )
     .expect("metric registers once")
 });

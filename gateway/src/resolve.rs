@@ -213,20 +213,23 @@ pub struct WorkerAddrs {
 /// The route whose TLS settings a worker's `host:port` takes: the config
 /// makes the https routes to one host:port agree on them; an http route to
 /// it has none and must not hide them.
-fn tls_routes(routes: &[config::Route]) -> HashMap<String, &config::Route> {
-    let mut first: HashMap<String, &config::Route> = HashMap::new();
+/// Every replica a route names (`workers`) is a worker of its own here.
+fn tls_routes(routes: &[config::Route]) -> HashMap<String, (&config::Route, &config::WorkerUrl)> {
+    let mut first: HashMap<String, (&config::Route, &config::WorkerUrl)> = HashMap::new();
     for r in routes {
-        let e = first.entry(r.worker.authority()).or_insert(r);
-        if !e.worker.tls {
-            *e = r;
+        for w in &r.workers {
+            let e = first.entry(w.authority()).or_insert((r, w));
+            if !e.1.tls {
+                *e = (r, w);
+            }
         }
     }
     first
 }
 
-fn worker_addr(r: &config::Route, refresh: Duration) -> Arc<WorkerAddr> {
+fn worker_addr((r, w): (&config::Route, &config::WorkerUrl), refresh: Duration) -> Arc<WorkerAddr> {
     Arc::new(WorkerAddr::new(
-        &r.worker,
+        w,
         r.worker_ca.as_ref(),
         r.worker_client_cert.as_ref(),
         refresh,
@@ -257,13 +260,13 @@ impl WorkerAddrs {
     pub fn update(&self, routes: &[config::Route]) -> Vec<Arc<WorkerAddr>> {
         let mut map = HashMap::clone(&self.by_authority.load());
         let mut added = Vec::new();
-        for (k, r) in tls_routes(routes) {
+        for (k, (r, w)) in tls_routes(routes) {
             let same = map.get(&k).is_some_and(|a| {
                 a.tls_source.0.as_ref() == r.worker_ca.as_ref()
                     && a.tls_source.1.as_ref() == r.worker_client_cert.as_ref()
             });
             if !same {
-                let a = worker_addr(r, self.refresh);
+                let a = worker_addr((r, w), self.refresh);
                 added.push(a.clone());
                 map.insert(k, a);
             }

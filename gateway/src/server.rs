@@ -51,6 +51,30 @@ impl BackgroundService for TrackerLoop {
 /// Looks up the workers' host names once at start.
 struct WarmAddrs(Arc<crate::resolve::WorkerAddrs>);
 
+/// Looks up and health-checks the replicas of each route with several
+/// (`workers`), each every `health_interval` (the routes a reload brings
+/// included).
+struct ReplicaChecks(Arc<LiveRoutes>);
+
+#[async_trait]
+impl BackgroundService for ReplicaChecks {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            let routes = self.0.load().clone();
+            let now = crate::store::now_ms();
+            for r in routes.all() {
+                if let Some(replicas) = &r.replicas {
+                    replicas.check_if_due(now).await;
+                }
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl BackgroundService for WarmAddrs {
     async fn start(&self, _shutdown: ShutdownWatch) {
@@ -248,6 +272,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         "worker addresses",
         WarmAddrs(worker_addrs),
     ));
+    server.add_service(watched("replicas", Arc::new(ReplicaChecks(routes.clone()))));
     server.add_service(watched(
         "tracker",
         Arc::new(TrackerLoop(Mutex::new(Some(Box::pin(tracker_run))))),

@@ -209,7 +209,7 @@ impl Gateway {
             }
             let asked = tokio::time::timeout(
                 self.timeouts.connect * 2,
-                self.carrier_exchange(route, head, None),
+                self.carrier_exchange(route, None, head, None),
             )
             .await;
             if let Ok(Ok((resp, body))) = asked {
@@ -237,18 +237,23 @@ impl Gateway {
     /// proxy makes one (pooled), and reads the answer's head. A pooled
     /// connection the worker closed meanwhile is retried on another, as
     /// the proxy does.
+    /// `replica`: the one a route with several `workers` carries it to.
     async fn carrier_send(
         &self,
         route: &Route,
+        replica: Option<usize>,
         head: RequestHeader,
         body: Option<Bytes>,
     ) -> Result<Upstream> {
-        let addr = route
-            .addr
+        let worker = match (&route.replicas, replica) {
+            (Some(r), Some(i)) => r.addr(i),
+            _ => &route.addr,
+        };
+        let addr = worker
             .get()
             .await
             .map_err(|why| Error::explain(ErrorType::ConnectNoRoute, why).into_up())?;
-        let mut peer = route.addr.peer(addr, route.cfg.worker.tls);
+        let mut peer = worker.peer(addr, route.cfg.worker.tls);
         peer.options.connection_timeout = Some(self.timeouts.connect);
         peer.options.read_timeout = self.timeouts.upstream_idle;
         peer.options.write_timeout = self.timeouts.upstream_idle;
@@ -279,10 +284,11 @@ impl Gateway {
     async fn carrier_exchange(
         &self,
         route: &Route,
+        replica: Option<usize>,
         head: RequestHeader,
         body: Option<Bytes>,
     ) -> Result<(ResponseHeader, Vec<u8>)> {
-        let mut up = self.carrier_send(route, head, body).await?;
+        let mut up = self.carrier_send(route, replica, head, body).await?;
         let resp = answer_head(&up.session)?;
         let body = read_whole(&mut up.session).await?;
         self.carrier_release(up).await;
@@ -321,6 +327,11 @@ impl Gateway {
                 crate::a2a::request::message_id(&plan.body, binding == Binding::JsonRpc);
         }
         metrics::OPEN_STREAMS.inc();
+        // On a route with several workers: the replica the send, its
+        // events and the GetTask that answers it all go to.
+        if let Some(replicas) = &route.replicas {
+            ctx.req.replica = Some(self.replica_for(ctx, &route, replicas).await);
+        }
 
         let mut head = session.req_header().clone();
         crate::trace::upstream(&mut head, ctx);
@@ -344,7 +355,9 @@ impl Gateway {
         let send_head = head.clone();
 
         ctx.times.upstream();
-        let mut upstream = self.carrier_send(&route, head, Some(plan.body)).await?;
+        let mut upstream = self
+            .carrier_send(&route, ctx.req.replica, head, Some(plan.body))
+            .await?;
         let up = &mut upstream.session;
         let resp = answer_head(up)?;
         if !resp.status.is_success() || !super::observe::is_sse(&resp) {
@@ -475,7 +488,9 @@ impl Gateway {
             (n, _) => n,
         };
         let get = get_task_request(&send_head, ctx, binding, &id, history_length)?;
-        let (got, body) = self.carrier_exchange(&route, get.0, get.1).await?;
+        let (got, body) = self
+            .carrier_exchange(&route, ctx.req.replica, get.0, get.1)
+            .await?;
         let status = got.status.as_u16();
         ctx.times.answer(&got);
         match final_answer(binding, ctx.req.rpc_id.as_ref(), status, &body) {

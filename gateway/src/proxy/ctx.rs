@@ -103,6 +103,9 @@ pub struct Request {
     /// A gRPC call (`content-type: application/grpc`), of the A2A service
     /// or another: it goes to the worker over HTTP/2.
     pub grpc: bool,
+    /// On a route with several `workers`: the replica the request went to
+    /// (chosen in `upstream_peer`), recorded with the task it names.
+    pub replica: Option<usize>,
 }
 
 impl Request {
@@ -133,6 +136,22 @@ pub fn shape_of(method: A2aMethod) -> Option<Shape> {
 impl Ctx {
     /// Who is asking, for ownership ([`policies::owner`]): on a route with
     /// `[routes.auth]`, the verified identity or anonymous; else unverified.
+    /// The replica the request went to, as the store records it.
+    pub fn replica_name(&self) -> Option<String> {
+        let replicas = self.route.as_ref()?.replicas.as_ref()?;
+        Some(replicas.authority(self.req.replica?).to_owned())
+    }
+
+    /// Where the gateway's own calls for this request's task go: the
+    /// replica the request went to, else the route's worker.
+    pub fn worker_url(&self) -> Option<config::WorkerUrl> {
+        let route = self.route.as_ref()?;
+        Some(match (&route.replicas, self.req.replica) {
+            (Some(r), Some(i)) => r.url(i).clone(),
+            _ => route.cfg.worker.clone(),
+        })
+    }
+
     pub fn asker(&self, route: &super::route::Route) -> crate::store::Asker {
         match (&route.auth, &self.req.caller) {
             (None, _) => crate::store::Asker::Unverified,

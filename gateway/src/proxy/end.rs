@@ -126,7 +126,7 @@ impl Gateway {
         Some(StreamEnd {
             route: route.name.clone(),
             policy: route.cfg.cascade,
-            worker: route.cfg.worker.clone(),
+            worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
             target,
             tenant: ctx.req.tenant.clone(),
             task_id: ctx.track.task_id.clone(),
@@ -160,10 +160,20 @@ impl Gateway {
                         can_reuse_downstream: false,
                     }
                 }
-                Some(status) if side == Side::Worker => Refusal::WorkerFailed {
-                    status,
-                    why: worker_failure(e),
-                },
+                Some(status) if side == Side::Worker => {
+                    // Passive health: no new sends to that replica until
+                    // it passes a check.
+                    if let (Some(r), Some(i)) = (
+                        ctx.route.as_ref().and_then(|r| r.replicas.as_ref()),
+                        ctx.req.replica,
+                    ) {
+                        r.failed(i);
+                    }
+                    Refusal::WorkerFailed {
+                        status,
+                        why: worker_failure(e),
+                    }
+                }
                 Some(status) => {
                     let _ = session.respond_error(status).await;
                     return FailToProxy {

@@ -36,7 +36,10 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
     let Some(route) = &ctx.route else {
         return Ok(());
     };
-    upstream.insert_header("host", route.host_header.clone())?;
+    match (&route.replicas, ctx.req.replica) {
+        (Some(r), Some(i)) => upstream.insert_header("host", r.authority(i))?,
+        _ => upstream.insert_header("host", route.host_header.clone())?,
+    }
     let reads_answer = matches!(ctx.call, Call::AgentCard)
         || (matches!(ctx.call, Call::JsonRpcCandidate) && ctx.req.method.is_none())
         || ctx.tracked_shape().is_some()

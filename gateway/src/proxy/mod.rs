@@ -135,6 +135,39 @@ fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
     }
 }
 
+impl Gateway {
+    /// The replica a request goes to on a route with several `workers`: a
+    /// call bound to a task the store knows goes to the replica recorded
+    /// with it (one store read); anything else (a new send, a task never
+    /// seen) is balanced. A task whose replica the route no longer has is
+    /// counted lost and the call balanced: the caller gets that worker's
+    /// own answer (not found), never the gateway's guess.
+    pub(super) async fn replica_for(
+        &self,
+        ctx: &Ctx,
+        route: &route::Route,
+        replicas: &crate::replicas::Replicas,
+    ) -> usize {
+        if let Some(id) = &ctx.req.task_id {
+            let key =
+                crate::store::TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id.as_str());
+            if let Ok(Some(rec)) = self.store.get(&key).await {
+                match rec.replica.as_deref().map(|a| (a, replicas.find(a))) {
+                    Some((_, Some(i))) => return i,
+                    Some((gone, None)) => {
+                        crate::metrics::TASKS_LOST
+                            .with_label_values(&[&route.name])
+                            .inc();
+                        tracing::warn!(route = %route.name, task = %key, replica = gone, "a call for a task whose worker replica the route no longer has; balanced (the worker answers for itself)");
+                    }
+                    None => {}
+                }
+            }
+        }
+        replicas.pick().unwrap_or(0)
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     /// Boxed: pingora keeps the CTX inside each request's future and copies
@@ -195,14 +228,22 @@ impl ProxyHttp for Gateway {
         let Some(route) = ctx.route.clone() else {
             return Err(Error::explain(ErrorType::InternalError, "no route chosen"));
         };
-        let addr = match route.addr.get().await {
+        let worker = match &route.replicas {
+            None => &route.addr,
+            Some(replicas) => {
+                let i = Box::pin(self.replica_for(ctx, &route, replicas)).await;
+                ctx.req.replica = Some(i);
+                replicas.addr(i)
+            }
+        };
+        let addr = match worker.get().await {
             Ok(a) => a,
             Err(why) => {
                 ctx.refuse(Refusal::WorkerUnresolvable(why.clone()));
                 return Err(Error::explain(ErrorType::ConnectNoRoute, why));
             }
         };
-        let mut peer = route.addr.peer(addr, route.cfg.worker.tls);
+        let mut peer = worker.peer(addr, route.cfg.worker.tls);
         if ctx.req.grpc {
             // gRPC needs HTTP/2: prior knowledge (h2c) on a plain
             // connection, ALPN `h2` on TLS.

@@ -46,6 +46,8 @@ pub fn lease_rules(route: &Route) -> LeaseRules {
 pub(super) struct By {
     pub shape: Shape,
     pub asker: Asker,
+    /// The worker replica the request went to (routes with several).
+    pub replica: Option<String>,
     /// Where a cancel of the task goes.
     pub target: Option<CancelTarget>,
 }
@@ -78,6 +80,7 @@ impl Gateway {
                         .then(|| by.asker.as_policy().owner().map(str::to_owned))
                         .flatten(),
                     asker: by.asker.clone(),
+                    replica: by.replica,
                 },
             );
         }
@@ -351,6 +354,7 @@ impl Gateway {
                     By {
                         shape,
                         asker: ctx.asker(&route),
+                        replica: ctx.replica_name(),
                         target: target.clone(),
                     },
                 );
@@ -360,7 +364,7 @@ impl Gateway {
                 if let (Some(b), Some(target)) = (&ctx.budget, target) {
                     let job = CancelJob {
                         key,
-                        worker: route.cfg.worker.clone(),
+                        worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
                         target,
                         headers: cancel_headers(&route.cfg, &ctx.req.caller_headers),
                         cause: "budget_exhausted",

@@ -27,6 +27,9 @@ pub struct Route {
     pub card_declares_lease: std::sync::atomic::AtomicBool,
     /// `[routes.auth]`: the caller's credential is verified first.
     pub auth: Option<Arc<crate::auth::Authenticator>>,
+    /// A route with several `workers`: which replica takes a new send.
+    /// `None` for one worker, which `addr` reaches.
+    pub replicas: Option<Arc<crate::replicas::Replicas>>,
 }
 
 impl Route {
@@ -40,6 +43,18 @@ impl Route {
             || self.cfg.lease.impose_ttl.is_some()
             || self.polls()
             || self.gateway_enforces_leases()
+    }
+
+    /// Where the gateway's own calls for a task of this route go (cancels,
+    /// probes, lookups): the replica recorded with it on a route with
+    /// several `workers`, else the worker. `None` when the route has no
+    /// such replica (any more), or none was recorded: the task is lost to
+    /// the gateway, and is never sent to another replica as if it ran there.
+    pub fn worker_for(&self, replica: Option<&str>) -> Option<config::WorkerUrl> {
+        match &self.replicas {
+            None => Some(self.cfg.worker.clone()),
+            Some(r) => replica.and_then(|a| r.find(a)).map(|i| r.url(i).clone()),
+        }
     }
 
     /// The route has `poll_lease`: non-blocking sends' tasks are cancelled
@@ -129,6 +144,8 @@ impl Routes {
                         .auth
                         .as_ref()
                         .map(|a| crate::auth::Authenticator::build(&r.name, a)),
+                    replicas: (r.workers.len() > 1)
+                        .then(|| Arc::new(crate::replicas::Replicas::new(r, &addrs))),
                 })
             })
             .collect();
@@ -155,6 +172,11 @@ impl Routes {
     /// The route named `name` (as stored with a task), if this replica has it.
     pub fn by_name(&self, name: &str) -> Option<&Arc<Route>> {
         self.routes.iter().find(|r| &*r.name == name)
+    }
+
+    /// Every route, in match order.
+    pub fn all(&self) -> &[Arc<Route>] {
+        &self.routes
     }
 
     /// The route for `host` (without port, any case) and `path`.

@@ -314,6 +314,7 @@ impl Gateway {
             super::observe::By {
                 shape,
                 asker: ctx.asker(&route),
+                replica: ctx.replica_name(),
                 target: Some(target),
             },
         );
@@ -379,7 +380,7 @@ impl Gateway {
         let end = crate::cascade::StreamEnd {
             route: route.name.clone(),
             policy: route.cfg.cascade,
-            worker: route.cfg.worker.clone(),
+            worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
             target: CancelTarget {
                 binding: Binding::WebSocket,
                 path: endpoint(ctx).to_string(),

@@ -110,6 +110,10 @@ pub struct TaskRecord {
     /// `key:<name>`), on a route with `[routes.auth]`: only its requests
     /// move the task's gateway state ([`policies::owner`]). `None`: no owner.
     pub owner: Option<String>,
+    /// The worker replica that took the task's send (its configured
+    /// `host:port`), on a route with several `workers`: every later call
+    /// and cancel for the task goes there.
+    pub replica: Option<String>,
 }
 
 /// A lease the gateway enforces: who holds it and until when.
@@ -137,6 +141,8 @@ pub struct TaskUpdate {
     pub owner: Option<String>,
     /// Who the update is for (the caller whose stream it counts).
     pub asker: Asker,
+    /// The replica that took the send; recorded if the record has none.
+    pub replica: Option<String>,
 }
 
 /// Who an update is for, as [`policies::owner::Asker`] names it, owned.
@@ -505,6 +511,7 @@ impl TaskRecord {
             lease: None,
             updated_ms: now_ms,
             owner: None,
+            replica: None,
         }
     }
 
@@ -537,6 +544,9 @@ impl TaskRecord {
         }
         if self.owner.is_none() {
             self.owner = u.owner;
+        }
+        if self.replica.is_none() {
+            self.replica = u.replica;
         }
         if policies::owner::moves_state(
             self.owner.as_deref(),

@@ -145,7 +145,8 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 /// KEYS: task, leases. ARGV: now, route, tenant, task_id, has_context,
 /// context, state (`""` = none), has_target, binding, path, watchers_delta,
-/// replica (its `w:` field takes the delta), owner, asker kind, asker id.
+/// replica (its `w:` field takes the delta), owner, asker kind, asker id,
+/// the worker replica that took the send (`""` none; kept once set).
 /// A record keeps the tenant it was created with; an update naming another
 /// changes only the state. Returns the record (`record`).
 const UPDATE: &str = include_str!("lua/update.lua");
@@ -725,7 +726,8 @@ impl TaskStore for RedisStore {
             .arg(&self.replica)
             .arg(update.owner.as_deref().unwrap_or(""))
             .arg(asker_kind(&update.asker))
-            .arg(asker_id(&update.asker));
+            .arg(asker_id(&update.asker))
+            .arg(update.replica.as_deref().unwrap_or(""));
         let v: Value = self
             .call(
                 "update",
@@ -1351,6 +1353,7 @@ fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord
         lease,
         updated_ms: u64_of(f.get("updated_ms")).unwrap_or(0),
         owner: f.get("owner").cloned(),
+        replica: f.get("replica").cloned(),
     }
 }
 

@@ -21,6 +21,7 @@ if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', 
 -- ARGV[13]: the owner a send records if there is none ('' none);
 -- ARGV[14]: who asks, 'u' (no auth), 'a' (anonymous) or 'i' (ARGV[15]).
 -- Only an asker that may move the task's state counts (policies::owner).
+if ARGV[16] ~= '' then redis.call('HSETNX', k, 'replica', ARGV[16]) end
 if ARGV[13] ~= '' and redis.call('HEXISTS', k, 'owner') == 0 then
   redis.call('HSET', k, 'owner', ARGV[13])
 end
