@@ -221,3 +221,67 @@ impl Replicas {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(ports: &[u16]) -> config::Route {
+        let workers: Vec<String> = ports
+            .iter()
+            .map(|p| format!("\"http://127.0.0.1:{p}\""))
+            .collect();
+        let src = format!(
+            "[[routes]]\nname = \"r\"\nworkers = [{}]\nhealth_interval = \"100ms\"\n",
+            workers.join(", ")
+        );
+        config::parse(&src).unwrap().routes.remove(0)
+    }
+
+    /// Round robin over the replicas that pass their TCP check; a failed
+    /// connection takes one out until a check passes again; one that stops
+    /// listening is out after its next check.
+    #[tokio::test]
+    async fn balanced_over_the_replicas_that_are_up() {
+        let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ports = [
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+        ];
+        // Accepts (and drops) the checks' connections.
+        let serve = |l: tokio::net::TcpListener| {
+            tokio::spawn(async move {
+                while let Ok((s, _)) = l.accept().await {
+                    drop(s);
+                }
+            })
+        };
+        let (ta, tb) = (serve(a), serve(b));
+        let cfg = route(&ports);
+        let addrs = WorkerAddrs::new(std::slice::from_ref(&cfg), Duration::from_secs(30));
+        let r = Replicas::new(&cfg, &addrs);
+        assert_eq!(r.pick(), None, "nothing discovered before the first check");
+        r.check_if_due(crate::store::now_ms()).await;
+        let picks: Vec<usize> = (0..4).filter_map(|_| r.pick()).collect();
+        assert_eq!(picks.len(), 4);
+        assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
+        assert_eq!(r.find(&format!("127.0.0.1:{}", ports[1])), Some(1));
+        assert_eq!(r.find("127.0.0.1:1"), None);
+
+        r.failed(0);
+        assert!(
+            (0..4).all(|_| r.pick() == Some(1)),
+            "a failed replica takes no sends"
+        );
+        assert_eq!(r.view()[0], (format!("127.0.0.1:{}", ports[0]), false));
+
+        // Replica 1 stops listening; replica 0 passes its next check.
+        tb.abort();
+        let _ = tb.await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        r.check_if_due(crate::store::now_ms()).await;
+        assert!((0..4).all(|_| r.pick() == Some(0)), "{:?}", r.view());
+        ta.abort();
+    }
+}
