@@ -304,6 +304,17 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.times.answer(resp);
+        // Passive health: a replica answering that it cannot serve (502,
+        // 503, 504: overloaded, shutting down, its own upstream gone)
+        // takes no new sends until it passes a check. A 500 is an answer
+        // about the call, not the replica.
+        if let (502..=504, Some(r), Some(i)) = (
+            resp.status.as_u16(),
+            ctx.route.as_ref().and_then(|r| r.replicas.as_ref()),
+            ctx.req.replica,
+        ) {
+            r.failed(i);
+        }
         self.choose_reader(session, resp, ctx)
     }
 
