@@ -12,6 +12,7 @@ pub mod cascade;
 pub mod failure;
 pub mod lease;
 pub mod owner;
+pub mod reading;
 pub mod task_state;
 pub mod track;
 

@@ -12,7 +12,7 @@ use pingora::proxy::Session;
 use super::ctx::Ctx;
 use super::http1;
 use super::inject::activates_lease;
-use super::refusal::{GrpcUnread, Refusal};
+use super::refusal::Refusal;
 use super::route::{host_without_port, Matched};
 use super::Gateway;
 use crate::a2a::{classify, A2aMethod, Binding, Call};
@@ -69,21 +69,16 @@ impl Gateway {
         // serves h2c and ignores content types (hypercorn, hyper's auto
         // mode) would run a send typed `application/grpc` at its REST or
         // JSON-RPC path, which the gateway passes unread elsewhere.
-        if grpc && route.checks_sends() {
-            let unread = match &call {
-                Call::Grpc { method: None } => Some(GrpcUnread::Method),
-                Call::Grpc { .. } => (!content_type
-                    .is_some_and(|ct| crate::a2a::grpc::is_proto_codec(ct.as_bytes())))
-                .then_some(GrpcUnread::Codec),
-                // A service the route passes at the operator's word.
-                _ if crate::a2a::grpc::service_of(rel)
-                    .is_some_and(|s| route.cfg.grpc_pass_services.iter().any(|p| p == s)) =>
-                {
-                    None
-                }
-                _ => Some(GrpcUnread::Service),
+        if grpc {
+            let seen = policies::reading::GrpcCall {
+                a2a_service: matches!(call, Call::Grpc { .. }),
+                known_method: matches!(call, Call::Grpc { method: Some(_) }),
+                proto: content_type
+                    .is_some_and(|ct| crate::a2a::grpc::is_proto_codec(ct.as_bytes())),
+                passed_service: crate::a2a::grpc::service_of(rel)
+                    .is_some_and(|s| route.cfg.grpc_pass_services.iter().any(|p| p == s)),
             };
-            if let Some(what) = unread {
+            if let Some(what) = policies::reading::grpc_refusal(route.checks_sends(), seen) {
                 ctx.req.binding = Some(Binding::Grpc);
                 ctx.route = Some(route);
                 return Err(Refusal::GrpcUnread(what));
@@ -211,22 +206,23 @@ impl Gateway {
         let budgeted = route.cfg.budget.is_active();
         ctx.call = call;
         ctx.route = Some(route);
-        if budgeted && upgrade {
-            // Frames could carry sends whose grants the gateway cannot
-            // rewrite; a budgeted route is served over HTTP bindings only.
-            ctx.req.binding = Some(Binding::Rest);
-            return Err(Refusal::BudgetWebSocket);
-        }
         let binds_tenants = ctx
             .route
             .as_ref()
             .and_then(|r| r.cfg.auth.as_ref())
             .is_some_and(|a| a.tenants.is_some());
-        if binds_tenants && upgrade {
-            // A frame naming a tenant its caller may not use cannot be
-            // refused without breaking the socket.
+        // Frames could carry sends whose grants the gateway cannot rewrite,
+        // or tenants it would have to refuse: such a route is served over
+        // the HTTP bindings only.
+        if let (true, Some(why)) = (
+            upgrade,
+            policies::reading::websocket_refusal(budgeted, binds_tenants),
+        ) {
             ctx.req.binding = Some(Binding::Rest);
-            return Err(Refusal::TenantWebSocket);
+            return Err(match why {
+                policies::reading::WebSocketRefusal::Budget => Refusal::BudgetWebSocket,
+                policies::reading::WebSocketRefusal::Tenants => Refusal::TenantWebSocket,
+            });
         }
         // An idle WebSocket is not cut by read timeouts (ping/pong and long
         // silences pass); other requests get the configured one.

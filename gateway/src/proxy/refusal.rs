@@ -83,17 +83,7 @@ pub enum Refusal {
     WorkerFailed { status: u16, why: String },
 }
 
-/// What kind of gRPC call a route that checks sends would pass unread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GrpcUnread {
-    /// Not a method of `lf.a2a.v1.A2AService` (any path, the REST and
-    /// JSON-RPC ones included).
-    Service,
-    /// A method of the A2A service this version does not know.
-    Method,
-    /// A codec other than protobuf (`application/grpc+json`).
-    Codec,
-}
+pub use policies::reading::GrpcUnread;
 
 /// The parts of an A2A error answer.
 struct Parts {
