@@ -46,6 +46,7 @@ pub mod parent;
 pub mod python_worker;
 pub mod redis;
 pub mod relay;
+pub mod replicas;
 pub mod rust_worker;
 pub mod stream;
 pub mod tls;
