@@ -316,6 +316,18 @@ async fn thirty_callers(kind: Kind, n: usize) {
     );
     assert_eq!(gw.counter("a2agw_tasks_lost_total", &[]).await, 0.0);
     assert_no_foreign_ids(&gw, &reps, &children);
+    // The relays did see the calls: each replica was sent its own ids.
+    for (k, r) in reps.iter().enumerate() {
+        let own: Vec<String> = children
+            .iter()
+            .filter(|c| c.at == k)
+            .map(|c| c.id.clone())
+            .collect();
+        assert!(
+            !named_in(r, &own).is_empty(),
+            "replica {k}'s relay saw none of its tasks"
+        );
+    }
 }
 
 scenarios! {
@@ -440,6 +452,80 @@ async fn calls_bound_to_a_task(kind: Kind) {
 scenarios! {
     rust_calls_bound_to_a_task => calls_bound_to_a_task(Kind::Rust);
     python_calls_bound_to_a_task => calls_bound_to_a_task(Kind::Python);
+}
+
+// ── A send continuing a task ───────────────────────────────────────────────
+
+/// Four tasks over two replicas that ask for input (`ask`); each is then
+/// continued by a blocking `SendMessage` naming its `taskId` and
+/// `contextId` through the gateway (`quick`): the continuation reaches the
+/// replica that runs the task (which completes it; another would not know
+/// the task), no other.
+async fn continuation_goes_to_its_replica(kind: Kind, bind: Bind) {
+    let reps = replicas::start(kind, 2, Front::Relayed).await;
+    let gw = Gateway::start(&route(&reps, "")).await;
+    let mut children = Vec::new();
+    for _ in 0..4 {
+        let (path, body) = send_message(bind, None, "ask", json!({}));
+        let r = post_json(&gw.url, &path, &[], &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let task = answered_task(&r);
+        assert_eq!(
+            task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+            "{task}"
+        );
+        let id = task["id"].as_str().unwrap().to_string();
+        let context = task["contextId"].as_str().unwrap().to_string();
+        let at = placed(&gw, &reps, None, &id).await;
+        children.push((
+            Child {
+                id,
+                tenant: None,
+                bind,
+                at,
+            },
+            context,
+        ));
+    }
+    let only: Vec<Child> = children
+        .iter()
+        .map(|(c, _)| Child {
+            id: c.id.clone(),
+            tenant: None,
+            bind,
+            at: c.at,
+        })
+        .collect();
+    assert!(
+        per_replica(&only, 2).iter().all(|&k| k > 0),
+        "both replicas take some: {:?}",
+        per_replica(&only, 2)
+    );
+    for (c, context) in &children {
+        let (path, mut body) = send_message(bind, None, "quick", json!({}));
+        let msg = match bind {
+            Bind::JsonRpc => &mut body["params"]["message"],
+            Bind::Rest => &mut body["message"],
+        };
+        msg["taskId"] = json!(c.id);
+        msg["contextId"] = json!(context);
+        let r = post_json(&gw.url, &path, &[], &body).await;
+        assert_eq!(r.status, 200, "continuing {}: {}", c.id, r.text());
+        let task = answered_task(&r);
+        assert_eq!(task["id"], c.id.as_str(), "{task}");
+        assert_eq!(task["status"]["state"], COMPLETED, "{task}");
+        assert_eq!(
+            reps[c.at].worker().state(None, &c.id).await.as_deref(),
+            Some(COMPLETED)
+        );
+    }
+    assert_eq!(cancels(&reps).await, vec![0, 0]);
+    assert_no_foreign_ids(&gw, &reps, &only);
+}
+
+scenarios! {
+    rust_jsonrpc_continuation_goes_to_its_replica => continuation_goes_to_its_replica(Kind::Rust, Bind::JsonRpc);
+    python_rest_continuation_goes_to_its_replica => continuation_goes_to_its_replica(Kind::Python, Bind::Rest);
 }
 
 // ── gRPC ───────────────────────────────────────────────────────────────────
