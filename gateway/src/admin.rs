@@ -649,7 +649,7 @@ impl Admin {
             return unsent("the store does not say how the task was reached (no binding recorded)");
         };
         let Some(worker) = route.worker_for(record.replica.as_deref()) else {
-            crate::lease::lost(&key, record.replica.as_deref());
+            crate::replicas::lost(&key, record.replica.as_deref());
             return unsent("the task's worker replica is not one of its route's workers any more");
         };
         let job = CancelJob {

@@ -455,6 +455,11 @@ impl Canceller {
             tracing::info!(task = %job.key, cause = job.cause, error = %last_err, "CancelTask no longer owed here (claimed by another replica, or the task settled); stopped retrying");
         } else {
             tracing::warn!(task = %job.key, cause = job.cause, error = %last_err, "CancelTask failed; the child may still be running");
+            if last_err.starts_with("connect") {
+                // Its worker (replica) did not take a connection past the
+                // retries: the task is lost with it (counted once).
+                crate::replicas::lost(&job.key, Some(&job.worker.authority()));
+            }
         }
         (outcome, last_err)
     }

@@ -261,7 +261,7 @@ impl Leases {
                 continue;
             };
             let Some(worker) = route.worker_for(rec.replica.as_deref()) else {
-                lost(&rec.key, rec.replica.as_deref());
+                crate::replicas::lost(&rec.key, rec.replica.as_deref());
                 self.end(&rec.key).await;
                 continue;
             };
@@ -358,7 +358,7 @@ impl Leases {
                 },
             };
             let Some(worker) = worker else {
-                lost(&owed.key, None);
+                crate::replicas::lost(&owed.key, None);
                 let _ = self.store.outbox_done(&owed.key).await;
                 continue;
             };
@@ -494,14 +494,6 @@ pub fn default_replica_id() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "gateway".to_string());
     format!("{host}-{}-{}", std::process::id(), now_ms())
-}
-
-/// A cancel the gateway owes a task whose worker replica its route no
-/// longer has (or never recorded): counted and logged, never sent to
-/// another replica as if the task ran there.
-pub(crate) fn lost(key: &TaskKey, replica: Option<&str>) {
-    metrics::TASKS_LOST.with_label_values(&[&key.route]).inc();
-    tracing::warn!(task = %key, replica = ?replica, "the task's worker replica is gone from its route: its cancel is not sent to another");
 }
 
 #[cfg(test)]

@@ -222,6 +222,28 @@ impl Replicas {
     }
 }
 
+/// Counts a task lost to the gateway, once per task in this process: its
+/// worker replica is not one of its route's any more (or none was
+/// recorded), or it did not answer its cancel past the retries. Its
+/// cancels are never sent to another replica as if the task ran there.
+pub fn lost(key: &crate::store::TaskKey, replica: Option<&str>) {
+    static SEEN: std::sync::LazyLock<moka::sync::Cache<crate::store::TaskKey, ()>> =
+        std::sync::LazyLock::new(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(Duration::from_secs(24 * 3600))
+                .build()
+        });
+    if SEEN.contains_key(key) {
+        return;
+    }
+    SEEN.insert(key.clone(), ());
+    crate::metrics::TASKS_LOST
+        .with_label_values(&[&key.route])
+        .inc();
+    tracing::warn!(task = %key, replica = ?replica, "the task's worker replica is gone (from its route, or unreachable past the cancel's retries): nothing for it is sent to another replica");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

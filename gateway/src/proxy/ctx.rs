@@ -136,10 +136,15 @@ pub fn shape_of(method: A2aMethod) -> Option<Shape> {
 impl Ctx {
     /// Who is asking, for ownership ([`policies::owner`]): on a route with
     /// `[routes.auth]`, the verified identity or anonymous; else unverified.
-    /// The replica the request went to, as the store records it.
+    /// The worker (replica) the request went to, as the store records it
+    /// with the task: recorded on every route, so that a reload that
+    /// changes the route's `workers` knows where its tasks run.
     pub fn replica_name(&self) -> Option<String> {
-        let replicas = self.route.as_ref()?.replicas.as_ref()?;
-        Some(replicas.authority(self.req.replica?).to_owned())
+        let route = self.route.as_ref()?;
+        Some(match (&route.replicas, self.req.replica) {
+            (Some(r), Some(i)) => r.authority(i).to_owned(),
+            _ => route.addr.authority().to_owned(),
+        })
     }
 
     /// Where the gateway's own calls for this request's task go: the

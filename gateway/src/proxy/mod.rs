@@ -155,10 +155,8 @@ impl Gateway {
                 match rec.replica.as_deref().map(|a| (a, replicas.find(a))) {
                     Some((_, Some(i))) => return i,
                     Some((gone, None)) => {
-                        crate::metrics::TASKS_LOST
-                            .with_label_values(&[&route.name])
-                            .inc();
-                        tracing::warn!(route = %route.name, task = %key, replica = gone, "a call for a task whose worker replica the route no longer has; balanced (the worker answers for itself)");
+                        crate::replicas::lost(&key, Some(gone));
+                        tracing::info!(route = %route.name, task = %key, replica = gone, "a call for a task whose worker replica the route no longer has: balanced (a worker answers for itself)");
                     }
                     None => {}
                 }

@@ -52,7 +52,12 @@ impl Route {
     /// the gateway, and is never sent to another replica as if it ran there.
     pub fn worker_for(&self, replica: Option<&str>) -> Option<config::WorkerUrl> {
         match &self.replicas {
-            None => Some(self.cfg.worker.clone()),
+            // A task recorded on another worker than the route's one (a
+            // reload scaled it down) is not this worker's; one recorded
+            // before replicas were recorded is.
+            None => replica
+                .is_none_or(|a| a == self.addr.authority())
+                .then(|| self.cfg.worker.clone()),
             Some(r) => replica.and_then(|a| r.find(a)).map(|i| r.url(i).clone()),
         }
     }

@@ -110,9 +110,10 @@ pub struct TaskRecord {
     /// `key:<name>`), on a route with `[routes.auth]`: only its requests
     /// move the task's gateway state ([`policies::owner`]). `None`: no owner.
     pub owner: Option<String>,
-    /// The worker replica that took the task's send (its configured
-    /// `host:port`), on a route with several `workers`: every later call
-    /// and cancel for the task goes there.
+    /// The worker (replica) that took the task's send, by its configured
+    /// `host:port`, recorded on every route: on a route with several
+    /// `workers` every later call and cancel for the task goes there, and
+    /// a task recorded on a worker its route no longer names is lost.
     pub replica: Option<String>,
 }
 
