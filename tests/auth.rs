@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
-use crate::harness::jwt::{JwksServer, Signer, AUD, ISS};
+use crate::harness::jwt::{stream_as, JwksServer, Signer, AUD, ISS};
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 use crate::harness::stream::SseStream;
 use crate::harness::worker::{message, task_id_of};
@@ -290,21 +290,6 @@ async fn wait_state(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-}
-
-/// Opens a stream of `method` (`params`) as the caller of `key`; the
-/// stream and the task id its first events name.
-async fn stream_as(url: &str, key: &str, method: &str, params: Value) -> (SseStream, String) {
-    let body = json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params});
-    let mut s = SseStream::open(url, "/", &[("x-api-key", key)], &body).await;
-    assert_eq!(s.status, 200, "{method}");
-    for _ in 0..10 {
-        let ev = s.next(scaled_secs(10)).await.expect("an event");
-        if let Some(id) = task_id_of(&ev) {
-            return (s, id);
-        }
-    }
-    panic!("no event named the task");
 }
 
 /// Issue 32 item 2: the identity that started a task owns it. Another

@@ -400,16 +400,7 @@ const TENANT_KEY: &str = "ak-tenants-0123456789";
 /// tenants bound to their verified identities: the key `TENANT_KEY` may
 /// name `acme` and `beta`.
 fn account_route() -> String {
-    let dir = crate::harness::gateway::scratch_dir("budget-accounts");
-    let keys = dir.join("keys");
-    std::fs::write(
-        &keys,
-        format!(
-            "{} tenants\n",
-            a2a_gateway::budget::sha256_hex(TENANT_KEY.as_bytes())
-        ),
-    )
-    .unwrap();
+    let keys = crate::harness::jwt::api_keys_file("budget-accounts", &[(TENANT_KEY, "tenants")]);
     format!(
         "[routes.auth]\napi_keys_file = \"{}\"\ntenants = {{ \"key:tenants\" = [\"acme\", \"beta\"] }}\n\
          [routes.budget]\nmeters = {{ tokens = 100 }}\n\n\

@@ -56,34 +56,41 @@ fn tenant_path(tenant: Option<&str>, rest: &str) -> String {
     }
 }
 
-/// `GetTask` for `id` through the gateway at `url`, over `bind`: the task
-/// it answered. Panics on an error answer (the task not found: the call
-/// went to a replica that does not run it).
-async fn get_through(url: &str, bind: Bind, tenant: Option<&str>, id: &str) -> Value {
+/// `GetTask` (`cancel`: `CancelTask`) for `id` from the caller, through
+/// the gateway at `url`, over `bind`: the task it answered. Panics on an
+/// error answer (the task not found: the call went to a replica that does
+/// not run it).
+async fn task_call(url: &str, bind: Bind, tenant: Option<&str>, id: &str, cancel: bool) -> Value {
+    let method = if cancel { "CancelTask" } else { "GetTask" };
     match bind {
         Bind::JsonRpc => {
             let mut params = json!({ "id": id });
             if let Some(t) = tenant {
                 params["tenant"] = json!(t);
             }
-            let body = json!({"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": params});
+            let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
             let r = post_json(url, "/", &[], &body).await;
             let v = r.json();
             assert!(
                 r.status == 200 && v["result"].is_object(),
-                "JSON-RPC GetTask {id} ({tenant:?}) through the gateway: {} {}",
+                "JSON-RPC {method} {id} ({tenant:?}) through the gateway: {} {}",
                 r.status,
                 r.text()
             );
             v["result"].clone()
         }
         Bind::Rest => {
-            let path = tenant_path(tenant, &format!("/tasks/{id}"));
-            let r = request("GET", url, &path, &[], b"").await;
+            let r = if cancel {
+                let path = tenant_path(tenant, &format!("/tasks/{id}:cancel"));
+                post_json(url, &path, &[], &json!({})).await
+            } else {
+                let path = tenant_path(tenant, &format!("/tasks/{id}"));
+                request("GET", url, &path, &[], b"").await
+            };
             assert_eq!(
                 r.status,
                 200,
-                "REST GET {path} through the gateway: {}",
+                "REST {method} {id} through the gateway: {}",
                 r.text()
             );
             r.json()
@@ -91,33 +98,12 @@ async fn get_through(url: &str, bind: Bind, tenant: Option<&str>, id: &str) -> V
     }
 }
 
-/// `CancelTask` for `id` from the caller, through the gateway: the task it
-/// answered.
+async fn get_through(url: &str, bind: Bind, tenant: Option<&str>, id: &str) -> Value {
+    task_call(url, bind, tenant, id, false).await
+}
+
 async fn cancel_through(url: &str, bind: Bind, tenant: Option<&str>, id: &str) -> Value {
-    match bind {
-        Bind::JsonRpc => {
-            let mut params = json!({ "id": id });
-            if let Some(t) = tenant {
-                params["tenant"] = json!(t);
-            }
-            let body = json!({"jsonrpc": "2.0", "id": 8, "method": "CancelTask", "params": params});
-            let r = post_json(url, "/", &[], &body).await;
-            let v = r.json();
-            assert!(
-                r.status == 200 && v["result"].is_object(),
-                "JSON-RPC CancelTask {id} through the gateway: {} {}",
-                r.status,
-                r.text()
-            );
-            v["result"].clone()
-        }
-        Bind::Rest => {
-            let path = tenant_path(tenant, &format!("/tasks/{id}:cancel"));
-            let r = post_json(url, &path, &[], &json!({})).await;
-            assert_eq!(r.status, 200, "REST POST {path}: {}", r.text());
-            r.json()
-        }
-    }
+    task_call(url, bind, tenant, id, true).await
 }
 
 /// Where `id` landed: the replica whose store holds it, checked against

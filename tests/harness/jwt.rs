@@ -243,3 +243,41 @@ impl Drop for JwksServer {
         self.task.abort();
     }
 }
+
+/// An `api_keys_file` in a fresh scratch directory: one line per
+/// `(key, name)`, the key's SHA-256 and the name (the caller is then
+/// `key:<name>`).
+pub fn api_keys_file(tag: &str, keys: &[(&str, &str)]) -> std::path::PathBuf {
+    let path = super::gateway::scratch_dir(tag).join("keys");
+    let lines: String = keys
+        .iter()
+        .map(|(key, name)| {
+            format!(
+                "{} {name}\n",
+                a2a_gateway::budget::sha256_hex(key.as_bytes())
+            )
+        })
+        .collect();
+    std::fs::write(&path, lines).expect("write the API keys file");
+    path
+}
+
+/// Opens a JSON-RPC stream of `method` (`params`) as the caller of API key
+/// `key`; the stream and the task id its first events name.
+pub async fn stream_as(
+    url: &str,
+    key: &str,
+    method: &str,
+    params: Value,
+) -> (super::stream::SseStream, String) {
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params});
+    let mut s = super::stream::SseStream::open(url, "/", &[("x-api-key", key)], &body).await;
+    assert_eq!(s.status, 200, "{method}");
+    for _ in 0..10 {
+        let ev = s.next(super::scaled_secs(10)).await.expect("an event");
+        if let Some(id) = super::worker::task_id_of(&ev) {
+            return (s, id);
+        }
+    }
+    panic!("no event named the task");
+}

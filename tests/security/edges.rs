@@ -2,24 +2,16 @@
 //! card only, and a route that binds tenants to callers serves no binding
 //! whose frames it cannot refuse. Against a real a2a-rust worker.
 
-use crate::harness::gateway::{scratch_dir, Gateway};
+use crate::harness::gateway::Gateway;
 use crate::harness::http::request;
+use crate::harness::jwt::api_keys_file;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
 
 const KEY: &str = "ak-edges-0123456789";
 
 /// A route requiring API keys, whose `tenants` binds `key:edges` to `acme`.
 async fn gateway(worker: &RustWorker, test: &str) -> Gateway {
-    let dir = scratch_dir(test);
-    let keys = dir.join("keys");
-    std::fs::write(
-        &keys,
-        format!(
-            "{} edges\n",
-            a2a_gateway::budget::sha256_hex(KEY.as_bytes())
-        ),
-    )
-    .unwrap();
+    let keys = api_keys_file(test, &[(KEY, "edges")]);
     Gateway::in_front_of(
         &worker.url(),
         &format!(

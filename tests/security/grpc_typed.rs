@@ -7,9 +7,10 @@
 
 use serde_json::json;
 
-use crate::harness::gateway::{scratch_dir, Gateway};
+use crate::harness::gateway::Gateway;
 use crate::harness::h2c::{jsonrpc_send, post_typed, rest_send, GRPC, GRPC_JSON};
 use crate::harness::http::post_json;
+use crate::harness::jwt::api_keys_file;
 use crate::harness::python_worker::PythonWorker;
 
 const KEY: &str = "ak-grpc-typed-0123456789";
@@ -23,12 +24,7 @@ const PERMISSION_DENIED: i32 = 7;
 /// each gRPC-typed send reached the worker with its 1,000,000 tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_typed_sends_are_refused_where_sends_are_checked() {
-    let dir = scratch_dir("grpc-typed");
-    std::fs::write(
-        dir.join("keys"),
-        format!("{} hb\n", a2a_gateway::budget::sha256_hex(KEY.as_bytes())),
-    )
-    .unwrap();
+    let keys = api_keys_file("grpc-typed", &[(KEY, "hb")]);
     let worker = PythonWorker::start_h2c(&[]).await;
     let gw = Gateway::start(&format!(
         "[[routes]]\nname = \"hb\"\nworker = \"{w}\"\npath_prefix = \"/hb\"\n\
@@ -37,7 +33,7 @@ async fn grpc_typed_sends_are_refused_where_sends_are_checked() {
          [[routes.budget.accounts]]\nper = \"route\"\nwindow = \"1h\"\nmeters = {{ tokens = 300 }}\n\
          [[routes]]\nname = \"open\"\nworker = \"{w}\"\npath_prefix = \"/open\"\nworker_leases = \"observe\"\n",
         w = worker.url(),
-        keys = dir.join("keys").display()
+        keys = keys.display()
     ))
     .await;
     let grant = || Some(json!({"meters": {"tokens": 1_000_000}}));
@@ -111,5 +107,4 @@ async fn grpc_typed_sends_are_refused_where_sends_are_checked() {
     .await;
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(worker.stats().await["tasks_started"], 2);
-    std::fs::remove_dir_all(&dir).ok();
 }

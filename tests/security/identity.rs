@@ -6,8 +6,9 @@
 
 use serde_json::json;
 
-use crate::harness::gateway::{scratch_dir, Gateway};
+use crate::harness::gateway::Gateway;
 use crate::harness::http::post_json;
+use crate::harness::jwt::api_keys_file;
 use crate::harness::python_worker::PythonWorker;
 use crate::harness::relay::Relay;
 use crate::harness::worker::message;
@@ -25,15 +26,7 @@ const ROUTE_SECRET: &str = "Bearer route-own-credential-42";
 /// was verified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_is_told_the_verified_caller_and_no_unchecked_credential() {
-    let dir = scratch_dir("identity");
-    std::fs::write(
-        dir.join("keys"),
-        format!(
-            "{} alice\n",
-            a2a_gateway::budget::sha256_hex(ALICE.as_bytes())
-        ),
-    )
-    .unwrap();
+    let keys = api_keys_file("identity", &[(ALICE, "alice")]);
     let worker = PythonWorker::start().await;
     let url = worker.url();
     let worker_addr = url.trim_start_matches("http://").trim_end_matches('/');
@@ -42,7 +35,7 @@ async fn the_worker_is_told_the_verified_caller_and_no_unchecked_credential() {
         &format!("http://127.0.0.1:{}", relay.port),
         &format!(
             "worker_credential = \"{ROUTE_SECRET}\"\n[routes.auth]\napi_keys_file = \"{}\"\n",
-            dir.join("keys").display()
+            keys.display()
         ),
     )
     .await;
@@ -88,5 +81,4 @@ async fn the_worker_is_told_the_verified_caller_and_no_unchecked_credential() {
         1,
         "one Authorization: {head}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }

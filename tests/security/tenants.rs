@@ -8,42 +8,23 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::harness::gateway::{scratch_dir, Gateway};
+use crate::harness::gateway::Gateway;
 use crate::harness::http::{post_json, request};
+use crate::harness::jwt::{api_keys_file, stream_as};
 use crate::harness::python_worker::PythonWorker;
 use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
-use crate::harness::stream::SseStream;
-use crate::harness::worker::{message, task_id_of};
+use crate::harness::worker::message;
 use crate::harness::{scaled_ms, scaled_secs};
 
 const ALICE: &str = "ak-alice-0123456789";
 const BOB: &str = "ak-bob-9876543210";
 
-/// A directory holding `keys`: Alice's and Bob's API keys, hashed.
+/// An API keys file naming Alice's and Bob's keys.
 fn key_file(test: &str) -> PathBuf {
-    let dir = scratch_dir(&format!("tenants-{test}"));
-    let hex = |key: &str| a2a_gateway::budget::sha256_hex(key.as_bytes());
-    std::fs::write(
-        dir.join("keys"),
-        format!("{} alice\n{} bob\n", hex(ALICE), hex(BOB)),
+    api_keys_file(
+        &format!("tenants-{test}"),
+        &[(ALICE, "alice"), (BOB, "bob")],
     )
-    .unwrap();
-    dir
-}
-
-/// Opens a JSON-RPC stream of `method` with `params` as the caller of
-/// `key`, and reads until an event names the task.
-async fn stream_as(url: &str, key: &str, method: &str, params: Value) -> (SseStream, String) {
-    let body = json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params});
-    let mut s = SseStream::open(url, "/", &[("x-api-key", key)], &body).await;
-    assert_eq!(s.status, 200, "{method}");
-    for _ in 0..10 {
-        let ev = s.next(scaled_secs(10)).await.expect("an event");
-        if let Some(id) = task_id_of(&ev) {
-            return (s, id);
-        }
-    }
-    panic!("no event named the task");
 }
 
 /// Bob subscribes to Alice's task under a tenant Alice never used. The
@@ -54,14 +35,11 @@ async fn stream_as(url: &str, key: &str, method: &str, params: Value) -> (SseStr
 /// `CancelTask` for Alice's task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_tenants_name_moves_nothing_of_an_owned_task() {
-    let dir = key_file("alias");
+    let keys = key_file("alias");
     let worker = PythonWorker::start().await;
     let gw = Gateway::in_front_of(
         &worker.url(),
-        &format!(
-            "[routes.auth]\napi_keys_file = \"{}\"\n",
-            dir.join("keys").display()
-        ),
+        &format!("[routes.auth]\napi_keys_file = \"{}\"\n", keys.display()),
     )
     .await;
 
@@ -108,7 +86,6 @@ async fn another_tenants_name_moves_nothing_of_an_owned_task() {
     )
     .await;
     assert!(got.is_ok(), "{got:?}: {}", gw.log_text());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A JSON-RPC answer is the gateway's refusal of the tenant.
@@ -131,7 +108,7 @@ fn assert_not_allowed(answer: &Value, tenant: Option<&str>) {
 /// worker, which reports the budget it was handed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_hopping_gets_no_more_than_the_callers_tenants_allow() {
-    let dir = key_file("hop");
+    let keys = key_file("hop");
     let worker = RustWorker::start(RustWorkerOptions::default()).await;
     let gw = Gateway::in_front_of(
         &worker.url(),
@@ -140,7 +117,7 @@ async fn tenant_hopping_gets_no_more_than_the_callers_tenants_allow() {
              [routes.budget]\nmeters = {{ tokens = 100 }}\n\
              [routes.budget.tenants.acme]\nmeters = {{ tokens = 10 }}\n\
              [[routes.budget.accounts]]\nper = \"tenant\"\nwindow = \"1h\"\nmeters = {{ tokens = 300 }}\n",
-            dir.join("keys").display()
+            keys.display()
         ),
     )
     .await;
@@ -198,5 +175,4 @@ async fn tenant_hopping_gets_no_more_than_the_callers_tenants_allow() {
             .await,
         6.0
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
