@@ -27,6 +27,7 @@ mod poll_lease;
 mod python_selftest;
 mod redis_tls;
 mod reload;
+mod replica_dns;
 mod replicas;
 mod security;
 mod shutdown;

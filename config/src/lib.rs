@@ -393,6 +393,20 @@ impl Default for SampleRatio {
     }
 }
 
+/// `routes.worker_addresses`: what the addresses of a worker's name are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkerAddresses {
+    /// The first address is the worker (what a client library does); a
+    /// name with several (dual-stack `localhost`, a load balancer's
+    /// addresses) stays one worker.
+    #[default]
+    First,
+    /// Every address is a replica (a Kubernetes headless Service): looked
+    /// up again every `health_interval`; one that appears takes sends, one
+    /// that goes away loses its tasks.
+    All,
+}
+
 /// `routes.health_interval`'s default.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -416,6 +430,9 @@ pub struct Route {
     /// How often the replicas of a route with several are health-checked
     /// (a TCP connect) and their addresses looked up again.
     pub health_interval: Duration,
+    /// Whether each address a worker's name resolves to is a replica of its
+    /// own (a headless Service), or only the first is used.
+    pub worker_addresses: WorkerAddresses,
     /// Matches this path and paths below it (`/research`, `/research/x`);
     /// starts with `/`, never ends with one. `None`: any path.
     pub path_prefix: Option<String>,
@@ -685,6 +702,7 @@ impl fmt::Debug for Route {
             worker,
             workers,
             health_interval,
+            worker_addresses,
             path_prefix,
             host,
             strip_prefix,
@@ -703,6 +721,7 @@ impl fmt::Debug for Route {
             .field("worker", worker)
             .field("workers", workers)
             .field("health_interval", health_interval)
+            .field("worker_addresses", worker_addresses)
             .field("path_prefix", path_prefix)
             .field("host", host)
             .field("strip_prefix", strip_prefix)
@@ -803,6 +822,7 @@ impl Config {
                 worker: WorkerUrl::parse(worker)?,
                 workers: vec![WorkerUrl::parse(worker)?],
                 health_interval: DEFAULT_HEALTH_INTERVAL,
+                worker_addresses: WorkerAddresses::First,
                 path_prefix: None,
                 host: None,
                 strip_prefix: true,

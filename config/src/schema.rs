@@ -682,6 +682,14 @@ fn routes(
 fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route> {
     let name = r.required("name", route_name);
     let (worker, workers) = replicas(r);
+    let worker_addresses = r.or(
+        "worker_addresses",
+        crate::WorkerAddresses::First,
+        one_of(&[
+            ("first", crate::WorkerAddresses::First),
+            ("all", crate::WorkerAddresses::All),
+        ]),
+    );
     let health_interval = r.or("health_interval", crate::DEFAULT_HEALTH_INTERVAL, |item| {
         let d = duration(item)?;
         if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&d) {
@@ -733,6 +741,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         worker: worker?,
         workers: workers?,
         health_interval,
+        worker_addresses,
         path_prefix,
         host,
         strip_prefix,

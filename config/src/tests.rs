@@ -71,6 +71,7 @@ fn examples_parse() {
             worker: WorkerUrl::parse("http://127.0.0.1:9000/base").unwrap(),
             workers: vec![WorkerUrl::parse("http://127.0.0.1:9000/base").unwrap()],
             health_interval: DEFAULT_HEALTH_INTERVAL,
+            worker_addresses: WorkerAddresses::First,
             path_prefix: Some("/research".into()),
             host: Some("research.example.com".into()),
             strip_prefix: true,
@@ -636,7 +637,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, workers, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, workers, worker_addresses, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -819,7 +820,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, workers, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, workers, worker_addresses, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
         ]
     );
 }
@@ -1531,6 +1532,14 @@ fn worker_replicas() {
     assert_eq!(
         ok(ROUTE).routes[0].workers,
         [ok(ROUTE).routes[0].worker.clone()]
+    );
+    assert_eq!(ok(ROUTE).routes[0].worker_addresses, WorkerAddresses::First);
+    let all = ok(&format!("{ROUTE}worker_addresses = \"all\""));
+    assert_eq!(all.routes[0].worker_addresses, WorkerAddresses::All);
+    let errs = errors(&format!("{ROUTE}worker_addresses = \"some\""));
+    assert!(
+        errs.len() == 1 && errs[0].contains("expected one of \"first\", \"all\""),
+        "{errs:?}"
     );
     for (keys, why) in [
         (

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::lb::discovery::ServiceDiscovery;
 use pingora::lb::health_check::TcpHealthCheck;
@@ -31,17 +32,49 @@ use crate::resolve::{WorkerAddr, WorkerAddrs};
 /// One replica: its URL, its shared address, and until when (Unix ms) a
 /// failed connection keeps it out of new sends.
 #[derive(Debug)]
-struct Member {
+pub struct Replica {
     url: config::WorkerUrl,
     authority: String,
+    /// The configured worker it is (an address of).
+    origin: String,
     addr: Arc<WorkerAddr>,
     down_until_ms: AtomicU64,
+}
+
+impl Replica {
+    /// Its URL: where the gateway's own calls for its tasks go.
+    pub fn url(&self) -> &config::WorkerUrl {
+        &self.url
+    }
+
+    /// Its name: the configured `host:port` (`ip:port` for an address of a
+    /// name with `worker_addresses = "all"`), as the store records it.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    pub fn addr(&self) -> &Arc<WorkerAddr> {
+        &self.addr
+    }
+
+    fn down(&self, now_ms: u64) -> bool {
+        self.down_until_ms.load(Ordering::Relaxed) > now_ms
+    }
+}
+
+/// Where the replicas come from: the configured `workers` (each name's
+/// first address), or every address of each (`worker_addresses = "all"`).
+struct Source {
+    workers: Vec<(config::WorkerUrl, Arc<WorkerAddr>)>,
+    every_address: bool,
+    addrs: Arc<WorkerAddrs>,
 }
 
 /// The replicas of one route with several.
 pub struct Replicas {
     route: Arc<str>,
-    members: Arc<Vec<Member>>,
+    source: Source,
+    members: Arc<ArcSwap<Vec<Arc<Replica>>>>,
     lb: LoadBalancer<RoundRobin>,
     interval: Duration,
     /// When the replicas were last looked up and checked (Unix ms).
@@ -52,24 +85,21 @@ impl std::fmt::Debug for Replicas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replicas")
             .field("route", &self.route)
-            .field("members", &self.members)
+            .field("members", &self.members.load())
             .finish()
     }
 }
 
-/// The replica a backend stands for, as its `ext` carries it.
-#[derive(Clone, Copy, Debug)]
-struct Index(usize);
-
-/// Discovery: each replica's last looked-up address (a replica whose name
-/// has no address yet is left out until it has one).
-struct Discovery(Arc<Vec<Member>>);
+/// Discovery: each replica's address, as the last lookup of its member set
+/// left it (a replica whose name has no address yet is left out until it
+/// has one). The backend's `ext` carries its replica.
+struct Discovery(Arc<ArcSwap<Vec<Arc<Replica>>>>);
 
 #[async_trait]
 impl ServiceDiscovery for Discovery {
     async fn discover(&self) -> pingora::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
         let mut found = BTreeSet::new();
-        for (i, m) in self.0.iter().enumerate() {
+        for m in self.0.load().iter() {
             match m.addr.get().await {
                 Ok(addr) => {
                     let mut b = Backend {
@@ -77,7 +107,7 @@ impl ServiceDiscovery for Discovery {
                         weight: 1,
                         ext: http::Extensions::new(),
                     };
-                    b.ext.insert(Index(i));
+                    b.ext.insert(m.clone());
                     found.insert(b);
                 }
                 Err(e) => {
@@ -90,22 +120,21 @@ impl ServiceDiscovery for Discovery {
 }
 
 impl Replicas {
-    /// The replicas of `route` (two or more `workers`), reached through
-    /// `addrs`. Not checked yet: every replica counts as up until its first
-    /// check ([`Replicas::check`]).
-    pub fn new(route: &config::Route, addrs: &WorkerAddrs) -> Replicas {
-        let members: Arc<Vec<Member>> = Arc::new(
-            route
+    /// The replicas of `route` (two or more `workers`, or
+    /// `worker_addresses = "all"`), reached through `addrs`. None is known
+    /// until the first check ([`Replicas::check_if_due`]), which the
+    /// replicas' background service runs at once.
+    pub fn new(route: &config::Route, addrs: &Arc<WorkerAddrs>) -> Replicas {
+        let source = Source {
+            workers: route
                 .workers
                 .iter()
-                .map(|url| Member {
-                    url: url.clone(),
-                    authority: url.authority(),
-                    addr: addrs.get(url),
-                    down_until_ms: AtomicU64::new(0),
-                })
+                .map(|url| (url.clone(), addrs.get(url)))
                 .collect(),
-        );
+            every_address: route.worker_addresses == config::WorkerAddresses::All,
+            addrs: addrs.clone(),
+        };
+        let members = Arc::new(ArcSwap::from_pointee(Vec::new()));
         let backends = Backends::new(Box::new(Discovery(members.clone())));
         let mut check = TcpHealthCheck::new();
         check.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
@@ -113,11 +142,69 @@ impl Replicas {
         lb.set_health_check(check);
         Replicas {
             route: route.name.as_str().into(),
+            source,
             members,
             lb,
             interval: route.health_interval,
             checked_ms: AtomicU64::new(0),
         }
+    }
+
+    /// The replicas as the configuration and the lookups give them now; a
+    /// replica kept from the last set keeps its state.
+    async fn members_now(&self) -> Vec<Arc<Replica>> {
+        let old = self.members.load();
+        let keep = |authority: &str, make: &dyn Fn() -> Replica| {
+            old.iter()
+                .find(|m| m.authority == authority)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(make()))
+        };
+        let mut out: Vec<Arc<Replica>> = Vec::new();
+        for (url, addr) in &self.source.workers {
+            if !self.source.every_address {
+                let authority = url.authority();
+                out.push(keep(&authority, &|| Replica {
+                    url: url.clone(),
+                    authority: authority.clone(),
+                    origin: authority.clone(),
+                    addr: addr.clone(),
+                    down_until_ms: AtomicU64::new(0),
+                }));
+                continue;
+            }
+            let all = match addr.lookup_all().await {
+                Ok(all) => all,
+                Err(e) => {
+                    tracing::warn!(route = %self.route, worker = %url.authority(), error = %e, "a worker's addresses not looked up; its replicas are kept as they were");
+                    out.extend(old.iter().filter(|m| m.origin == url.authority()).cloned());
+                    continue;
+                }
+            };
+            for ip in all.iter() {
+                let at = config::WorkerUrl {
+                    tls: url.tls,
+                    host: match ip {
+                        std::net::SocketAddr::V4(a) => a.ip().to_string(),
+                        std::net::SocketAddr::V6(a) => format!("[{}]", a.ip()),
+                    },
+                    port: ip.port(),
+                    base_path: url.base_path.clone(),
+                };
+                let authority = at.authority();
+                if out.iter().any(|m| m.authority == authority) {
+                    continue;
+                }
+                out.push(keep(&authority, &|| Replica {
+                    addr: self.source.addrs.pinned(addr, *ip, &at),
+                    url: at.clone(),
+                    authority: authority.clone(),
+                    origin: url.authority(),
+                    down_until_ms: AtomicU64::new(0),
+                }));
+            }
+        }
+        out
     }
 
     /// Looks the replicas up and checks each (one TCP connect) when
@@ -129,95 +216,93 @@ impl Replicas {
             return;
         }
         self.checked_ms.store(now_ms, Ordering::Relaxed);
+        let now = self.members_now().await;
+        for gone in self
+            .members
+            .load()
+            .iter()
+            .filter(|m| !now.iter().any(|n| n.authority == m.authority))
+        {
+            tracing::info!(route = %self.route, replica = %gone.authority, "a worker replica is gone: its tasks are lost to the gateway");
+            let _ = crate::metrics::REPLICA_UP.remove_label_values(&[&self.route, &gone.authority]);
+        }
+        self.members.store(Arc::new(now));
         if let Err(e) = self.lb.update().await {
             tracing::warn!(route = %self.route, error = %e, "worker replicas not looked up");
         }
         self.lb.backends().run_health_check(true).await;
-        let ready: Vec<bool> = self.states();
-        for (m, up) in self.members.iter().zip(ready) {
+        for (m, up) in self.states() {
             if up {
                 m.down_until_ms.store(0, Ordering::Relaxed);
             }
             crate::metrics::REPLICA_UP
                 .with_label_values(&[&self.route, &m.authority])
-                .set(i64::from(up && !self.passively_down(m, now_ms)));
+                .set(i64::from(up && !m.down(now_ms)));
         }
     }
 
-    /// Whether each replica passed its last check (and has an address).
-    fn states(&self) -> Vec<bool> {
-        let mut up = vec![false; self.members.len()];
-        for b in self.lb.backends().get_backend().iter() {
-            if let Some(Index(i)) = b.ext.get::<Index>() {
-                up[*i] = self.lb.backends().ready(b);
-            }
-        }
-        up
-    }
-
-    fn passively_down(&self, m: &Member, now_ms: u64) -> bool {
-        m.down_until_ms.load(Ordering::Relaxed) > now_ms
+    /// Each replica and whether it passed its last check (and has an
+    /// address).
+    fn states(&self) -> Vec<(Arc<Replica>, bool)> {
+        let backends = self.lb.backends().get_backend();
+        self.members
+            .load()
+            .iter()
+            .map(|m| {
+                let up = backends.iter().any(|b| {
+                    b.ext
+                        .get::<Arc<Replica>>()
+                        .is_some_and(|r| Arc::ptr_eq(r, m))
+                        && self.lb.backends().ready(b)
+                });
+                (m.clone(), up)
+            })
+            .collect()
     }
 
     /// The replica a new send goes to: the next up one in round robin;
-    /// `None` when none is up (the send then goes to the first, whose
-    /// failure the caller gets).
-    pub fn pick(&self) -> Option<usize> {
+    /// `None` when none is up (or none is known yet).
+    pub fn pick(&self) -> Option<Arc<Replica>> {
         let now = crate::store::now_ms();
-        let picked = self
-            .lb
-            .select_with(b"", self.members.len() * 2, |b, healthy| {
-                healthy
-                    && b.ext
-                        .get::<Index>()
-                        .is_some_and(|Index(i)| !self.passively_down(&self.members[*i], now))
-            })?;
-        picked.ext.get::<Index>().map(|Index(i)| *i)
+        let n = self.members.load().len();
+        let picked = self.lb.select_with(b"", n * 2, |b, healthy| {
+            healthy && b.ext.get::<Arc<Replica>>().is_some_and(|r| !r.down(now))
+        })?;
+        picked.ext.get::<Arc<Replica>>().cloned()
+    }
+
+    /// The replica a new send goes to when none is up: the first (its
+    /// failure is the caller's answer).
+    pub fn first(&self) -> Option<Arc<Replica>> {
+        self.members.load().first().cloned()
     }
 
     /// The replica named `authority` (as recorded with a task), if the
-    /// route still has it.
-    pub fn find(&self, authority: &str) -> Option<usize> {
-        self.members.iter().position(|m| m.authority == authority)
+    /// route has it now.
+    pub fn find(&self, authority: &str) -> Option<Arc<Replica>> {
+        self.members
+            .load()
+            .iter()
+            .find(|m| m.authority == authority)
+            .cloned()
     }
 
-    /// A connection to replica `i` failed: no new sends go there until it
-    /// passes a check again.
-    pub fn failed(&self, i: usize) {
-        if let Some(m) = self.members.get(i) {
-            let until = crate::store::now_ms() + self.interval.as_millis() as u64;
-            m.down_until_ms.store(until, Ordering::Relaxed);
-            crate::metrics::REPLICA_UP
-                .with_label_values(&[&self.route, &m.authority])
-                .set(0);
-        }
-    }
-
-    pub fn url(&self, i: usize) -> &config::WorkerUrl {
-        &self.members[i].url
-    }
-
-    pub fn authority(&self, i: usize) -> &str {
-        &self.members[i].authority
-    }
-
-    pub fn addr(&self, i: usize) -> &Arc<WorkerAddr> {
-        &self.members[i].addr
+    /// A connection to `replica` failed (or it answered 502-504): no new
+    /// sends go there until it passes a check again.
+    pub fn failed(&self, replica: &Replica) {
+        let until = crate::store::now_ms() + self.interval.as_millis() as u64;
+        replica.down_until_ms.store(until, Ordering::Relaxed);
+        crate::metrics::REPLICA_UP
+            .with_label_values(&[&self.route, &replica.authority])
+            .set(0);
     }
 
     /// Each replica's authority and whether it is up now, for the admin.
     pub fn view(&self) -> Vec<(String, bool)> {
         let now = crate::store::now_ms();
-        let checked = self.checked_ms.load(Ordering::Relaxed) != 0;
-        self.members
-            .iter()
-            .zip(self.states())
-            .map(|(m, up)| {
-                (
-                    m.authority.clone(),
-                    (up || !checked) && !self.passively_down(m, now),
-                )
-            })
+        self.states()
+            .into_iter()
+            .map(|(m, up)| (m.authority.clone(), up && !m.down(now)))
             .collect()
     }
 }
@@ -271,6 +356,7 @@ mod tests {
             a.local_addr().unwrap().port(),
             b.local_addr().unwrap().port(),
         ];
+        let names = ports.map(|p| format!("127.0.0.1:{p}"));
         // Accepts (and drops) the checks' connections.
         let serve = |l: tokio::net::TcpListener| {
             tokio::spawn(async move {
@@ -281,29 +367,85 @@ mod tests {
         };
         let (ta, tb) = (serve(a), serve(b));
         let cfg = route(&ports);
-        let addrs = WorkerAddrs::new(std::slice::from_ref(&cfg), Duration::from_secs(30));
+        let addrs = Arc::new(WorkerAddrs::new(
+            std::slice::from_ref(&cfg),
+            Duration::from_secs(30),
+        ));
         let r = Replicas::new(&cfg, &addrs);
-        assert_eq!(r.pick(), None, "nothing discovered before the first check");
+        assert!(r.pick().is_none(), "nothing known before the first check");
         r.check_if_due(crate::store::now_ms()).await;
-        let picks: Vec<usize> = (0..4).filter_map(|_| r.pick()).collect();
+        let picks: Vec<String> = (0..4)
+            .filter_map(|_| r.pick().map(|m| m.authority().to_owned()))
+            .collect();
         assert_eq!(picks.len(), 4);
-        assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
-        assert_eq!(r.find(&format!("127.0.0.1:{}", ports[1])), Some(1));
-        assert_eq!(r.find("127.0.0.1:1"), None);
+        assert!(names.iter().all(|n| picks.contains(n)), "{picks:?}");
+        assert!(r.find(&names[1]).is_some());
+        assert!(r.find("127.0.0.1:1").is_none());
 
-        r.failed(0);
+        r.failed(&r.find(&names[0]).unwrap());
         assert!(
-            (0..4).all(|_| r.pick() == Some(1)),
+            (0..4).all(|_| r.pick().unwrap().authority() == names[1]),
             "a failed replica takes no sends"
         );
-        assert_eq!(r.view()[0], (format!("127.0.0.1:{}", ports[0]), false));
+        assert_eq!(r.view()[0], (names[0].clone(), false));
 
         // Replica 1 stops listening; replica 0 passes its next check.
         tb.abort();
         let _ = tb.await;
         tokio::time::sleep(Duration::from_millis(150)).await;
         r.check_if_due(crate::store::now_ms()).await;
-        assert!((0..4).all(|_| r.pick() == Some(0)), "{:?}", r.view());
+        assert!(
+            (0..4).all(|_| r.pick().unwrap().authority() == names[0]),
+            "{:?}",
+            r.view()
+        );
         ta.abort();
+    }
+
+    /// `worker_addresses = "all"`: each address of the name is a replica,
+    /// named `ip:port`, reached at that address.
+    #[tokio::test]
+    async fn every_address_of_a_name_is_a_replica() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let src = format!(
+            "[[routes]]\nname = \"r\"\nworker = \"http://localhost:{port}\"\nworker_addresses = \"all\"\nhealth_interval = \"100ms\"\n"
+        );
+        let cfg = config::parse(&src).unwrap().routes.remove(0);
+        let addrs = Arc::new(WorkerAddrs::new(
+            std::slice::from_ref(&cfg),
+            Duration::from_secs(30),
+        ));
+        let r = Replicas::new(&cfg, &addrs);
+        r.check_if_due(crate::store::now_ms()).await;
+        let listed: Vec<String> = r.view().into_iter().map(|(n, _)| n).collect();
+        let resolved: Vec<String> = tokio::net::lookup_host(("localhost", port))
+            .await
+            .unwrap()
+            .map(|a| match a {
+                std::net::SocketAddr::V4(a) => a.to_string(),
+                std::net::SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+            })
+            .fold(Vec::new(), |mut v, a| {
+                if !v.contains(&a) {
+                    v.push(a);
+                }
+                v
+            });
+        assert_eq!(listed, resolved, "one replica per address");
+        let v4 = format!("127.0.0.1:{port}");
+        let m = r.find(&v4).expect("the IPv4 address is a replica");
+        assert_eq!(m.url().authority(), v4);
+        assert_eq!(
+            m.addr().get().await.unwrap(),
+            v4.parse::<std::net::SocketAddr>().unwrap()
+        );
+        // Only it listens: after the check it takes every send.
+        assert!(
+            (0..4).all(|_| r.pick().unwrap().authority() == v4),
+            "{:?}",
+            r.view()
+        );
+        drop(l);
     }
 }

@@ -58,9 +58,13 @@ impl std::fmt::Debug for WorkerAddr {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Resolved {
     addr: SocketAddr,
+    /// Every address the lookup gave, in the resolver's order (`addr` is
+    /// the first): a route with `worker_addresses = "all"` makes each a
+    /// replica.
+    all: Arc<[SocketAddr]>,
     at: Instant,
 }
 
@@ -140,7 +144,7 @@ impl WorkerAddr {
         if let Some(a) = self.literal {
             return Ok(a);
         }
-        let last = self.last.read().ok().and_then(|l| *l);
+        let last = self.last.read().ok().and_then(|l| l.clone());
         match last {
             Some(r) if r.at.elapsed() < self.refresh => Ok(r.addr),
             Some(r) => {
@@ -151,18 +155,43 @@ impl WorkerAddr {
         }
     }
 
-    /// Looks the name up and keeps the first address (the system resolver's
-    /// order, as pingora would have used).
+    /// Every address of the worker's name, looked up now (the replicas'
+    /// check does, every `health_interval`); the literal address of a
+    /// worker given as one.
+    pub async fn lookup_all(self: &Arc<Self>) -> Result<Arc<[SocketAddr]>, String> {
+        if let Some(a) = self.literal {
+            return Ok(Arc::from([a]));
+        }
+        self.lookup().await?;
+        let last = self.last.read().ok().and_then(|l| l.clone());
+        last.map(|r| r.all)
+            .ok_or_else(|| format!("the worker host {:?} has no address yet", self.host))
+    }
+
+    /// Looks the name up and keeps every address; the first (the system
+    /// resolver's order, as pingora would have used) is the worker's.
     async fn lookup(&self) -> Result<SocketAddr, String> {
         let found = tokio::net::lookup_host((self.host.as_str(), self.port))
             .await
             .map_err(|e| e.to_string())
-            .and_then(|mut addrs| addrs.next().ok_or_else(|| "no addresses".to_owned()));
+            .and_then(|addrs| {
+                let mut all: Vec<SocketAddr> = Vec::new();
+                for a in addrs {
+                    if !all.contains(&a) {
+                        all.push(a);
+                    }
+                }
+                (!all.is_empty())
+                    .then_some(all)
+                    .ok_or_else(|| "no addresses".to_owned())
+            });
         match found {
-            Ok(addr) => {
+            Ok(all) => {
+                let addr = all[0];
                 if let Ok(mut l) = self.last.write() {
                     *l = Some(Resolved {
                         addr,
+                        all: all.into(),
                         at: Instant::now(),
                     });
                 }
@@ -298,6 +327,45 @@ impl WorkerAddrs {
         }
     }
 
+    /// The worker `base` names, at one of its addresses (a replica of a
+    /// route with `worker_addresses = "all"`): `ip:port` as its authority,
+    /// `base`'s name for TLS (SNI, certificate checks), CA and client
+    /// certificate. Kept by authority like a configured worker, so that a
+    /// cancel for a task on it finds the same settings.
+    pub fn pinned(
+        &self,
+        base: &WorkerAddr,
+        addr: SocketAddr,
+        url: &config::WorkerUrl,
+    ) -> Arc<WorkerAddr> {
+        let authority = url.authority();
+        if let Some(a) = self.by_authority.load().get(&authority) {
+            return a.clone();
+        }
+        let a = Arc::new(WorkerAddr {
+            authority: authority.clone(),
+            host: base.host.clone(),
+            port: addr.port(),
+            literal: Some(addr),
+            refresh: base.refresh,
+            last: RwLock::new(None),
+            refreshing: AtomicBool::new(false),
+            ca: base.ca.clone(),
+            client: base.client.clone(),
+            tls_source: base.tls_source.clone(),
+        });
+        self.by_authority.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            m.entry(authority.clone()).or_insert_with(|| a.clone());
+            m
+        });
+        self.by_authority
+            .load()
+            .get(&authority)
+            .cloned()
+            .unwrap_or(a)
+    }
+
     /// The shared address of a configured worker; an unconfigured one gets
     /// an address of its own (looked up on first use).
     pub fn get(&self, worker: &config::WorkerUrl) -> Arc<WorkerAddr> {
@@ -322,7 +390,7 @@ mod tests {
     }
 
     fn last(a: &WorkerAddr) -> Option<Resolved> {
-        *a.last.read().unwrap()
+        a.last.read().unwrap().clone()
     }
 
     #[tokio::test]
@@ -380,7 +448,11 @@ mod tests {
         let a = addr("http://no-such-host.invalid:9000", Duration::from_millis(1));
         let kept: SocketAddr = "10.1.2.3:9000".parse().unwrap();
         let at = Instant::now();
-        *a.last.write().unwrap() = Some(Resolved { addr: kept, at });
+        *a.last.write().unwrap() = Some(Resolved {
+            addr: kept,
+            all: std::sync::Arc::from([kept]),
+            at,
+        });
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(a.get().await.unwrap(), kept);
         for _ in 0..400 {

@@ -104,6 +104,23 @@ impl Gateway {
 
     /// [`Gateway::start`] with extra environment variables.
     pub async fn start_with_env(body: &str, env: &[(&str, &str)]) -> Gateway {
+        Gateway::start_as(body, env, None).await
+    }
+
+    /// [`Gateway::start`] with `hosts` as the gateway's `/etc/hosts` (the
+    /// file is bind-mounted over it in a mount namespace of the gateway's
+    /// own, with `unshare`, as root): names the test resolves as it likes,
+    /// the machine's resolver untouched. Rewriting `hosts` in place changes
+    /// what the gateway resolves next.
+    pub async fn start_with_hosts(body: &str, hosts: &std::path::Path) -> Gateway {
+        Gateway::start_as(body, &[], Some(hosts)).await
+    }
+
+    async fn start_as(
+        body: &str,
+        env: &[(&str, &str)],
+        hosts: Option<&std::path::Path>,
+    ) -> Gateway {
         let port = free_port();
         let admin_port = free_port();
         let dir = scratch_dir("gw");
@@ -115,7 +132,23 @@ impl Gateway {
         std::fs::write(&cfg_path, cfg).unwrap();
         let log = dir.join("gateway.log");
         let log_file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        let bin = env!("CARGO_BIN_EXE_a2a-gateway");
+        let mut cmd = match hosts {
+            None => Command::new(bin),
+            Some(hosts) => {
+                let mut c = Command::new("unshare");
+                c.args([
+                    "--mount",
+                    "sh",
+                    "-c",
+                    "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+                ])
+                .arg(hosts)
+                .arg(bin);
+                c
+            }
+        };
+        let child = cmd
             .arg("--config")
             .arg(&cfg_path)
             .env("A2A_GATEWAY_LOG", log_filter())

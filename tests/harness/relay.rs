@@ -27,7 +27,15 @@ struct Shared {
 
 impl Relay {
     pub async fn start(to: String) -> Relay {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Relay::start_at("127.0.0.1:0", to)
+            .await
+            .expect("a loopback port for the relay")
+    }
+
+    /// [`Relay::start`] listening on `listen` (an address of the
+    /// loopback range and a port, `0` for any free one).
+    pub async fn start_at(listen: &str, to: String) -> std::io::Result<Relay> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             sent: std::sync::Mutex::new(Vec::new()),
@@ -91,7 +99,7 @@ impl Relay {
                 });
             }
         });
-        Relay { port, shared, task }
+        Ok(Relay { port, shared, task })
     }
 
     /// While closed, new connections are accepted and left hanging (a

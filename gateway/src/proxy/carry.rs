@@ -241,13 +241,13 @@ impl Gateway {
     async fn carrier_send(
         &self,
         route: &Route,
-        replica: Option<usize>,
+        replica: Option<&crate::replicas::Replica>,
         head: RequestHeader,
         body: Option<Bytes>,
     ) -> Result<Upstream> {
-        let worker = match (&route.replicas, replica) {
-            (Some(r), Some(i)) => r.addr(i),
-            _ => &route.addr,
+        let worker = match replica {
+            Some(r) => r.addr(),
+            None => &route.addr,
         };
         let addr = worker
             .get()
@@ -284,7 +284,7 @@ impl Gateway {
     async fn carrier_exchange(
         &self,
         route: &Route,
-        replica: Option<usize>,
+        replica: Option<&crate::replicas::Replica>,
         head: RequestHeader,
         body: Option<Bytes>,
     ) -> Result<(ResponseHeader, Vec<u8>)> {
@@ -330,7 +330,7 @@ impl Gateway {
         // On a route with several workers: the replica the send, its
         // events and the GetTask that answers it all go to.
         if let Some(replicas) = &route.replicas {
-            ctx.req.replica = Some(self.replica_for(ctx, &route, replicas).await);
+            ctx.req.replica = self.replica_for(ctx, &route, replicas).await;
         }
 
         let mut head = session.req_header().clone();
@@ -356,7 +356,7 @@ impl Gateway {
 
         ctx.times.upstream();
         let mut upstream = self
-            .carrier_send(&route, ctx.req.replica, head, Some(plan.body))
+            .carrier_send(&route, ctx.req.replica.as_deref(), head, Some(plan.body))
             .await?;
         let up = &mut upstream.session;
         let resp = answer_head(up)?;
@@ -489,7 +489,7 @@ impl Gateway {
         };
         let get = get_task_request(&send_head, ctx, binding, &id, history_length)?;
         let (got, body) = self
-            .carrier_exchange(&route, ctx.req.replica, get.0, get.1)
+            .carrier_exchange(&route, ctx.req.replica.as_deref(), get.0, get.1)
             .await?;
         let status = got.status.as_u16();
         ctx.times.answer(&got);

@@ -105,7 +105,7 @@ pub struct Request {
     pub grpc: bool,
     /// On a route with several `workers`: the replica the request went to
     /// (chosen in `upstream_peer`), recorded with the task it names.
-    pub replica: Option<usize>,
+    pub replica: Option<Arc<crate::replicas::Replica>>,
 }
 
 impl Request {
@@ -141,9 +141,9 @@ impl Ctx {
     /// changes the route's `workers` knows where its tasks run.
     pub fn replica_name(&self) -> Option<String> {
         let route = self.route.as_ref()?;
-        Some(match (&route.replicas, self.req.replica) {
-            (Some(r), Some(i)) => r.authority(i).to_owned(),
-            _ => route.addr.authority().to_owned(),
+        Some(match &self.req.replica {
+            Some(r) => r.authority().to_owned(),
+            None => route.addr.authority().to_owned(),
         })
     }
 
@@ -151,9 +151,9 @@ impl Ctx {
     /// replica the request went to, else the route's worker.
     pub fn worker_url(&self) -> Option<config::WorkerUrl> {
         let route = self.route.as_ref()?;
-        Some(match (&route.replicas, self.req.replica) {
-            (Some(r), Some(i)) => r.url(i).clone(),
-            _ => route.cfg.worker.clone(),
+        Some(match &self.req.replica {
+            Some(r) => r.url().clone(),
+            None => route.cfg.worker.clone(),
         })
     }
 

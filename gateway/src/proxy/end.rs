@@ -163,11 +163,11 @@ impl Gateway {
                 Some(status) if side == Side::Worker => {
                     // Passive health: no new sends to that replica until
                     // it passes a check.
-                    if let (Some(r), Some(i)) = (
+                    if let (Some(r), Some(replica)) = (
                         ctx.route.as_ref().and_then(|r| r.replicas.as_ref()),
-                        ctx.req.replica,
+                        &ctx.req.replica,
                     ) {
-                        r.failed(i);
+                        r.failed(replica);
                     }
                     Refusal::WorkerFailed {
                         status,

@@ -36,9 +36,9 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
     let Some(route) = &ctx.route else {
         return Ok(());
     };
-    match (&route.replicas, ctx.req.replica) {
-        (Some(r), Some(i)) => upstream.insert_header("host", r.authority(i))?,
-        _ => upstream.insert_header("host", route.host_header.clone())?,
+    match &ctx.req.replica {
+        Some(r) => upstream.insert_header("host", r.authority())?,
+        None => upstream.insert_header("host", route.host_header.clone())?,
     }
     let reads_answer = matches!(ctx.call, Call::AgentCard)
         || (matches!(ctx.call, Call::JsonRpcCandidate) && ctx.req.method.is_none())

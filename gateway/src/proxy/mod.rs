@@ -147,13 +147,13 @@ impl Gateway {
         ctx: &Ctx,
         route: &route::Route,
         replicas: &crate::replicas::Replicas,
-    ) -> usize {
+    ) -> Option<Arc<crate::replicas::Replica>> {
         if let Some(id) = &ctx.req.task_id {
             let key =
                 crate::store::TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id.as_str());
             if let Ok(Some(rec)) = self.store.get(&key).await {
                 match rec.replica.as_deref().map(|a| (a, replicas.find(a))) {
-                    Some((_, Some(i))) => return i,
+                    Some((_, Some(r))) => return Some(r),
                     Some((gone, None)) => {
                         crate::replicas::lost(&key, Some(gone));
                         tracing::info!(route = %route.name, task = %key, replica = gone, "a call for a task whose worker replica the route no longer has: balanced (a worker answers for itself)");
@@ -162,7 +162,12 @@ impl Gateway {
                 }
             }
         }
-        replicas.pick().unwrap_or(0)
+        if replicas.first().is_none() {
+            // Nothing looked up yet (the first requests after a start or a
+            // reload): look now.
+            replicas.check_if_due(crate::store::now_ms()).await;
+        }
+        replicas.pick().or_else(|| replicas.first())
     }
 }
 
@@ -226,13 +231,12 @@ impl ProxyHttp for Gateway {
         let Some(route) = ctx.route.clone() else {
             return Err(Error::explain(ErrorType::InternalError, "no route chosen"));
         };
-        let worker = match &route.replicas {
-            None => &route.addr,
-            Some(replicas) => {
-                let i = Box::pin(self.replica_for(ctx, &route, replicas)).await;
-                ctx.req.replica = Some(i);
-                replicas.addr(i)
-            }
+        if let Some(replicas) = &route.replicas {
+            ctx.req.replica = Box::pin(self.replica_for(ctx, &route, replicas)).await;
+        }
+        let worker = match &ctx.req.replica {
+            Some(r) => r.addr().clone(),
+            None => route.addr.clone(),
         };
         let addr = match worker.get().await {
             Ok(a) => a,
@@ -306,12 +310,12 @@ impl ProxyHttp for Gateway {
         // 503, 504: overloaded, shutting down, its own upstream gone)
         // takes no new sends until it passes a check. A 500 is an answer
         // about the call, not the replica.
-        if let (502..=504, Some(r), Some(i)) = (
+        if let (502..=504, Some(r), Some(replica)) = (
             resp.status.as_u16(),
             ctx.route.as_ref().and_then(|r| r.replicas.as_ref()),
-            ctx.req.replica,
+            &ctx.req.replica,
         ) {
-            r.failed(i);
+            r.failed(replica);
         }
         self.choose_reader(session, resp, ctx)
     }

@@ -58,7 +58,7 @@ impl Route {
             None => replica
                 .is_none_or(|a| a == self.addr.authority())
                 .then(|| self.cfg.worker.clone()),
-            Some(r) => replica.and_then(|a| r.find(a)).map(|i| r.url(i).clone()),
+            Some(r) => replica.and_then(|a| r.find(a)).map(|m| m.url().clone()),
         }
     }
 
@@ -149,7 +149,8 @@ impl Routes {
                         .auth
                         .as_ref()
                         .map(|a| crate::auth::Authenticator::build(&r.name, a)),
-                    replicas: (r.workers.len() > 1)
+                    replicas: (r.workers.len() > 1
+                        || r.worker_addresses == config::WorkerAddresses::All)
                         .then(|| Arc::new(crate::replicas::Replicas::new(r, &addrs))),
                 })
             })
