@@ -1479,6 +1479,122 @@ const COLUMN_NAMES: [&str; 6] = [
     "gateway (memory, blocking_sends = pass)",
 ];
 
+/// `-- --replicas`: what task affinity costs (issue 44). The same gateway
+/// config (memory store, the defaults) in front of one a2a-rust worker and
+/// in front of two replicas of it (`workers`), both workers on the bench's
+/// worker runtime: a blocking `SendMessage` (a replicated route picks a
+/// replica, and records it with the task) and a `GetTask` of one task (a
+/// replicated route reads the task's replica from the store first), each
+/// in [`REPLICA_SLICES`] alternating wrk slices; medians of requests/s and
+/// of the gateway's CPU per request, and the ratio.
+fn replicas_only() {
+    harness::gateway::quiet_log_unless_set();
+    let worker_rt = worker_runtime();
+    let (w1, w2) = worker_rt.block_on(async {
+        (
+            RustWorker::start(RustWorkerOptions::default()).await,
+            RustWorker::start(RustWorkerOptions::default()).await,
+        )
+    });
+    let rt = driver_runtime();
+    let started = Instant::now();
+    let rows = rt.block_on(async {
+        let single = Gateway::start(&format!(
+            "[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+            w1.url()
+        ))
+        .await;
+        let replicated = Gateway::start(&format!(
+            "[[routes]]\nname = \"w\"\nworkers = [\"{}\", \"{}\"]\n",
+            w1.url(),
+            w2.url()
+        ))
+        .await;
+        let mut rows = Vec::new();
+        for (what, single_body, replicated_body) in [
+            ("SendMessage", send_body(1), send_body(1)),
+            (
+                "GetTask",
+                get_body(&single.url).await,
+                get_body(&replicated.url).await,
+            ),
+        ] {
+            let mut cells: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+            for slice in 0..REPLICA_SLICES {
+                // Alternating which goes first.
+                let order = if slice % 2 == 0 { [0, 1] } else { [1, 0] };
+                for k in order {
+                    let (gw, body) = if k == 0 {
+                        (&single, &single_body)
+                    } else {
+                        (&replicated, &replicated_body)
+                    };
+                    let pids: Vec<u32> = gw.pid().into_iter().collect();
+                    let before = cpu_ticks(&pids);
+                    let (url, body) = (gw.url.clone(), body.clone());
+                    let run = tokio::task::spawn_blocking(move || wrk_with(&url, &body, 2, 3))
+                        .await
+                        .expect("wrk");
+                    if let (Some(s), Some(b), Some(a)) = (run, before, cpu_ticks(&pids)) {
+                        let cpu = (a - b) as f64 / USER_HZ * 1e6 / s.requests.max(1.0);
+                        cells[k].push((s.rps, cpu));
+                    }
+                }
+            }
+            rows.push((what, cells));
+        }
+        rows
+    });
+    {
+        let _in_runtime = worker_rt.enter();
+        drop((w1, w2));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    println!();
+    println!(
+        "proxy bench, replica rows, {} — {}; load average {}; {:.0} s",
+        utc_now(),
+        cpus(),
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    println!("gateway on the memory store, 2 threads, default config; medians of {REPLICA_SLICES} alternating 3 s slices each");
+    println!();
+    println!("| row | one worker: req/s | two replicas: req/s | ratio | one worker: gateway CPU/req | two replicas: gateway CPU/req | ratio |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (what, cells) in rows {
+        let [mut r1, mut r2] = cells
+            .clone()
+            .map(|c| c.iter().map(|x| x.0).collect::<Vec<_>>());
+        let [mut c1, mut c2] = cells.map(|c| c.iter().map(|x| x.1).collect::<Vec<_>>());
+        let (r1, r2, c1, c2) = (
+            median(&mut r1),
+            median(&mut r2),
+            median(&mut c1),
+            median(&mut c2),
+        );
+        println!(
+            "| {what} | {r1:.0} | {r2:.0} | {:.2} | {c1:.0} µs | {c2:.0} µs | {:.2} |",
+            r2 / r1,
+            c2 / c1
+        );
+    }
+}
+
+/// A `GetTask` body for a task started through `gateway` (one `quick`
+/// send, JSON-RPC).
+async fn get_body(gateway: &str) -> String {
+    let (_, id) = send_stream(gateway, Bind::JsonRpc, None, "quick").await;
+    serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": id}})
+        .to_string()
+}
+
+/// Slices per column in `--replicas`.
+const REPLICA_SLICES: usize = 6;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == bare_pingora::FLAG) {
@@ -1500,6 +1616,10 @@ fn main() {
     }
     if args.iter().any(|a| a == grpc::FLAG) {
         grpc_only();
+        return;
+    }
+    if args.iter().any(|a| a == "--replicas") {
+        replicas_only();
         return;
     }
     // Measure the proxy, not the formatting of its debug logs.
