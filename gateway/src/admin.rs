@@ -648,7 +648,7 @@ impl Admin {
         let Some(target) = record.target else {
             return unsent("the store does not say how the task was reached (no binding recorded)");
         };
-        let Some(worker) = route.worker_for(record.replica.as_deref()) else {
+        let Some(worker) = route.worker_for(record.replica.as_deref()).await else {
             crate::replicas::lost(&key, record.replica.as_deref());
             return unsent("the task's worker replica is not one of its route's workers any more");
         };

@@ -260,7 +260,7 @@ impl Leases {
                 self.end(&rec.key).await;
                 continue;
             };
-            let Some(worker) = route.worker_for(rec.replica.as_deref()) else {
+            let Some(worker) = route.worker_for(rec.replica.as_deref()).await else {
                 crate::replicas::lost(&rec.key, rec.replica.as_deref());
                 self.end(&rec.key).await;
                 continue;
@@ -344,18 +344,19 @@ impl Leases {
                 .with_label_values(&[&route.name])
                 .inc();
             tracing::info!(task = %owed.key, cause = %owed.cause, "claimed an owed cancel (its replica is gone, or its last try failed); sending it");
-            // On a route with several workers, the one the task runs on.
-            let worker = match &route.replicas {
-                None => Some(route.cfg.worker.clone()),
-                Some(_) => match self.store.get(&owed.key).await {
-                    Ok(rec) => route.worker_for(rec.and_then(|r| r.replica).as_deref()),
-                    Err(_) => {
-                        // Looked for again at its next claim.
-                        let at = self.store.clock_ms();
-                        let _ = self.store.outbox_retry(&owed.key, &owed.token, at).await;
-                        continue;
-                    }
-                },
+            // The worker (replica) the task runs on, as its record says.
+            let worker = match self.store.get(&owed.key).await {
+                Ok(rec) => {
+                    route
+                        .worker_for(rec.and_then(|r| r.replica).as_deref())
+                        .await
+                }
+                Err(_) => {
+                    // Looked for again at its next claim.
+                    let at = self.store.clock_ms();
+                    let _ = self.store.outbox_retry(&owed.key, &owed.token, at).await;
+                    continue;
+                }
             };
             let Some(worker) = worker else {
                 crate::replicas::lost(&owed.key, None);

@@ -134,7 +134,26 @@ impl Replicas {
             every_address: route.worker_addresses == config::WorkerAddresses::All,
             addrs: addrs.clone(),
         };
-        let members = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        // Named replicas are known at once; a name's addresses once looked
+        // up (the first check, or the first call that needs them).
+        let members: Vec<Arc<Replica>> = if source.every_address {
+            Vec::new()
+        } else {
+            source
+                .workers
+                .iter()
+                .map(|(url, addr)| {
+                    Arc::new(Replica {
+                        url: url.clone(),
+                        authority: url.authority(),
+                        origin: url.authority(),
+                        addr: addr.clone(),
+                        down_until_ms: AtomicU64::new(0),
+                    })
+                })
+                .collect()
+        };
+        let members = Arc::new(ArcSwap::from_pointee(members));
         let backends = Backends::new(Box::new(Discovery(members.clone())));
         let mut check = TcpHealthCheck::new();
         check.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
@@ -275,6 +294,22 @@ impl Replicas {
     /// failure is the caller's answer).
     pub fn first(&self) -> Option<Arc<Replica>> {
         self.members.load().first().cloned()
+    }
+
+    /// [`Replicas::find`], once the replicas were looked up at least once
+    /// (a route a reload just built may not have been yet: looked up now).
+    pub async fn find_known(&self, authority: &str) -> Option<Arc<Replica>> {
+        self.checked_once().await;
+        self.find(authority)
+    }
+
+    /// Looks the replicas up and checks them now unless that was done
+    /// once already (a route a reload just built, before its background
+    /// check).
+    pub async fn checked_once(&self) {
+        if self.checked_ms.load(Ordering::Relaxed) == 0 {
+            self.check_if_due(crate::store::now_ms()).await;
+        }
     }
 
     /// The replica named `authority` (as recorded with a task), if the

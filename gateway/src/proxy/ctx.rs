@@ -134,8 +134,6 @@ pub fn shape_of(method: A2aMethod) -> Option<Shape> {
 }
 
 impl Ctx {
-    /// Who is asking, for ownership ([`policies::owner`]): on a route with
-    /// `[routes.auth]`, the verified identity or anonymous; else unverified.
     /// The worker (replica) the request went to, as the store records it
     /// with the task: recorded on every route, so that a reload that
     /// changes the route's `workers` knows where its tasks run.
@@ -157,6 +155,8 @@ impl Ctx {
         })
     }
 
+    /// Who is asking, for ownership ([`policies::owner`]): on a route with
+    /// `[routes.auth]`, the verified identity or anonymous; else unverified.
     pub fn asker(&self, route: &super::route::Route) -> crate::store::Asker {
         match (&route.auth, &self.req.caller) {
             (None, _) => crate::store::Asker::Unverified,

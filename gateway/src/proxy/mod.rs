@@ -152,7 +152,11 @@ impl Gateway {
             let key =
                 crate::store::TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id.as_str());
             if let Ok(Some(rec)) = self.store.get(&key).await {
-                match rec.replica.as_deref().map(|a| (a, replicas.find(a))) {
+                let found = match rec.replica.as_deref() {
+                    Some(a) => Some((a, replicas.find_known(a).await)),
+                    None => None,
+                };
+                match found {
                     Some((_, Some(r))) => return Some(r),
                     Some((gone, None)) => {
                         crate::replicas::lost(&key, Some(gone));
@@ -162,11 +166,9 @@ impl Gateway {
                 }
             }
         }
-        if replicas.first().is_none() {
-            // Nothing looked up yet (the first requests after a start or a
-            // reload): look now.
-            replicas.check_if_due(crate::store::now_ms()).await;
-        }
+        // Nothing looked up yet (the first requests after a start or a
+        // reload): look now.
+        replicas.checked_once().await;
         replicas.pick().or_else(|| replicas.first())
     }
 }

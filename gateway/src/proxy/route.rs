@@ -50,15 +50,16 @@ impl Route {
     /// several `workers`, else the worker. `None` when the route has no
     /// such replica (any more), or none was recorded: the task is lost to
     /// the gateway, and is never sent to another replica as if it ran there.
-    pub fn worker_for(&self, replica: Option<&str>) -> Option<config::WorkerUrl> {
-        match &self.replicas {
+    pub async fn worker_for(&self, replica: Option<&str>) -> Option<config::WorkerUrl> {
+        match (&self.replicas, replica) {
             // A task recorded on another worker than the route's one (a
             // reload scaled it down) is not this worker's; one recorded
             // before replicas were recorded is.
-            None => replica
+            (None, _) => replica
                 .is_none_or(|a| a == self.addr.authority())
                 .then(|| self.cfg.worker.clone()),
-            Some(r) => replica.and_then(|a| r.find(a)).map(|m| m.url().clone()),
+            (Some(r), Some(a)) => r.find_known(a).await.map(|m| m.url().clone()),
+            (Some(_), None) => None,
         }
     }
 
