@@ -16,8 +16,10 @@ pub struct Relay {
 
 struct Shared {
     /// What the gateway sent the worker through the relay, every
-    /// connection's bytes appended as they passed (up to 4 MiB).
+    /// connection's bytes appended as they passed (up to 4 MiB), when the
+    /// relay records ([`Relay::start_recording`]).
     sent: std::sync::Mutex<Vec<u8>>,
+    record: bool,
     open: AtomicBool,
     accepted: AtomicUsize,
     live: AtomicUsize,
@@ -32,13 +34,25 @@ impl Relay {
             .expect("a loopback port for the relay")
     }
 
+    /// [`Relay::start`], keeping what the gateway sent ([`Relay::sent_text`]).
+    pub async fn start_recording(to: String) -> Relay {
+        Relay::bind("127.0.0.1:0", to, true)
+            .await
+            .expect("a loopback port for the relay")
+    }
+
     /// [`Relay::start`] listening on `listen` (an address of the
     /// loopback range and a port, `0` for any free one).
     pub async fn start_at(listen: &str, to: String) -> std::io::Result<Relay> {
+        Relay::bind(listen, to, false).await
+    }
+
+    async fn bind(listen: &str, to: String, record: bool) -> std::io::Result<Relay> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             sent: std::sync::Mutex::new(Vec::new()),
+            record,
             open: AtomicBool::new(true),
             accepted: AtomicUsize::new(0),
             live: AtomicUsize::new(0),
@@ -62,6 +76,15 @@ impl Relay {
                     };
                     s.live.fetch_add(1, Ordering::SeqCst);
                     let mut cut = s.cut.subscribe();
+                    if !s.record {
+                        let mut out = out;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
+                            _ = cut.changed() => {}
+                        }
+                        s.live.fetch_sub(1, Ordering::SeqCst);
+                        return;
+                    }
                     let (mut from_gw, mut to_gw) = inbound.split();
                     let (mut from_worker, mut to_worker) = out.into_split();
                     let up = async {
@@ -108,8 +131,9 @@ impl Relay {
         self.shared.open.store(open, Ordering::SeqCst);
     }
 
-    /// Everything the gateway sent the worker through the relay so far
-    /// (request heads and bodies, as bytes on the wire), lossily as text.
+    /// Everything the gateway sent the worker through a recording relay so
+    /// far (request heads and bodies, as bytes on the wire), lossily as
+    /// text; empty for one that does not record.
     pub fn sent_text(&self) -> String {
         String::from_utf8_lossy(&self.shared.sent.lock().unwrap()).into_owned()
     }

@@ -64,7 +64,7 @@ impl Replica {
         };
         let relay = match front {
             Front::Direct => None,
-            Front::Relayed => Some(RelayBox(Relay::start(split_url(&target).0).await)),
+            Front::Relayed => Some(RelayBox(Relay::start_recording(split_url(&target).0).await)),
         };
         let url = match &relay {
             Some(r) => format!("http://127.0.0.1:{}", r.0.port),

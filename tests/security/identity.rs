@@ -30,7 +30,7 @@ async fn the_worker_is_told_the_verified_caller_and_no_unchecked_credential() {
     let worker = PythonWorker::start().await;
     let url = worker.url();
     let worker_addr = url.trim_start_matches("http://").trim_end_matches('/');
-    let relay = Relay::start(worker_addr.to_owned()).await;
+    let relay = Relay::start_recording(worker_addr.to_owned()).await;
     let gw = Gateway::in_front_of(
         &format!("http://127.0.0.1:{}", relay.port),
         &format!(
