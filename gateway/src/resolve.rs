@@ -144,12 +144,18 @@ impl WorkerAddr {
         if let Some(a) = self.literal {
             return Ok(a);
         }
-        let last = self.last.read().ok().and_then(|l| l.clone());
+        // The address and its age only: every request asks, and the list
+        // of every address is for the replicas' checks.
+        let last = self
+            .last
+            .read()
+            .ok()
+            .and_then(|l| l.as_ref().map(|r| (r.addr, r.at)));
         match last {
-            Some(r) if r.at.elapsed() < self.refresh => Ok(r.addr),
-            Some(r) => {
+            Some((addr, at)) if at.elapsed() < self.refresh => Ok(addr),
+            Some((addr, _)) => {
                 self.refresh_in_background();
-                Ok(r.addr)
+                Ok(addr)
             }
             None => self.lookup().await,
         }
@@ -163,9 +169,12 @@ impl WorkerAddr {
             return Ok(Arc::from([a]));
         }
         self.lookup().await?;
-        let last = self.last.read().ok().and_then(|l| l.clone());
-        last.map(|r| r.all)
-            .ok_or_else(|| format!("the worker host {:?} has no address yet", self.host))
+        let all = self
+            .last
+            .read()
+            .ok()
+            .and_then(|l| l.as_ref().map(|r| r.all.clone()));
+        all.ok_or_else(|| format!("the worker host {:?} has no address yet", self.host))
     }
 
     /// Looks the name up and keeps every address; the first (the system
