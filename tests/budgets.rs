@@ -810,19 +810,7 @@ async fn start_budgeted_parent_is_charged_what_the_child_reported() {
 async fn budgeted_route_refuses_websocket_upgrades() {
     let worker = PythonWorker::start().await;
     let gw = Gateway::in_front_of(&worker.url(), "[routes.budget]\nmax_deadline = \"1m\"").await;
-    let r = request(
-        "GET",
-        &gw.url,
-        "/",
-        &[
-            ("connection", "upgrade"),
-            ("upgrade", "websocket"),
-            ("sec-websocket-version", "13"),
-            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
-        ],
-        b"",
-    )
-    .await;
+    let r = request("GET", &gw.url, "/", &crate::harness::http::WS_UPGRADE, b"").await;
     assert_eq!(r.status, 403, "{}", r.text());
     assert!(r.text().contains("enforces budgets"), "{}", r.text());
 }

@@ -83,6 +83,14 @@ fn request_bytes(
 }
 
 /// Sends one request and reads the whole response (until the server closes).
+/// The headers of a WebSocket upgrade request (RFC 6455's sample key).
+pub const WS_UPGRADE: [(&str, &str); 4] = [
+    ("connection", "upgrade"),
+    ("upgrade", "websocket"),
+    ("sec-websocket-version", "13"),
+    ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+];
+
 /// `A2A-Version: 1.0` is added unless `headers` name it.
 pub async fn request(
     method: &str,

@@ -61,13 +61,7 @@ async fn a_route_binding_tenants_refuses_websocket_upgrades() {
         "GET",
         &gw.url,
         "/",
-        &[
-            ("x-api-key", KEY),
-            ("connection", "upgrade"),
-            ("upgrade", "websocket"),
-            ("sec-websocket-version", "13"),
-            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
-        ],
+        &[&[("x-api-key", KEY)][..], &crate::harness::http::WS_UPGRADE].concat(),
         b"",
     )
     .await;
