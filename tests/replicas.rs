@@ -509,6 +509,103 @@ async fn continuation_goes_to_its_replica(kind: Kind, bind: Bind) {
     assert_no_foreign_ids(&gw, &reps, &only);
 }
 
+/// Two contexts started by blocking sends (through gateway A); three sends
+/// each that name only the `contextId` (through B, which shares A's Redis
+/// when `redis`, else A itself): each starts its new task on the replica
+/// that holds the context (three in a row would alternate if balanced),
+/// and the worker keeps it in that context. Four sends naming contexts the
+/// gateway never saw are balanced over both replicas.
+async fn context_goes_to_its_replica(kind: Kind, bind: Bind, redis: bool) {
+    let reps = replicas::start(kind, 2, Front::Relayed).await;
+    let server = if redis {
+        Some(RedisServer::start().await)
+    } else {
+        None
+    };
+    let cfg = match &server {
+        Some(r) => format!("[store]\nurl = \"{}\"\n\n{}", r.url(), route(&reps, "")),
+        None => route(&reps, ""),
+    };
+    let a = Gateway::start(&cfg).await;
+    let b = match redis {
+        true => Some(Gateway::start(&cfg).await),
+        false => None,
+    };
+    let later = b.as_ref().unwrap_or(&a);
+    let send = |url: String, context: Option<String>| async move {
+        let (path, mut body) = send_message(bind, None, "quick", json!({}));
+        if let Some(c) = context {
+            match bind {
+                Bind::JsonRpc => body["params"]["message"]["contextId"] = json!(c),
+                Bind::Rest => body["message"]["contextId"] = json!(c),
+            }
+        }
+        let r = post_json(&url, &path, &[], &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let task = answered_task(&r);
+        assert_eq!(task["status"]["state"], COMPLETED, "{task}");
+        let id = task["id"].as_str().unwrap().to_string();
+        let context = task["contextId"].as_str().unwrap().to_string();
+        (id, context)
+    };
+    let mut all = Vec::new();
+    let mut contexts: Vec<(String, usize)> = Vec::new();
+    for _ in 0..2 {
+        let (id, context) = send(a.url.clone(), None).await;
+        let at = placed(&a, &reps, None, &id).await;
+        all.push(Child {
+            id,
+            tenant: None,
+            bind,
+            at,
+        });
+        contexts.push((context, at));
+    }
+    for (context, at) in &contexts {
+        for _ in 0..3 {
+            let (id, kept) = send(later.url.clone(), Some(context.clone())).await;
+            assert_eq!(&kept, context, "the worker kept the context");
+            let now = placed(later, &reps, None, &id).await;
+            assert_eq!(
+                now, *at,
+                "{id} in context {context} ran on {now}, its context on {at}"
+            );
+            all.push(Child {
+                id,
+                tenant: None,
+                bind,
+                at: now,
+            });
+        }
+    }
+    let mut fresh = Vec::new();
+    for n in 0..4 {
+        let context = format!("ctx-{}-{n}-{}", std::process::id(), redis);
+        let (id, kept) = send(later.url.clone(), Some(context.clone())).await;
+        assert_eq!(kept, context);
+        let at = placed(later, &reps, None, &id).await;
+        fresh.push(Child {
+            id,
+            tenant: None,
+            bind,
+            at,
+        });
+    }
+    assert!(
+        per_replica(&fresh, 2).iter().all(|&k| k > 0),
+        "sends in contexts never seen are balanced: {:?}",
+        per_replica(&fresh, 2)
+    );
+    all.extend(fresh);
+    assert_eq!(cancels(&reps).await, vec![0, 0]);
+    assert_no_foreign_ids(&a, &reps, &all);
+}
+
+scenarios! {
+    rust_jsonrpc_context_goes_to_its_replica => context_goes_to_its_replica(Kind::Rust, Bind::JsonRpc, false);
+    python_rest_context_goes_to_its_replica_on_redis => context_goes_to_its_replica(Kind::Python, Bind::Rest, true);
+}
+
 scenarios! {
     rust_jsonrpc_continuation_goes_to_its_replica => continuation_goes_to_its_replica(Kind::Rust, Bind::JsonRpc);
     python_rest_continuation_goes_to_its_replica => continuation_goes_to_its_replica(Kind::Python, Bind::Rest);

@@ -56,9 +56,13 @@ async fn redis_store_conformance() {
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
-    // Records, an owned record, leases, lapses, handed-back lapses; and
-    // the outbox's four tasks (a put writes the task's hash).
-    assert_eq!(other.list(100).await.unwrap().len(), 2 + 1 + 5 + 3 + 2 + 4);
+    // Records, an owned record, the contexts' four tasks, leases, lapses,
+    // handed-back lapses; and the outbox's four tasks (a put writes the
+    // task's hash).
+    assert_eq!(
+        other.list(100).await.unwrap().len(),
+        2 + 1 + 4 + 5 + 3 + 2 + 4
+    );
 }
 
 #[tokio::test]
@@ -70,6 +74,7 @@ async fn key_layout_and_bad_data() {
     assert_eq!(s.task_key(&key("r", "", "t/1")), "ns:task:r:t%2F1");
     assert_eq!(s.task_key(&key("a:b", "", "c")), "ns:task:a%3Ab:c");
     assert_eq!(s.leases_key(), "ns:leases");
+    assert_eq!(s.context_key("a:b", "c/1"), "ns:ctx:a%3Ab:c%2F1");
 
     // A `:` in a route or task id never makes two tasks share a key.
     s.update(&key("r", "a:b", "c"), state(TaskState::Working), 1)
@@ -87,6 +92,28 @@ async fn key_layout_and_bad_data() {
 
     // Garbage in a hash reads as None/0, never a panic.
     let mut c = raw(&server).await;
+    // A context's replica expires as a live task's record does.
+    s.update(
+        &key("r", "", "p1"),
+        TaskUpdate {
+            context_id: Some("c9".into()),
+            replica: Some("h:1".into()),
+            pin_context: true,
+            ..TaskUpdate::default()
+        },
+        1,
+    )
+    .await
+    .unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(s.context_key("r", "c9"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= LIVE_TTL.as_millis() as i64,
+        "context key PTTL {ttl}"
+    );
     let bad = s.task_key(&key("r", "", "bad"));
     let _: () = redis::cmd("HSET")
         .arg(&bad)
@@ -142,8 +169,8 @@ async fn key_layout_and_bad_data() {
         .update(&key("r", "", "wrong"), TaskUpdate::default(), 1)
         .await
         .is_err());
-    // list skips it.
-    assert_eq!(s.list(100).await.unwrap().len(), 2);
+    // list skips it (the three: `c`, `bad` and `p1`).
+    assert_eq!(s.list(100).await.unwrap().len(), 3);
 }
 
 /// Two replicas' reapers, eight claimers in all, over 200 lapsed leases:

@@ -538,6 +538,10 @@ pub fn request_facts(method: A2aMethod, msg: &[u8]) -> Option<RequestFacts> {
             facts.tenant = r.tenant.map(str::to_owned);
             facts.return_immediately = r.return_immediately;
             facts.task_id = r.task_id.map(str::to_owned);
+            facts.context_id = r
+                .context_id
+                .filter(|_| r.task_id.is_none())
+                .map(str::to_owned);
             let grant = |v: &[u8]| PbValue::decode(v).map(|v| to_json(&v)).ok();
             facts.lease = match &r.lease {
                 Some(v) => Some(lease_grant(&grant(v)?)),
@@ -571,6 +575,7 @@ pub fn message_id(msg: &[u8]) -> Option<String> {
 struct SendView<'a> {
     tenant: Option<&'a str>,
     message_id: Option<&'a str>,
+    context_id: Option<&'a str>,
     task_id: Option<&'a str>,
     return_immediately: bool,
     lease: Option<Cow<'a, [u8]>>,
@@ -594,14 +599,15 @@ fn send_view(msg: &[u8]) -> Option<SendView<'_>> {
         match f.ok()? {
             // tenant
             (1, Field::Bytes(b)) => v.tenant = text(b)?,
-            // message: 1 message_id, 3 task_id, 6 metadata
+            // message: 1 message_id, 2 context_id, 3 task_id, 6 metadata
             (2, Field::Bytes(b)) => {
                 for g in fields(b) {
                     match g.ok()? {
                         (1, Field::Bytes(b)) => v.message_id = text(b)?,
+                        (2, Field::Bytes(b)) => v.context_id = text(b)?,
                         (3, Field::Bytes(b)) => v.task_id = text(b)?,
                         (6, Field::Bytes(b)) => metadata(b, &mut v)?,
-                        (1 | 3 | 6, _) => return None,
+                        (1..=3 | 6, _) => return None,
                         _ => {}
                     }
                 }
@@ -997,6 +1003,8 @@ mod tests {
     struct SentMessage {
         #[prost(string, tag = "1")]
         message_id: String,
+        #[prost(string, tag = "2")]
+        context_id: String,
         #[prost(string, tag = "3")]
         task_id: String,
         #[prost(message, optional, tag = "6")]
@@ -1164,6 +1172,7 @@ mod tests {
         Option<String>,
         Option<String>,
         Option<String>,
+        Option<String>,
         bool,
         Option<PbValue>,
         Option<PbValue>,
@@ -1177,6 +1186,7 @@ mod tests {
         Some((
             some(r.tenant),
             some(m.message_id),
+            some(m.context_id),
             some(m.task_id),
             r.configuration.is_some_and(|c| c.return_immediately),
             meta.fields.get(LEASE_KEY).cloned(),
@@ -1192,6 +1202,7 @@ mod tests {
         Some((
             own(v.tenant),
             own(v.message_id),
+            own(v.context_id),
             own(v.task_id),
             v.return_immediately,
             value(v.lease),
@@ -1249,7 +1260,8 @@ mod tests {
         // An unknown field 20 as a group holding a varint and a nested group.
         let group = [&full[..], &[0xa3, 0x01, 0x08, 0x01, 0x0b, 0x0c, 0xa4, 0x01]].concat();
         let seeds = [full, other, merged, group, Vec::new()];
-        assert_eq!(by_walk(&seeds[2]).unwrap().2.as_deref(), Some("t1"));
+        assert_eq!(by_walk(&seeds[2]).unwrap().3.as_deref(), Some("t1"));
+        assert_eq!(by_walk(&seeds[2]).unwrap().2.as_deref(), Some("c"));
         assert!(by_walk(&seeds[3]).is_some());
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = |n: usize| {

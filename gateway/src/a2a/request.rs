@@ -20,6 +20,9 @@ pub struct RequestFacts {
     /// `params.id` (GetTask, CancelTask, SubscribeToTask), or the sent
     /// message's `taskId` (a continuation of an existing task).
     pub task_id: Option<String>,
+    /// The sent message's `contextId`, when it names no task: a send that
+    /// continues a conversation goes to the worker replica that holds it.
+    pub context_id: Option<String>,
     /// The sent message's lease grant (`metadata["a2a-rust.com/lease"]`):
     /// its TTL in ms, or why it is malformed.
     pub lease: Option<Result<u64, String>>,
@@ -227,6 +230,7 @@ struct ParamsRaw<'a> {
     tenant: Option<&'a [u8]>,
     id: Option<&'a [u8]>,
     task: Option<&'a [u8]>,
+    context: Option<&'a [u8]>,
     lease: Option<&'a [u8]>,
     budget: Option<&'a [u8]>,
     /// `configuration.returnImmediately`.
@@ -273,7 +277,7 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
         }
         b"message" => {
             once(&mut message, "message", &mut p.dup);
-            (p.task, p.lease, p.budget) = (None, None, None);
+            (p.task, p.context, p.lease, p.budget) = (None, None, None, None);
             if !json::is_object(v) {
                 return json::skip(v);
             }
@@ -283,6 +287,9 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
                     once(&mut task, "taskId", &mut p.dup);
                     json::take(v, &mut p.task)
                 }
+                // Only routes to a replica: a duplicate misroutes the
+                // caller's own call, which its worker then judges.
+                b"contextId" => json::take(v, &mut p.context),
                 b"metadata" => {
                     once(&mut metadata, "metadata", &mut p.dup);
                     (p.lease, p.budget) = (None, None);
@@ -315,12 +322,15 @@ impl ParamsRaw<'_> {
     fn facts(&self, method: Option<A2aMethod>, is_jsonrpc: bool) -> Option<RequestFacts> {
         let lease = grant_value(self.lease).ok()?;
         let budget = grant_value(self.budget).ok()?;
+        let task_id = text(self.id).ok()?.or(text(self.task).ok()?);
+        let context_id = text(self.context).ok()?.filter(|_| task_id.is_none());
         Some(RequestFacts {
             method,
             is_jsonrpc,
             v03_send: false,
             tenant: text(self.tenant).ok()?,
-            task_id: text(self.id).ok()?.or(text(self.task).ok()?),
+            task_id,
+            context_id,
             lease: lease.map(|v| lease_grant(&v)),
             budget: budget.map(|v| budget_grant(&v)),
             rpc_id: None,
@@ -692,12 +702,14 @@ mod tests {
         let m = p.and_then(|p| p.get("message")).and_then(Value::as_object);
         let md = m.and_then(|m| m.get("metadata")).and_then(Value::as_object);
         let grant = |k: &str| md.and_then(|md| md.get(k)).filter(|v| !v.is_null());
+        let task_id = s(p.and_then(|p| p.get("id"))).or_else(|| s(m.and_then(|m| m.get("taskId"))));
         Some(RequestFacts {
             method,
             is_jsonrpc: true,
             v03_send: matches!(name, "message/send" | "message/stream"),
             tenant: s(p.and_then(|p| p.get("tenant"))),
-            task_id: s(p.and_then(|p| p.get("id"))).or_else(|| s(m.and_then(|m| m.get("taskId")))),
+            task_id: task_id.clone(),
+            context_id: s(m.and_then(|m| m.get("contextId"))).filter(|_| task_id.is_none()),
             lease: grant(LEASE_KEY).map(lease_grant),
             budget: grant(BUDGET_KEY).map(budget_grant),
             rpc_id: obj.get("id").filter(|v| !v.is_null()).cloned(),
@@ -749,6 +761,7 @@ mod tests {
                     2 => &[
                         r#""metadata""#,
                         r#""taskId""#,
+                        r#""contextId""#,
                         r#""parts""#,
                         r#""role""#,
                         r#""returnImmediately""#,
@@ -956,6 +969,18 @@ mod tests {
                 task_id: Some("t".into()),
                 ..Default::default()
             })
+        );
+        // A context counts only when no task is named: the task decides.
+        assert_eq!(
+            rest_facts(br#"{"message":{"contextId":"c","messageId":"m"}}"#),
+            Some(RequestFacts {
+                context_id: Some("c".into()),
+                ..Default::default()
+            })
+        );
+        assert_eq!(
+            rest_facts(br#"{"message":{"contextId":"c","taskId":"t"}}"#).and_then(|f| f.context_id),
+            None
         );
         assert_eq!(rest_facts(b" "), Some(RequestFacts::default()));
         assert_eq!(rest_facts(b"{"), None);

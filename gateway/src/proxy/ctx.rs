@@ -79,6 +79,9 @@ pub struct Request {
     /// The task id the request itself names (SubscribeToTask, GetTask, a
     /// continuation), used when the caller leaves before any event.
     pub task_id: Option<String>,
+    /// A send naming no task: its message's `contextId`, by which a route
+    /// with several workers sends it to the replica holding the context.
+    pub context_id: Option<String>,
     /// A send that starts a new task: its message's `messageId`, by which
     /// the task is found if the caller leaves before any event names it.
     pub message_id: Option<String>,

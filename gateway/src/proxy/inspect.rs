@@ -101,6 +101,9 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
     if ctx.req.task_id.is_none() {
         ctx.req.task_id = facts.task_id;
     }
+    if ctx.req.task_id.is_none() {
+        ctx.req.context_id = facts.context_id;
+    }
     if ctx.req.task_id.is_none()
         && ctx.req.method == Some(crate::a2a::A2aMethod::SendStreamingMessage)
     {

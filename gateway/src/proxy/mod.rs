@@ -135,11 +135,25 @@ fn stop_awaiting_id(session: &mut Session, ctx: &mut Ctx) {
     }
 }
 
+/// Where the store says a request's task or context runs.
+enum Affinity {
+    /// On this replica of the route.
+    Replica(Arc<crate::replicas::Replica>),
+    /// The store knows neither the task nor the context (yet).
+    Unknown,
+    /// Nothing to look up, the store failed, or the replica is gone.
+    None,
+}
+
 impl Gateway {
     /// The replica a request goes to on a route with several `workers`: a
     /// call bound to a task the store knows goes to the replica recorded
-    /// with it (one store read); anything else (a new send, a task never
-    /// seen) is balanced. A task whose replica the route no longer has is
+    /// with it, a send naming no task but a known `contextId` to the
+    /// replica of that context's first task (one store read each); anything
+    /// else (a new send, a task or context never seen) is balanced. A miss
+    /// is looked up once more after this replica's queued store updates
+    /// are applied, so that a call right behind the answer that named its
+    /// task finds it. A task whose replica the route no longer has is
     /// counted lost and the call balanced: the caller gets that worker's
     /// own answer (not found), never the gateway's guess.
     pub(super) async fn replica_for(
@@ -148,28 +162,76 @@ impl Gateway {
         route: &route::Route,
         replicas: &crate::replicas::Replicas,
     ) -> Option<Arc<crate::replicas::Replica>> {
-        if let Some(id) = &ctx.req.task_id {
-            let key =
-                crate::store::TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id.as_str());
-            if let Ok(Some(rec)) = self.store.get(&key).await {
-                let found = match rec.replica.as_deref() {
-                    Some(a) => Some((a, replicas.find_known(a).await)),
-                    None => None,
-                };
-                match found {
-                    Some((_, Some(r))) => return Some(r),
-                    Some((gone, None)) => {
-                        crate::replicas::lost(&key, Some(gone));
-                        tracing::info!(route = %route.name, task = %key, replica = gone, "a call for a task whose worker replica the route no longer has: balanced (a worker answers for itself)");
-                    }
-                    None => {}
+        match self.affinity(ctx, route, replicas).await {
+            Affinity::Replica(r) => return Some(r),
+            Affinity::Unknown => {
+                self.cascade.tracker().flush().await;
+                if let Affinity::Replica(r) = self.affinity(ctx, route, replicas).await {
+                    return Some(r);
                 }
             }
+            Affinity::None => {}
         }
         // Nothing looked up yet (the first requests after a start or a
         // reload): look now.
         replicas.checked_once().await;
         replicas.pick().or_else(|| replicas.first())
+    }
+
+    /// One look at the store for [`Self::replica_for`].
+    async fn affinity(
+        &self,
+        ctx: &Ctx,
+        route: &route::Route,
+        replicas: &crate::replicas::Replicas,
+    ) -> Affinity {
+        if let Some(id) = &ctx.req.task_id {
+            let key =
+                crate::store::TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id.as_str());
+            let rec = match self.store.get(&key).await {
+                Ok(rec) => rec,
+                Err(e) => {
+                    crate::metrics::STORE_ERRORS
+                        .with_label_values(&["get"])
+                        .inc();
+                    tracing::warn!(route = %route.name, task = %key, error = %e, "the store did not say which worker replica runs the task: the call is balanced");
+                    return Affinity::None;
+                }
+            };
+            let Some(name) = rec.and_then(|r| r.replica) else {
+                return Affinity::Unknown;
+            };
+            match replicas.find_known(&name).await {
+                Some(r) => Affinity::Replica(r),
+                None => {
+                    crate::replicas::lost(&key, Some(&name));
+                    tracing::info!(route = %route.name, task = %key, replica = %name, "a call for a task whose worker replica the route no longer has: balanced (a worker answers for itself)");
+                    Affinity::None
+                }
+            }
+        } else if let (Some(context), true) = (&ctx.req.context_id, ctx.req.is_send()) {
+            // A send continuing a conversation: where its first task runs.
+            let name = match self.store.context_replica(&route.name, context).await {
+                Ok(Some(name)) => name,
+                Ok(None) => return Affinity::Unknown,
+                Err(e) => {
+                    crate::metrics::STORE_ERRORS
+                        .with_label_values(&["context_replica"])
+                        .inc();
+                    tracing::warn!(route = %route.name, context = %context, error = %e, "the store did not say which worker replica holds the context: the send is balanced");
+                    return Affinity::None;
+                }
+            };
+            match replicas.find_known(&name).await {
+                Some(r) => Affinity::Replica(r),
+                None => {
+                    tracing::info!(route = %route.name, context = %context, replica = %name, "a send continuing a context whose worker replica the route no longer has: balanced");
+                    Affinity::None
+                }
+            }
+        } else {
+            Affinity::None
+        }
     }
 }
 

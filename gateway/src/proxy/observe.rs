@@ -81,6 +81,7 @@ impl Gateway {
                         .flatten(),
                     asker: by.asker.clone(),
                     replica: by.replica,
+                    pin_context: route.replicas.is_some(),
                 },
             );
         }

@@ -21,6 +21,7 @@ fn key(id: &str) -> TaskKey {
 pub async fn run(store: &dyn TaskStore) {
     records(store).await;
     owners(store).await;
+    contexts(store).await;
     leases(store).await;
     accounts(store).await;
     outbox(store).await;
@@ -579,6 +580,65 @@ async fn owners(store: &dyn TaskStore) {
         store.get(&k).await.unwrap().and_then(|r| r.owner),
         Some("key:alice".to_string())
     );
+}
+
+/// A context's replica: the first pinned task's, per route, only from the
+/// record's tenant, and only when asked.
+async fn contexts(store: &dyn TaskStore) {
+    let key = |route: &str, tenant: &str, id: &str| TaskKey {
+        route: route.into(),
+        tenant: tenant.into(),
+        task_id: id.into(),
+    };
+    let sight = |context: &str, replica: &str, pin: bool| TaskUpdate {
+        context_id: Some(context.into()),
+        replica: Some(replica.into()),
+        pin_context: pin,
+        ..TaskUpdate::default()
+    };
+    let at = |route: &'static str, context: &'static str| async move {
+        store.context_replica(route, context).await.unwrap()
+    };
+    assert_eq!(at("ctx", "c1").await, None);
+    // Not asked to pin: the record has its replica, the context none.
+    let rec = store
+        .update(&key("ctx", "", "t0"), sight("c0", "r:1", false), 10)
+        .await
+        .unwrap();
+    assert_eq!(rec.replica.as_deref(), Some("r:1"));
+    assert_eq!(at("ctx", "c0").await, None);
+    store
+        .update(&key("ctx", "", "t1"), sight("c1", "r:1", true), 10)
+        .await
+        .unwrap();
+    assert_eq!(at("ctx", "c1").await.as_deref(), Some("r:1"));
+    // A later task in the context, on another replica: the first stays.
+    store
+        .update(&key("ctx", "", "t2"), sight("c1", "r:2", true), 11)
+        .await
+        .unwrap();
+    assert_eq!(at("ctx", "c1").await.as_deref(), Some("r:1"));
+    // Another route's context of the same name is its own.
+    assert_eq!(at("ctx2", "c1").await, None);
+    // The pin is the record's replica, not the update's.
+    store
+        .update(&key("ctx", "", "t1"), sight("c3", "r:9", true), 12)
+        .await
+        .unwrap();
+    assert_eq!(at("ctx", "c3").await.as_deref(), Some("r:1"));
+    // A request naming the task in another tenant pins nothing.
+    store
+        .update(&key("ctx", "acme", "t2"), sight("c4", "r:2", true), 13)
+        .await
+        .unwrap();
+    assert_eq!(at("ctx", "c4").await, None);
+    // Names with the separator in them stay apart.
+    store
+        .update(&key("a:b", "", "t5"), sight("c", "r:5", true), 14)
+        .await
+        .unwrap();
+    assert_eq!(at("a", "b:c").await, None);
+    assert_eq!(at("a:b", "c").await.as_deref(), Some("r:5"));
 }
 
 /// The routes a claimer has: `lkey`'s.

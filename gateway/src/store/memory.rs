@@ -97,6 +97,8 @@ impl Outbox {
 #[derive(Debug)]
 pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,
+    /// (route, context id) → the replica of its first pinned task.
+    contexts: Cache<(Arc<str>, Arc<str>), Arc<str>>,
     /// (deadline, task) for every live lease.
     deadlines: Mutex<BTreeSet<(u64, TaskKey)>>,
     /// Lapsed leases handed back (`lease_retry`, and each claim's hold).
@@ -199,6 +201,10 @@ impl MemoryStore {
     pub fn new(capacity: u64, retention: Duration) -> Self {
         MemoryStore {
             tasks: Cache::builder()
+                .max_capacity(capacity)
+                .time_to_idle(retention)
+                .build(),
+            contexts: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_idle(retention)
                 .build(),
@@ -404,6 +410,7 @@ impl TaskStore for MemoryStore {
         now_ms: u64,
     ) -> Result<TaskRecord, StoreError> {
         let settled = update.state.is_some_and(|s| s.is_settled());
+        let pin = update.context_id.clone().filter(|_| update.pin_context);
         let (rec, ()) = self.modify(key, now_ms, |rec| {
             let before = rec.lease.as_ref().map(|l| l.deadline_ms);
             rec.apply(&key.tenant, update, now_ms);
@@ -415,11 +422,33 @@ impl TaskStore for MemoryStore {
             // A settled task owes no cancel.
             self.outbox().remove(key);
         }
+        if let (Some(context), Some(replica), true) =
+            (pin, &rec.replica, rec.key.tenant == key.tenant)
+        {
+            let at = (key.route.clone(), Arc::from(context));
+            // First wins; a later pin only keeps it alive.
+            if self.contexts.get(&at).is_none() {
+                self.contexts
+                    .entry(at)
+                    .or_insert_with(|| Arc::from(replica.as_str()));
+            }
+        }
         Ok(rec)
     }
 
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
         Ok(self.tasks.get(key))
+    }
+
+    async fn context_replica(
+        &self,
+        route: &str,
+        context_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .contexts
+            .get(&(Arc::from(route), Arc::from(context_id)))
+            .map(|r| r.to_string()))
     }
 
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {

@@ -144,6 +144,11 @@ pub struct TaskUpdate {
     pub asker: Asker,
     /// The replica that took the send; recorded if the record has none.
     pub replica: Option<String>,
+    /// Routes with several workers: the record's replica also becomes its
+    /// context's ([`TaskStore::context_replica`]; the first task recorded
+    /// in a context wins), when the update names the context and comes
+    /// from the record's tenant.
+    pub pin_context: bool,
 }
 
 /// Who an update is for, as [`policies::owner::Asker`] names it, owned.
@@ -314,6 +319,16 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 
     /// The task's record, if the store holds one.
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError>;
+
+    /// The worker replica of the first task recorded in `context_id` on
+    /// `route` with [`TaskUpdate::pin_context`]: where a send continuing
+    /// the context goes. Kept as long as a task record is, from the last
+    /// task recorded in the context.
+    async fn context_replica(
+        &self,
+        route: &str,
+        context_id: &str,
+    ) -> Result<Option<String>, StoreError>;
 
     /// Up to `limit` records, for the admin endpoint (order unspecified).
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError>;

@@ -143,12 +143,14 @@ const MAX_EXACT: u64 = (1 << 53) - 1;
 /// filled in from Rust, in the prelude and the script after it ([`fill`]).
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
-/// KEYS: task, leases. ARGV: now, route, tenant, task_id, has_context,
+/// KEYS: task, leases, the route's outbox, and (when pinning) the
+/// context's key. ARGV: now, route, tenant, task_id, has_context,
 /// context, state (`""` = none), has_target, binding, path, watchers_delta,
 /// replica (its `w:` field takes the delta), owner, asker kind, asker id,
-/// the worker replica that took the send (`""` none; kept once set).
-/// A record keeps the tenant it was created with; an update naming another
-/// changes only the state. Returns the record (`record`).
+/// the worker replica that took the send (`""` none; kept once set),
+/// pin_context (`1`: the record's replica becomes the context's if it has
+/// none). A record keeps the tenant it was created with; an update naming
+/// another changes only the state. Returns the record (`record`).
 const UPDATE: &str = include_str!("lua/update.lua");
 
 /// KEYS: task. The record (`record`), `{}` when there is none.
@@ -519,6 +521,12 @@ impl RedisStore {
     }
 
     /// The Redis key of a route's owed cancels.
+    /// The Redis key of a context's replica (a string): where a send
+    /// continuing the context goes, on a route with several workers.
+    pub fn context_key(&self, route: &str, context_id: &str) -> String {
+        format!("{}:ctx:{}:{}", self.namespace, pct(route), pct(context_id))
+    }
+
     pub fn outbox_key(&self, route: &str) -> String {
         format!("{}{}", self.outbox_prefix, pct(route))
     }
@@ -711,8 +719,15 @@ impl TaskStore for RedisStore {
         let mut inv = self.scripts.update.prepare_invoke();
         inv.key(&k)
             .key(&self.leases_key)
-            .key(self.outbox_key(&key.route))
-            .arg(now_ms.min(MAX_EXACT))
+            .key(self.outbox_key(&key.route));
+        let pin = match (&update.context_id, update.pin_context) {
+            (Some(c), true) => {
+                inv.key(self.context_key(&key.route, c));
+                true
+            }
+            _ => false,
+        };
+        inv.arg(now_ms.min(MAX_EXACT))
             .arg(&*key.route)
             .arg(&*key.tenant)
             .arg(&*key.task_id)
@@ -727,7 +742,8 @@ impl TaskStore for RedisStore {
             .arg(update.owner.as_deref().unwrap_or(""))
             .arg(asker_kind(&update.asker))
             .arg(asker_id(&update.asker))
-            .arg(update.replica.as_deref().unwrap_or(""));
+            .arg(update.replica.as_deref().unwrap_or(""))
+            .arg(u8::from(pin));
         let v: Value = self
             .call(
                 "update",
@@ -746,6 +762,18 @@ impl TaskStore for RedisStore {
             .await?;
         let fields = fields_of(&v).map_err(|e| StoreError(format!("redis get: {e}")))?;
         Ok((!fields.is_empty()).then(|| record_from(&fields, Some(key))))
+    }
+
+    async fn context_replica(
+        &self,
+        route: &str,
+        context_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let k = self.context_key(route, context_id);
+        self.call("context_replica", |mut c| async move {
+            redis::cmd("GET").arg(k).query_async(&mut c).await
+        })
+        .await
     }
 
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {

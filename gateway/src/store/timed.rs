@@ -21,7 +21,7 @@ use super::{
 };
 
 /// The `op` label values: the [`TaskStore`] method names.
-pub const OPS: [&str; 21] = [
+pub const OPS: [&str; 22] = [
     "update",
     "get",
     "list",
@@ -43,10 +43,11 @@ pub const OPS: [&str; 21] = [
     "outbox_get",
     "replica_alive",
     "replica_gone",
+    "context_replica",
 ];
 
 /// The `op` values of `a2agw_store_errors_total`.
-const ERROR_OPS: [&str; 16] = [
+const ERROR_OPS: [&str; 17] = [
     "update",
     "get",
     "lease_start",
@@ -63,6 +64,7 @@ const ERROR_OPS: [&str; 16] = [
     "outbox_retry",
     "outbox_claim",
     "replica_alive",
+    "context_replica",
 ];
 
 /// From a memory store's microseconds to a Redis call that timed out.
@@ -140,6 +142,14 @@ impl TaskStore for TimedStore {
 
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
         timed!(self, 1, self.inner.get(key))
+    }
+
+    async fn context_replica(
+        &self,
+        route: &str,
+        context_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        timed!(self, 21, self.inner.context_replica(route, context_id))
     }
 
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
