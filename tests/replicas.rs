@@ -1555,6 +1555,80 @@ async fn fire_and_poll(kind: Kind, bind: Bind, tenant: Option<&'static str>) {
     assert_no_foreign_ids(&gw, &reps, &children);
 }
 
+/// Budgets on a replicated route (`meters = { tokens = 250 }`): streamed
+/// children that report spend past the cap and, on the Python worker
+/// (which knows nothing of budgets), children whose caller's deadline
+/// passes, spread over both replicas: each stopped on its own replica
+/// (CANCELED there, one `CancelTask` each, none elsewhere), each caller's
+/// stream ended by the budget failure.
+async fn budgets(kind: Kind) {
+    const BUDGET_URI: &str = "https://a2a-rust.com/extensions/budget/v1";
+    let reps = replicas::start(kind, 2, Front::Relayed).await;
+    let gw = Gateway::start(&route(&reps, "[routes.budget]\nmeters = { tokens = 250 }")).await;
+    let mut texts = vec![("spend:20000:tokens=100", None); 2];
+    if kind == Kind::Python {
+        texts.extend([("work:20000", Some(1500)); 2]);
+    }
+    let mut children = Vec::new();
+    let mut streams = Vec::new();
+    for (text, deadline_ms) in texts {
+        let mut msg = message(text);
+        if let Some(ms) = deadline_ms {
+            msg["metadata"] = json!({ "a2a-rust.com/budget": { "remainingMs": ms } });
+            msg["extensions"] = json!([BUDGET_URI]);
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+            "params": {"message": msg}});
+        let mut s = SseStream::open(&gw.url, "/", &[], &body).await;
+        assert_eq!(s.status, 200);
+        let id = s.task_id().await;
+        let at = placed(&gw, &reps, None, &id).await;
+        children.push(Child {
+            id,
+            tenant: None,
+            bind: Bind::JsonRpc,
+            at,
+        });
+        streams.push(s);
+    }
+    assert!(
+        per_replica(&children, 2).iter().all(|&k| k > 0),
+        "both replicas run children: {:?}",
+        per_replica(&children, 2)
+    );
+    for (s, c) in streams.iter_mut().zip(&children) {
+        let events = s.rest(scaled_secs(10)).await;
+        let last = events.last().expect("the stream's last event");
+        let u = &crate::harness::worker::stream_response(last)["statusUpdate"];
+        assert_eq!(
+            (u["taskId"].as_str(), u["status"]["state"].as_str()),
+            (Some(c.id.as_str()), Some("TASK_STATE_FAILED")),
+            "{last}"
+        );
+        assert_eq!(
+            u["status"]["message"]["metadata"]["a2a-rust.com/failure"], "budget-exhausted",
+            "{last}"
+        );
+        reps[c.at]
+            .worker()
+            .wait_state(None, &c.id, CANCELED, scaled_secs(3))
+            .await
+            .unwrap_or_else(|last| panic!("{} on replica {}: {last:?}", c.id, c.at));
+    }
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_cancels_per_replica(&gw, &reps, &children).await;
+    assert_eq!(
+        gw.counter("a2agw_budget_exhausted_total", &[]).await,
+        children.len() as f64
+    );
+    assert_no_foreign_ids(&gw, &reps, &children);
+}
+
+scenarios! {
+    rust_budgets => budgets(Kind::Rust);
+    python_budgets => budgets(Kind::Python);
+}
+
 scenarios! {
     rust_jsonrpc_blocking_sends => blocking_sends(Kind::Rust, Bind::JsonRpc, None);
     python_rest_tenant_blocking_sends => blocking_sends(Kind::Python, Bind::Rest, Some("acme"));
