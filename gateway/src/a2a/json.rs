@@ -1,5 +1,5 @@
 //! A small borrowed reader for the few JSON members policy reads from a
-//! request body: it walks an object member by member in one pass,
+//! request body (and `observe` from a worker's answers): it walks an object member by member in one pass,
 //! descending into the members it is asked about, handing over the raw
 //! bytes of the ones it reads, and skipping everything else without
 //! building it (strings with `memchr`).
@@ -29,7 +29,8 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+/// The index of the first byte from `i` on that is not JSON whitespace.
+pub fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && is_ws(b[i]) {
         i += 1;
     }
@@ -154,6 +155,28 @@ pub fn string(raw: &[u8]) -> Option<Cow<'_, str>> {
     } else {
         serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
     }
+}
+
+/// The string `rest` starts with, as text (borrowed unless it holds an
+/// escape), and its length: [`take`] and [`string`] in one scan. `None`
+/// when `rest` does not start with a string or it is not valid JSON text
+/// (unlike [`string`], a raw control character refuses it too, as
+/// serde_json does).
+pub fn take_string(rest: &[u8]) -> Option<(usize, Cow<'_, str>)> {
+    if rest.first() != Some(&b'"') {
+        return None;
+    }
+    let (end, escaped) = string_end(rest, 0)?;
+    let text = if escaped {
+        Cow::Owned(serde_json::from_slice::<String>(&rest[..end]).ok()?)
+    } else {
+        let inner = &rest[1..end - 1];
+        if inner.iter().any(|&b| b < 0x20) {
+            return None;
+        }
+        Cow::Borrowed(std::str::from_utf8(inner).ok()?)
+    };
+    Some((end, text))
 }
 
 /// A key's text as bytes: its escapes decoded, its UTF-8 not checked (a key
@@ -351,6 +374,12 @@ mod tests {
                         Some(decoded.as_str()),
                         "{doc}"
                     );
+                    let (n, text) = take_string(&doc.as_bytes()[1..]).unwrap();
+                    assert_eq!((n, text.as_ref()), (raw.len(), decoded.as_str()), "{doc}");
+                    assert_eq!(
+                        matches!(text, Cow::Borrowed(_)),
+                        esc.is_none() || escape == "é"
+                    );
                     // Cut inside its last key, the document is refused.
                     assert_eq!(members(&doc[..doc.len() - 7]), None, "{doc}");
                     // And so it is when cut before the first key's closing
@@ -375,5 +404,18 @@ mod tests {
         assert_eq!(string(b"\""), None);
         assert_eq!(string(b"\"\xff\""), None);
         assert_eq!(string(br#""bad \x escape""#), None);
+        assert_eq!(take_string(br#""abc","#), Some((5, Cow::Borrowed("abc"))));
+        assert_eq!(
+            take_string(br#""a\nb" "#).map(|(n, s)| (n, s.into_owned())),
+            Some((6, "a\nb".into()))
+        );
+        assert_eq!(take_string(b"12"), None);
+        assert_eq!(take_string(b"\"abc"), None);
+        assert_eq!(take_string(b"\"\xff\""), None);
+        assert_eq!(take_string(b"\"a\x01b\""), None);
+        assert_eq!(
+            take_string(b"\"a\\u0001b\"").map(|(_, s)| s.into_owned()),
+            Some("a\u{1}b".into())
+        );
     }
 }

@@ -1,16 +1,46 @@
 //! Reading what a worker's answer says about its task.
 //!
 //! One JSON document (a whole JSON body, one SSE event's `data`, one WebSocket
-//! text frame) becomes one small [`Observation`]. Deserialisation is typed
-//! and borrowing: only the few fields the gateway needs are read, every other
-//! field is skipped without building a tree.
+//! text frame) becomes one small [`Observation`], read by a borrowing walk in
+//! one pass (`super::json`, as request bodies are read): only the members
+//! policy needs are descended into (the payload's `task`, `message`,
+//! `statusUpdate`, `artifactUpdate`, their ids, `status.state`, a status
+//! update's budget report), everything else is skipped without being built
+//! or checked, and nothing is allocated unless a string holds an escape or a
+//! budget's spend is reported. This runs for every event of every tracked
+//! stream: serde's typed reading of the same document cost about 2,800
+//! instructions per event and UTF-8 checks of every string in it
+//! (`docs/performance.md`).
+//!
+//! It reads what serde's derived structs (kept as the tests' reference,
+//! `tests::reference`) read, and refuses what they refuse among the members
+//! it reads:
+//! - a member the structs name given twice in one object refuses the
+//!   document, as a derived struct does (`duplicate field`): a worker that
+//!   names two task ids or two states in one event is not tracked by either
+//!   (members the structs do not name may repeat, and a reported spend's
+//!   meters are a map: the last one wins);
+//! - a member of the wrong type (a task id that is not a string, a `status`
+//!   that is not an object, a `task` without an `id`) refuses it;
+//! - serde also reads a struct from an array of its fields in declaration
+//!   order, and so does this walk (no peer sends that; it is read so that
+//!   the two never disagree on a document both accept).
+//!
+//! The one deliberate difference: it does not check the syntax of what it
+//! skips (numbers, literals, escapes and UTF-8 of strings it does not keep,
+//! control characters, the UTF-8 of keys, which bracket closes what), so a
+//! document that is malformed only there is read where the reference
+//! refuses it. On every well-formed document (what `serde_json::Value`
+//! accepts) the two give the same answer, refusals included
+//! (`tests::agrees_with_the_serde_reference`); what this walk reads from a
+//! malformed one is what its members say, never a pick between two of them.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use policies::TaskState;
-use serde::Deserialize;
 
+use super::json;
 use super::Binding;
 
 /// The task facts one document carries, borrowing its strings from the
@@ -50,194 +80,314 @@ impl Observation<'_> {
     }
 }
 
-#[derive(Deserialize)]
-struct Rpc<'a> {
-    #[serde(borrow, default)]
-    result: Option<Payload<'a>>,
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-}
+// The members read of each object, in the reference's field order (which
+// the array form follows). The index of a name is what `fields` hands on.
 
+/// A JSON-RPC answer (a WebSocket frame is one too).
+const RPC: &[&str] = &["result", "error"];
 /// A StreamResponse (`task` / `message` / `statusUpdate` / `artifactUpdate`),
 /// a SendMessage response (`task` / `message`), or a bare Task (GetTask,
-/// CancelTask): the union of their relevant fields.
-#[derive(Deserialize)]
-struct Payload<'a> {
-    #[serde(borrow, default)]
-    task: Option<TaskObj<'a>>,
-    #[serde(borrow, default)]
-    message: Option<MessageObj<'a>>,
-    #[serde(borrow, default, rename = "statusUpdate")]
-    status_update: Option<UpdateObj<'a>>,
-    #[serde(borrow, default, rename = "artifactUpdate")]
-    artifact_update: Option<UpdateObj<'a>>,
-    // Bare Task fields.
-    #[serde(borrow, default, deserialize_with = "borrowed")]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
-    context_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    status: Option<StatusObj<'a>>,
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-struct TaskObj<'a> {
-    #[serde(borrow)]
-    id: Cow<'a, str>,
-    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
-    context_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    status: Option<StatusObj<'a>>,
-}
-
-#[derive(Deserialize)]
-struct MessageObj<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed", rename = "taskId")]
-    task_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
-    context_id: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct UpdateObj<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed", rename = "taskId")]
-    task_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
-    context_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    status: Option<StatusObj<'a>>,
-    #[serde(default)]
-    metadata: Option<UpdateMeta>,
-}
-
-#[derive(Deserialize)]
-struct UpdateMeta {
-    #[serde(default, rename = "a2a-rust.com/budget")]
-    budget: Option<BudgetStatus>,
-}
-
+/// CancelTask): the union of their relevant members.
+const PAYLOAD: &[&str] = &[
+    "task",
+    "message",
+    "statusUpdate",
+    "artifactUpdate",
+    "id",
+    "contextId",
+    "status",
+    "error",
+];
+/// The objects that name a task: index 0 is the task id, 1 the context id,
+/// 2 the status, 3 the metadata, in each of them.
+const TASK: &[&str] = &["id", "contextId", "status"];
+const MESSAGE: &[&str] = &["taskId", "contextId"];
+const UPDATE: &[&str] = &["taskId", "contextId", "status", "metadata"];
+const STATUS: &[&str] = &["state"];
+const METADATA: &[&str] = &["a2a-rust.com/budget"];
 /// `{"remainingMs","meters","spent"}`: only `spent` is read.
-#[derive(Deserialize)]
-struct BudgetStatus {
-    #[serde(default)]
-    spent: Option<BTreeMap<String, serde_json::Value>>,
-}
+const BUDGET: &[&str] = &["spent"];
 
-/// Reported spend, meter by meter; amounts that are not whole numbers
-/// (a Python peer's `12.0` counts) are skipped.
-fn spent_of(meta: Option<UpdateMeta>) -> Option<BTreeMap<String, u64>> {
-    let spent = meta?.budget?.spent?;
-    Some(
-        spent
-            .into_iter()
-            .filter_map(|(name, v)| {
-                let n = v.as_u64().or_else(|| {
-                    v.as_f64()
-                        .and_then(|f| policies::budget::Amount::Float(f).whole())
-                })?;
-                Some((name, n))
+/// Walks the members named `names` of the object `v` starts with, calling
+/// `f(index in names, value)`, which returns the value's length; other
+/// members are skipped. A named member given twice refuses the object, and
+/// an array is read as the named members in order (serde's derive does
+/// both). Returns the object's length; `None` when `v` is neither or is
+/// malformed, or `f` refused a value.
+fn fields<'a>(
+    v: &'a [u8],
+    names: &[&str],
+    mut f: impl FnMut(usize, &'a [u8]) -> Option<usize>,
+) -> Option<usize> {
+    match v.first()? {
+        b'{' => {
+            let mut seen = 0u32;
+            json::object(v, |key, v| {
+                match names.iter().position(|n| n.as_bytes() == key) {
+                    Some(i) if seen & 1 << i != 0 => None,
+                    Some(i) => {
+                        seen |= 1 << i;
+                        f(i, v)
+                    }
+                    None => json::skip(v),
+                }
             })
-            .collect(),
-    )
+        }
+        b'[' => {
+            let (mut i, mut ok) = (0, true);
+            let end = json::array(v, |e| {
+                ok = ok && i < names.len() && f(i, e).is_some();
+                i += 1;
+            })?;
+            ok.then_some(end)
+        }
+        _ => None,
+    }
 }
 
-#[derive(Deserialize)]
-struct StatusObj<'a> {
-    #[serde(borrow, default, deserialize_with = "borrowed")]
-    state: Option<Cow<'a, str>>,
+/// An optional member (serde's `Option`): `null` is `None`, anything else
+/// is read by `read`.
+fn nullable<'a, T>(
+    v: &'a [u8],
+    read: impl FnOnce(&'a [u8]) -> Option<(usize, T)>,
+) -> Option<(usize, Option<T>)> {
+    if v.first() == Some(&b'n') {
+        let n = json::skip(v)?;
+        return (&v[..n] == b"null").then_some((n, None));
+    }
+    let (n, t) = read(v)?;
+    Some((n, Some(t)))
 }
 
-/// An optional string borrowed from the document when it has no escapes.
-/// (`#[serde(borrow)]` borrows a bare `Cow` only: on an `Option<Cow>` it
-/// always copies, which would allocate on every event.)
-fn borrowed<'de: 'a, 'a, D>(d: D) -> Result<Option<Cow<'a, str>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    #[derive(Deserialize)]
-    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
-    Option::<Borrowed<'a>>::deserialize(d).map(|o| o.map(|b| b.0))
+/// An optional string.
+fn text(v: &[u8]) -> Option<(usize, Option<Cow<'_, str>>)> {
+    nullable(v, json::take_string)
 }
 
-fn state_of(s: &Option<StatusObj<'_>>) -> Option<TaskState> {
-    s.as_ref()
-        .and_then(|s| s.state.as_deref())
-        .and_then(TaskState::from_wire)
+/// A member whose value is not read, only whether it is `null`
+/// (`Option<IgnoredAny>`): `true` when it is not.
+fn present(v: &[u8]) -> Option<(usize, bool)> {
+    let n = json::skip(v)?;
+    Some((n, &v[..n] != b"null"))
 }
 
-impl<'a> Payload<'a> {
-    fn into_observation(self) -> Observation<'a> {
-        if self.error.is_some() {
-            return Observation {
+/// A `status`: `Some` when given (not `null`), with its state when known.
+fn status(v: &[u8]) -> Option<(usize, Option<Option<TaskState>>)> {
+    nullable(v, |v| {
+        let mut state = None;
+        let n = fields(v, STATUS, |_, v| {
+            let (n, s) = text(v)?;
+            state = s.as_deref().and_then(TaskState::from_wire);
+            Some(n)
+        })?;
+        Some((n, state))
+    })
+}
+
+/// An update's `metadata`: its budget report's `spent`, when given.
+fn metadata(v: &[u8]) -> Option<(usize, Option<BTreeMap<String, u64>>)> {
+    let (n, spent) = nullable(v, |v| {
+        let mut spent = None;
+        let n = fields(v, METADATA, |_, v| {
+            let (n, s) = nullable(v, |v| {
+                let mut s = None;
+                let n = fields(v, BUDGET, |_, v| {
+                    let (n, m) = nullable(v, spent_of)?;
+                    s = m;
+                    Some(n)
+                })?;
+                Some((n, s))
+            })?;
+            spent = s.flatten();
+            Some(n)
+        })?;
+        Some((n, spent))
+    })?;
+    Some((n, spent.flatten()))
+}
+
+/// Reported spend, meter by meter (a meter named twice: the last);
+/// amounts that are not whole numbers (a Python peer's `12.0` counts) are
+/// skipped. Read with serde_json, as the reference does: this is the one
+/// part of a document that allocates, and only a budget's report has it.
+fn spent_of(v: &[u8]) -> Option<(usize, BTreeMap<String, u64>)> {
+    let n = json::skip(v)?;
+    let spent: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&v[..n]).ok()?;
+    let spent = spent
+        .into_iter()
+        .filter_map(|(name, v)| {
+            let n = v.as_u64().or_else(|| {
+                v.as_f64()
+                    .and_then(|f| policies::budget::Amount::Float(f).whole())
+            })?;
+            Some((name, n))
+        })
+        .collect();
+    Some((n, spent))
+}
+
+/// What one of the objects that name a task says.
+#[derive(Default)]
+struct Holder<'a> {
+    task_id: Option<Cow<'a, str>>,
+    context_id: Option<Cow<'a, str>>,
+    /// `Some` when a status was given, with its state when known.
+    status: Option<Option<TaskState>>,
+    spent: Option<BTreeMap<String, u64>>,
+}
+
+/// Which object of a payload the facts come from, in the order the payload
+/// is read by: the first one present wins.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Task,
+    StatusUpdate,
+    ArtifactUpdate,
+    Message,
+}
+
+/// A task (its `id` required), a message or an update, as `names` says.
+fn holder<'a>(v: &'a [u8], names: &[&str]) -> Option<(usize, Option<Holder<'a>>)> {
+    nullable(v, |v| {
+        let mut h = Holder::default();
+        let n = fields(v, names, |i, v| match i {
+            0 => {
+                let (n, s) = text(v)?;
+                h.task_id = s;
+                Some(n)
+            }
+            1 => {
+                let (n, s) = text(v)?;
+                h.context_id = s;
+                Some(n)
+            }
+            2 => {
+                let (n, s) = status(v)?;
+                h.status = s;
+                Some(n)
+            }
+            _ => {
+                let (n, s) = metadata(v)?;
+                h.spent = s;
+                Some(n)
+            }
+        })?;
+        if names == TASK && h.task_id.is_none() {
+            return None;
+        }
+        Some((n, h))
+    })
+}
+
+/// Reads a payload (see [`PAYLOAD`]).
+fn payload(v: &[u8]) -> Option<(usize, Observation<'_>)> {
+    let mut error = false;
+    let mut best: Option<(Kind, Holder<'_>)> = None;
+    let mut bare = Holder::default();
+    let n = fields(v, PAYLOAD, |i, v| {
+        let (n, kind, h) = match i {
+            0 => holder(v, TASK).map(|(n, h)| (n, Kind::Task, h))?,
+            1 => holder(v, MESSAGE).map(|(n, h)| (n, Kind::Message, h))?,
+            2 => holder(v, UPDATE).map(|(n, h)| (n, Kind::StatusUpdate, h))?,
+            3 => holder(v, UPDATE).map(|(n, h)| (n, Kind::ArtifactUpdate, h))?,
+            4 => {
+                let (n, s) = text(v)?;
+                bare.task_id = s;
+                return Some(n);
+            }
+            5 => {
+                let (n, s) = text(v)?;
+                bare.context_id = s;
+                return Some(n);
+            }
+            6 => {
+                let (n, s) = status(v)?;
+                bare.status = s;
+                return Some(n);
+            }
+            _ => {
+                let (n, e) = present(v)?;
+                error = e;
+                return Some(n);
+            }
+        };
+        if let Some(h) = h {
+            if best.as_ref().is_none_or(|(k, _)| kind < *k) {
+                best = Some((kind, h));
+            }
+        }
+        Some(n)
+    })?;
+    let o = if error {
+        Observation {
+            error: true,
+            ..Observation::default()
+        }
+    } else {
+        match best {
+            Some((kind, h)) => Observation {
+                state: match kind {
+                    Kind::Task | Kind::StatusUpdate => h.status.flatten(),
+                    _ => None,
+                },
+                message_only: kind == Kind::Message && h.task_id.is_none(),
+                spent: h.spent.filter(|_| kind == Kind::StatusUpdate),
+                task_id: h.task_id,
+                context_id: h.context_id,
+                ..Observation::default()
+            },
+            None if bare.task_id.is_some() && bare.status.is_some() => Observation {
+                state: bare.status.flatten(),
+                task_id: bare.task_id,
+                context_id: bare.context_id,
+                ..Observation::default()
+            },
+            None => Observation::default(),
+        }
+    };
+    Some((n, o))
+}
+
+/// A JSON-RPC answer: its error, else its result's payload.
+fn rpc(v: &[u8]) -> Option<(usize, Option<Observation<'_>>)> {
+    let mut result = None;
+    let mut error = false;
+    let n = fields(v, RPC, |i, v| {
+        if i == 0 {
+            let (n, p) = nullable(v, payload)?;
+            result = p;
+            Some(n)
+        } else {
+            let (n, e) = present(v)?;
+            error = e;
+            Some(n)
+        }
+    })?;
+    if error {
+        return Some((
+            n,
+            Some(Observation {
                 error: true,
                 ..Observation::default()
-            };
-        }
-        if let Some(t) = self.task {
-            return Observation {
-                state: state_of(&t.status),
-                task_id: Some(t.id),
-                context_id: t.context_id,
-                ..Observation::default()
-            };
-        }
-        if let Some(u) = self.status_update {
-            return Observation {
-                state: state_of(&u.status),
-                task_id: u.task_id,
-                context_id: u.context_id,
-                spent: spent_of(u.metadata),
-                ..Observation::default()
-            };
-        }
-        if let Some(u) = self.artifact_update {
-            return Observation {
-                task_id: u.task_id,
-                context_id: u.context_id,
-                ..Observation::default()
-            };
-        }
-        if let Some(m) = self.message {
-            let message_only = m.task_id.is_none();
-            return Observation {
-                task_id: m.task_id,
-                context_id: m.context_id,
-                message_only,
-                ..Observation::default()
-            };
-        }
-        if let (Some(id), Some(_)) = (self.id, &self.status) {
-            return Observation {
-                state: state_of(&self.status),
-                task_id: Some(id),
-                context_id: self.context_id,
-                ..Observation::default()
-            };
-        }
-        Observation::default()
+            }),
+        ));
     }
+    Some((n, result))
+}
+
+/// A whole document: one value, whitespace around it.
+fn document<'a, T>(doc: &'a [u8], read: impl FnOnce(&'a [u8]) -> Option<(usize, T)>) -> Option<T> {
+    let start = json::skip_ws(doc, 0);
+    let (n, t) = read(&doc[start..])?;
+    json::is_blank(&doc[start + n..]).then_some(t)
 }
 
 /// Reads one document of the given binding. Anything that is not JSON, or not
 /// an A2A answer, gives `None`: the caller counts it and tracks nothing.
 pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
     match binding {
-        Binding::JsonRpc | Binding::WebSocket => {
-            let rpc: Rpc<'_> = serde_json::from_slice(doc).ok()?;
-            if rpc.error.is_some() {
-                return Some(Observation {
-                    error: true,
-                    ..Observation::default()
-                });
-            }
-            Some(rpc.result?.into_observation())
-        }
-        Binding::Rest => {
-            let p: Payload<'_> = serde_json::from_slice(doc).ok()?;
-            Some(p.into_observation())
-        }
+        Binding::JsonRpc | Binding::WebSocket => document(doc, rpc)?,
+        Binding::Rest => document(doc, payload),
         // A whole gRPC answer body: one framed `Task` (GetTask, CancelTask).
         Binding::Grpc => {
             super::grpc::observe(super::A2aMethod::GetTask, super::grpc::single_message(doc)?)
@@ -249,6 +399,210 @@ pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
 mod tests {
     use super::*;
     use TaskState::*;
+
+    /// The reader this walk replaced: serde's derived structs, typed and
+    /// borrowing. The reference the walk is compared with.
+    pub(super) mod reference {
+        use std::borrow::Cow;
+        use std::collections::BTreeMap;
+
+        use policies::TaskState;
+        use serde::Deserialize;
+
+        use super::super::Binding;
+        use super::Observation;
+
+        #[derive(Deserialize)]
+        struct Rpc<'a> {
+            #[serde(borrow, default)]
+            result: Option<Payload<'a>>,
+            #[serde(default)]
+            error: Option<serde::de::IgnoredAny>,
+        }
+
+        /// A StreamResponse (`task` / `message` / `statusUpdate` / `artifactUpdate`),
+        /// a SendMessage response (`task` / `message`), or a bare Task (GetTask,
+        /// CancelTask): the union of their relevant fields.
+        #[derive(Deserialize)]
+        struct Payload<'a> {
+            #[serde(borrow, default)]
+            task: Option<TaskObj<'a>>,
+            #[serde(borrow, default)]
+            message: Option<MessageObj<'a>>,
+            #[serde(borrow, default, rename = "statusUpdate")]
+            status_update: Option<UpdateObj<'a>>,
+            #[serde(borrow, default, rename = "artifactUpdate")]
+            artifact_update: Option<UpdateObj<'a>>,
+            // Bare Task fields.
+            #[serde(borrow, default, deserialize_with = "borrowed")]
+            id: Option<Cow<'a, str>>,
+            #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
+            context_id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            status: Option<StatusObj<'a>>,
+            #[serde(default)]
+            error: Option<serde::de::IgnoredAny>,
+        }
+
+        #[derive(Deserialize)]
+        struct TaskObj<'a> {
+            #[serde(borrow)]
+            id: Cow<'a, str>,
+            #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
+            context_id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            status: Option<StatusObj<'a>>,
+        }
+
+        #[derive(Deserialize)]
+        struct MessageObj<'a> {
+            #[serde(borrow, default, deserialize_with = "borrowed", rename = "taskId")]
+            task_id: Option<Cow<'a, str>>,
+            #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
+            context_id: Option<Cow<'a, str>>,
+        }
+
+        #[derive(Deserialize)]
+        struct UpdateObj<'a> {
+            #[serde(borrow, default, deserialize_with = "borrowed", rename = "taskId")]
+            task_id: Option<Cow<'a, str>>,
+            #[serde(borrow, default, deserialize_with = "borrowed", rename = "contextId")]
+            context_id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            status: Option<StatusObj<'a>>,
+            #[serde(default)]
+            metadata: Option<UpdateMeta>,
+        }
+
+        #[derive(Deserialize)]
+        struct UpdateMeta {
+            #[serde(default, rename = "a2a-rust.com/budget")]
+            budget: Option<BudgetStatus>,
+        }
+
+        /// `{"remainingMs","meters","spent"}`: only `spent` is read.
+        #[derive(Deserialize)]
+        struct BudgetStatus {
+            #[serde(default)]
+            spent: Option<BTreeMap<String, serde_json::Value>>,
+        }
+
+        /// Reported spend, meter by meter; amounts that are not whole numbers
+        /// (a Python peer's `12.0` counts) are skipped.
+        fn spent_of(meta: Option<UpdateMeta>) -> Option<BTreeMap<String, u64>> {
+            let spent = meta?.budget?.spent?;
+            Some(
+                spent
+                    .into_iter()
+                    .filter_map(|(name, v)| {
+                        let n = v.as_u64().or_else(|| {
+                            v.as_f64()
+                                .and_then(|f| policies::budget::Amount::Float(f).whole())
+                        })?;
+                        Some((name, n))
+                    })
+                    .collect(),
+            )
+        }
+
+        #[derive(Deserialize)]
+        struct StatusObj<'a> {
+            #[serde(borrow, default, deserialize_with = "borrowed")]
+            state: Option<Cow<'a, str>>,
+        }
+
+        /// An optional string borrowed from the document when it has no escapes.
+        /// (`#[serde(borrow)]` borrows a bare `Cow` only: on an `Option<Cow>` it
+        /// always copies, which would allocate on every event.)
+        fn borrowed<'de: 'a, 'a, D>(d: D) -> Result<Option<Cow<'a, str>>, D::Error>
+        where
+            D: serde::Deserializer<'de>,
+        {
+            #[derive(Deserialize)]
+            struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+            Option::<Borrowed<'a>>::deserialize(d).map(|o| o.map(|b| b.0))
+        }
+
+        fn state_of(s: &Option<StatusObj<'_>>) -> Option<TaskState> {
+            s.as_ref()
+                .and_then(|s| s.state.as_deref())
+                .and_then(TaskState::from_wire)
+        }
+
+        impl<'a> Payload<'a> {
+            fn into_observation(self) -> Observation<'a> {
+                if self.error.is_some() {
+                    return Observation {
+                        error: true,
+                        ..Observation::default()
+                    };
+                }
+                if let Some(t) = self.task {
+                    return Observation {
+                        state: state_of(&t.status),
+                        task_id: Some(t.id),
+                        context_id: t.context_id,
+                        ..Observation::default()
+                    };
+                }
+                if let Some(u) = self.status_update {
+                    return Observation {
+                        state: state_of(&u.status),
+                        task_id: u.task_id,
+                        context_id: u.context_id,
+                        spent: spent_of(u.metadata),
+                        ..Observation::default()
+                    };
+                }
+                if let Some(u) = self.artifact_update {
+                    return Observation {
+                        task_id: u.task_id,
+                        context_id: u.context_id,
+                        ..Observation::default()
+                    };
+                }
+                if let Some(m) = self.message {
+                    let message_only = m.task_id.is_none();
+                    return Observation {
+                        task_id: m.task_id,
+                        context_id: m.context_id,
+                        message_only,
+                        ..Observation::default()
+                    };
+                }
+                if let (Some(id), Some(_)) = (self.id, &self.status) {
+                    return Observation {
+                        state: state_of(&self.status),
+                        task_id: Some(id),
+                        context_id: self.context_id,
+                        ..Observation::default()
+                    };
+                }
+                Observation::default()
+            }
+        }
+
+        pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
+            match binding {
+                Binding::JsonRpc | Binding::WebSocket => {
+                    let rpc: Rpc<'_> = serde_json::from_slice(doc).ok()?;
+                    if rpc.error.is_some() {
+                        return Some(Observation {
+                            error: true,
+                            ..Observation::default()
+                        });
+                    }
+                    Some(rpc.result?.into_observation())
+                }
+                Binding::Rest => {
+                    let p: Payload<'_> = serde_json::from_slice(doc).ok()?;
+                    Some(p.into_observation())
+                }
+                // Not JSON: not this reader's.
+                Binding::Grpc => super::super::observe(binding, doc),
+            }
+        }
+    }
 
     fn obs(id: Option<&str>, state: Option<TaskState>) -> Observation<'static> {
         Observation {
@@ -329,6 +683,8 @@ mod tests {
         ];
         for (doc, want) in table {
             assert_eq!(observe(Binding::Rest, doc.as_bytes()), want, "{doc}");
+            let reference = reference::observe(Binding::Rest, doc.as_bytes());
+            assert_eq!(reference, want, "reference: {doc}");
         }
     }
 
@@ -364,6 +720,410 @@ mod tests {
             let got = observe(Binding::JsonRpc, doc.as_bytes());
             // `{"status":"stream_complete"}` has a string status: not a task.
             assert_eq!(got.filter(|o| !o.is_empty() || o.error), want, "{doc}");
+            let reference = reference::observe(Binding::JsonRpc, doc.as_bytes());
+            assert_eq!(
+                reference.filter(|o| !o.is_empty() || o.error),
+                want,
+                "{doc}"
+            );
+        }
+    }
+
+    /// Both readers on one document: the same answer wherever the reference
+    /// reads it or `serde_json::Value` does (a well-formed document that the
+    /// reference refuses is refused by the walk too), and the same strings
+    /// borrowed. Returns the walk's answer, whether it read a document the
+    /// reference refused (only a malformed one may be), and whether both
+    /// refused a well-formed one.
+    fn compare(binding: Binding, doc: &[u8]) -> (Option<Observation<'_>>, bool, bool) {
+        let got = observe(binding, doc);
+        let want = reference::observe(binding, doc);
+        let text = String::from_utf8_lossy(doc);
+        let well_formed = serde_json::from_slice::<serde_json::Value>(doc).is_ok();
+        if want.is_some() || well_formed {
+            assert_eq!(got, want, "{binding:?} {text}");
+            if let (Some(g), Some(w)) = (&got, &want) {
+                let borrowed = |o: &Observation| {
+                    [&o.task_id, &o.context_id].map(|c| matches!(c, Some(Cow::Borrowed(_))))
+                };
+                assert_eq!(borrowed(g), borrowed(w), "{binding:?} {text}");
+            }
+        }
+        let lenient = want.is_none() && got.is_some();
+        (got, lenient, well_formed && want.is_none())
+    }
+
+    /// Generated answers (JSON-RPC and REST): the members the readers look
+    /// for, at the places they look and elsewhere, with escapes in keys and
+    /// strings, `null`s, values of the wrong type, members given twice,
+    /// structs as arrays of their fields, budget reports, whitespace; each
+    /// also cut short at a random byte and with a random byte changed.
+    #[test]
+    fn agrees_with_the_serde_reference() {
+        struct Gen(u64);
+        impl Gen {
+            fn next(&mut self) -> u64 {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                self.0
+            }
+            fn one_in(&mut self, n: u64) -> bool {
+                self.next().is_multiple_of(n)
+            }
+            fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+                of[(self.next() % of.len() as u64) as usize]
+            }
+            fn ws(&mut self) -> &'static str {
+                self.pick(&["", "", "", "", " ", "\n  ", "\t"])
+            }
+            /// The members an object under `parent` is made of, in the
+            /// reference's field order (for the array form) and then some
+            /// it does not read; spelt as JSON keys, sometimes escaped.
+            fn names(parent: &str) -> (&'static [&'static str], &'static [&'static str]) {
+                match parent {
+                    "rpc" => (&["result", "error"], &["jsonrpc", "id", "task"]),
+                    "result" => (
+                        &[
+                            "task",
+                            "message",
+                            "statusUpdate",
+                            "artifactUpdate",
+                            "id",
+                            "contextId",
+                            "status",
+                            "error",
+                        ],
+                        &["kind", "artifacts", "taskId", "state"],
+                    ),
+                    "task" => (
+                        &["id", "contextId", "status"],
+                        &["artifacts", "history", "taskId"],
+                    ),
+                    "message" => (
+                        &["taskId", "contextId"],
+                        &["messageId", "parts", "role", "id"],
+                    ),
+                    "statusUpdate" | "artifactUpdate" => (
+                        &["taskId", "contextId", "status", "metadata"],
+                        &["final", "artifact", "id", "state"],
+                    ),
+                    "status" => (&["state"], &["message", "timestamp", "id"]),
+                    "metadata" => (&["a2a-rust.com/budget"], &["a2a-rust.com/lease", "x"]),
+                    "a2a-rust.com/budget" => (&["spent"], &["remainingMs", "meters"]),
+                    "spent" => (&[], &["tokens", "calls", "odd"]),
+                    _ => (&[], &["x", "id", "state", "taskId", "spent"]),
+                }
+            }
+            fn key(&mut self, name: &str, out: &mut String) {
+                out.push('"');
+                if self.one_in(8) && name.len() > 1 {
+                    // The same key with an escape: `\u0074` for its
+                    // second character, or `\/` for a slash.
+                    let mut chars = name.chars();
+                    let first = chars.next().unwrap();
+                    let second = chars.next().unwrap();
+                    out.push(first);
+                    if second == '/' {
+                        out.push_str("\\/");
+                    } else {
+                        out.push_str(&format!("\\u{:04x}", second as u32));
+                    }
+                    out.extend(chars);
+                } else {
+                    out.push_str(&name.replace('/', if self.one_in(6) { "\\/" } else { "/" }));
+                }
+                out.push('"');
+            }
+            fn string(&mut self, name: &str) -> &'static str {
+                match name {
+                    "state" => self.pick(&[
+                        r#""TASK_STATE_WORKING""#,
+                        r#""TASK_STATE_COMPLETED""#,
+                        r#""TASK_STATE_\u0043ANCELED""#,
+                        r#""working""#,
+                        r#""weird""#,
+                        r#""""#,
+                    ]),
+                    _ => self.pick(&[
+                        r#""t1""#,
+                        r#""t2""#,
+                        r#""c1""#,
+                        r#""t\"1""#,
+                        r#""\u00e9\\ ]}""#,
+                        r#""é""#,
+                        r#""""#,
+                        r#""TASK_STATE_FAILED""#,
+                    ]),
+                }
+            }
+            fn scalar(&mut self) -> &'static str {
+                self.pick(&[
+                    "0",
+                    "3",
+                    "12.0",
+                    "1.5",
+                    "-3",
+                    "1e2",
+                    "-0",
+                    "18446744073709551615",
+                    "18446744073709551616",
+                    "1e999",
+                    "null",
+                    "true",
+                    "false",
+                    r#""x""#,
+                    r#""t1""#,
+                ])
+            }
+            /// A value for the member `name`: mostly of the type the
+            /// reference reads it as, sometimes not.
+            fn value(&mut self, name: &str, depth: u32, out: &mut String) {
+                let (fields, _) = Self::names(name);
+                let is_struct = !fields.is_empty() || matches!(name, "spent" | "x" | "meters");
+                let is_text = matches!(name, "id" | "taskId" | "contextId" | "state");
+                if self.one_in(12) || depth > 7 {
+                    return out.push_str(if self.one_in(2) {
+                        "null"
+                    } else {
+                        self.scalar()
+                    });
+                }
+                if self.one_in(30) {
+                    // Of another type.
+                    return match self.next() % 3 {
+                        0 => out.push_str(self.scalar()),
+                        1 => self.object("x", depth + 1, out),
+                        _ => self.array("x", depth + 1, out),
+                    };
+                }
+                if is_text {
+                    out.push_str(self.string(name));
+                } else if is_struct && !fields.is_empty() && self.one_in(25) {
+                    // The array form: the fields in order, maybe one too
+                    // many or too few.
+                    out.push('[');
+                    let n = (self.next() % (fields.len() as u64 + 2)) as usize;
+                    for i in 0..n {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(self.ws());
+                        let f = fields.get(i).copied().unwrap_or("x");
+                        self.value(f, depth + 1, out);
+                    }
+                    out.push(']');
+                } else if is_struct {
+                    self.object(name, depth + 1, out);
+                } else if name == "tokens" || name == "calls" || name == "odd" {
+                    out.push_str(self.scalar());
+                } else {
+                    match self.next() % 3 {
+                        0 => self.array("x", depth + 1, out),
+                        1 => out.push_str(self.string("")),
+                        _ => out.push_str(self.scalar()),
+                    }
+                }
+            }
+            fn array(&mut self, name: &str, depth: u32, out: &mut String) {
+                out.push('[');
+                let n = self.next() % 3;
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(self.ws());
+                    self.value(name, depth + 1, out);
+                }
+                out.push(']');
+            }
+            fn object(&mut self, parent: &str, depth: u32, out: &mut String) {
+                let (fields, others) = Self::names(parent);
+                // Members in a random order, mostly each once; sometimes
+                // one again (a duplicate).
+                let mut names = Vec::new();
+                for (i, name) in fields.iter().chain(others).enumerate() {
+                    // An error hides the rest: seldom.
+                    let known = i < fields.len() && (*name != "error" || self.one_in(5));
+                    if (known && !self.one_in(4)) || self.one_in(3) {
+                        names.push(*name);
+                    }
+                }
+                for i in (1..names.len()).rev() {
+                    let j = (self.next() % (i as u64 + 1)) as usize;
+                    names.swap(i, j);
+                }
+                names.truncate(6);
+                if self.one_in(16) && !names.is_empty() {
+                    let again = names[(self.next() % names.len() as u64) as usize];
+                    names.push(again);
+                }
+                out.push('{');
+                for (i, name) in names.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(self.ws());
+                    self.key(name, out);
+                    out.push_str(self.ws());
+                    out.push(':');
+                    out.push_str(self.ws());
+                    self.value(name, depth, out);
+                    out.push_str(self.ws());
+                }
+                out.push('}');
+            }
+        }
+
+        let mut g = Gen(0x2545_F491_4F6C_DD1D);
+        let (mut read, mut tasks, mut spent, mut lenient, mut refused) = (0, 0, 0, 0, 0);
+        for round in 0..40_000 {
+            let binding = if round % 2 == 0 {
+                Binding::JsonRpc
+            } else {
+                Binding::Rest
+            };
+            let mut doc = String::new();
+            doc.push_str(g.ws());
+            if g.one_in(40) {
+                g.value(
+                    if binding == Binding::Rest {
+                        "result"
+                    } else {
+                        "rpc"
+                    },
+                    0,
+                    &mut doc,
+                );
+            } else {
+                g.object(
+                    if binding == Binding::Rest {
+                        "result"
+                    } else {
+                        "rpc"
+                    },
+                    0,
+                    &mut doc,
+                );
+            }
+            doc.push_str(g.ws());
+            let (o, _, no) = compare(binding, doc.as_bytes());
+            refused += usize::from(no);
+            if let Some(o) = o {
+                read += 1;
+                tasks += usize::from(o.task_id.is_some());
+                spent += usize::from(o.spent.as_ref().is_some_and(|s| !s.is_empty()));
+            }
+            let mut bytes = doc.into_bytes();
+            let cut = (g.next() as usize) % (bytes.len() + 1);
+            let (_, more, no) = compare(binding, &bytes[..cut]);
+            (lenient, refused) = (lenient + usize::from(more), refused + usize::from(no));
+            let at = (g.next() as usize) % bytes.len();
+            bytes[at] = *g
+                .pick(&[
+                    "\"", "\\", "{", "}", "[", "]", ",", ":", "x", "0", " ", "\u{1}", "\u{ff}",
+                ])
+                .as_bytes()
+                .last()
+                .unwrap();
+            let (_, more, no) = compare(binding, &bytes);
+            (lenient, refused) = (lenient + usize::from(more), refused + usize::from(no));
+        }
+        assert!(read > 8_000, "only {read} documents were read");
+        assert!(tasks > 3_000, "only {tasks} named a task");
+        assert!(spent > 100, "only {spent} reported a spend");
+        // Well-formed documents both refuse (a member given twice or of the
+        // wrong type): many.
+        assert!(refused > 5_000, "only {refused} well-formed refusals");
+        // Changed bytes the walk does not look at: read, where serde
+        // refuses the whole document.
+        assert!(lenient > 0);
+    }
+
+    /// What the walk reads that the reference refuses: documents malformed
+    /// only where the walk skips. And what both refuse.
+    #[test]
+    fn malformed_where_skipped() {
+        #[rustfmt::skip]
+        let lenient: &[&str] = &[
+            r#"{"result":{"task":{"id":"t1","status":{"state":"TASK_STATE_WORKING"},"artifacts":[1,]}}}"#,
+            r#"{"id":01,"result":{"task":{"id":"t1","status":{"state":"TASK_STATE_WORKING"}}}}"#,
+            r#"{"jsonrpc":"2.0\x","result":{"task":{"id":"t1","status":{"state":"TASK_STATE_WORKING"}}}}"#,
+            r#"{"jsonrpc":nul,"result":{"task":{"id":"t1","status":{"state":"TASK_STATE_WORKING"}}}}"#,
+            r#"{"result":{"task":{"id":"t1","status":{"state":"TASK_STATE_WORKING","x":{]}}}}"#,
+        ];
+        for doc in lenient {
+            assert_eq!(
+                reference::observe(Binding::JsonRpc, doc.as_bytes()),
+                None,
+                "{doc}"
+            );
+            assert_eq!(
+                observe(Binding::JsonRpc, doc.as_bytes()),
+                Some(Observation {
+                    context_id: None,
+                    ..obs(Some("t1"), Some(Working))
+                }),
+                "{doc}"
+            );
+        }
+        #[rustfmt::skip]
+        let refused: &[&str] = &[
+            // The members read, given twice or of the wrong type.
+            r#"{"result":{"task":{"id":"t1","id":"t2","status":{}}}}"#,
+            r#"{"result":{"task":{"id":"t1","status":{"state":"TASK_STATE_WORKING","state":"TASK_STATE_COMPLETED"}}}}"#,
+            r#"{"result":{"statusUpdate":{"taskId":"t1","taskI\u0064":"t2"}}}"#,
+            r#"{"result":{"task":{"id":"t1"},"task":{"id":"t2"}}}"#,
+            r#"{"result":{},"result":{"task":{"id":"t1"}}}"#,
+            r#"{"result":{"task":{"id":"t1"}},"error":null,"error":null}"#,
+            r#"{"result":{"task":{"id":1}}}"#,
+            r#"{"result":{"task":{"contextId":"c1"}}}"#,
+            r#"{"result":{"task":{"id":null}}}"#,
+            r#"{"result":{"task":"t1"}}"#,
+            r#"{"result":{"task":{"id":"t1","status":"TASK_STATE_WORKING"}}}"#,
+            r#"{"result":{"task":{"id":"t1","status":{"state":5}}}}"#,
+            r#"{"result":{"task":["t1",null,null,null]}}"#,
+            r#"{"result":{"statusUpdate":{"taskId":"t1","metadata":{"a2a-rust.com/budget":{"spent":[1]}}}}}"#,
+            r#"{"result":{"statusUpdate":{"taskId":"t1","metadata":{"a2a-rust.com/budget":{"spent":{"tokens":1e999}}}}}}"#,
+            // Kept strings that are not text, and not JSON at all.
+            "{\"result\":{\"task\":{\"id\":\"t\u{1}1\"}}}",
+            r#"{"result":{"task":{"id":"t\ud8001"}}}"#,
+            r#"{"result":{"task":{"id":"t1"}}} x"#,
+            r#"{"result":{"task":{"id":"t1"}}"#,
+            "",
+            "null",
+        ];
+        for doc in refused {
+            let walk = observe(Binding::JsonRpc, doc.as_bytes());
+            let reference = reference::observe(Binding::JsonRpc, doc.as_bytes());
+            assert_eq!(walk, None, "{doc}");
+            assert_eq!(reference, None, "reference: {doc}");
+        }
+        let invalid_utf8 = b"{\"result\":{\"task\":{\"id\":\"t\xff\"}}}";
+        assert_eq!(observe(Binding::JsonRpc, invalid_utf8), None);
+    }
+
+    /// serde's derive reads a struct from an array of its fields in order;
+    /// so does the walk, that the two agree.
+    #[test]
+    fn structs_as_arrays() {
+        #[rustfmt::skip]
+        let table: &[(&str, Option<Observation>)] = &[
+            (r#"[{"task":["t1","c1",["TASK_STATE_WORKING"]]}]"#, Some(obs(Some("t1"), Some(Working)))),
+            (r#"[null,{"code":1}]"#, Some(Observation { error: true, ..Default::default() })),
+            (r#"{"result":[]}"#, Some(Observation::default())),
+            (r#"{"result":[null,null,{"taskId":"t1","contextId":"c1"}]}"#, Some(obs(Some("t1"), None))),
+            (r#"{"result":{"task":[]}}"#, None),
+            (r#"{"result":{"task":["t1",null,null,1]}}"#, None),
+            (r#"[]"#, None),
+        ];
+        for (doc, want) in table {
+            assert_eq!(&observe(Binding::JsonRpc, doc.as_bytes()), want, "{doc}");
+            assert_eq!(
+                &reference::observe(Binding::JsonRpc, doc.as_bytes()),
+                want,
+                "{doc}"
+            );
         }
     }
 }
