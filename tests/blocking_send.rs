@@ -56,11 +56,36 @@ async fn the_one_task(worker: &Worker, tenant: Option<&str>) -> String {
     panic!("the worker started no task");
 }
 
+/// How a blocking send reaches the worker.
+#[derive(Clone, Copy, Debug)]
+enum How {
+    /// The default: passed as it came, the caller's leaving acted on.
+    Guarded,
+    /// `blocking_sends = "stream"`: carried as a stream.
+    Carried,
+}
+
+impl How {
+    fn config(self) -> &'static str {
+        match self {
+            How::Guarded => "",
+            How::Carried => "blocking_sends = \"stream\"",
+        }
+    }
+
+    fn outcome(self) -> &'static str {
+        match self {
+            How::Guarded => "outcome=\"guarded\"",
+            How::Carried => "outcome=\"carried\"",
+        }
+    }
+}
+
 /// A blocking send whose caller leaves (FIN, or RST) after 1 s: the child
 /// is CANCELED within 1 s of it, by exactly one CancelTask.
-async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool) {
+async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool, how: How) {
     let worker = Worker::start(kind).await;
-    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let gw = Gateway::in_front_of(&worker.url(), how.config()).await;
     let (path, body) = blocking_send(bind, tenant, "work:30000", json!({}));
     let (authority, _) = split_url(&gw.url);
     let mut sock = TcpStream::connect(&authority).await.unwrap();
@@ -90,12 +115,12 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
             )
         });
     eprintln!(
-        "{kind:?}/{bind:?}/{tenant:?}/reset={reset}: canceled {:?} after the caller left",
+        "{kind:?}/{bind:?}/{tenant:?}/reset={reset}/{how:?}: canceled {:?} after the caller left",
         left.elapsed()
     );
     assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
     assert_eq!(
-        gw.counter("a2agw_blocking_sends_total", &["outcome=\"carried\""])
+        gw.counter("a2agw_blocking_sends_total", &[how.outcome()])
             .await,
         1.0
     );
@@ -129,20 +154,27 @@ fn normalized(mut v: Value) -> Value {
 
 /// The same blocking send straight to the worker and through the gateway:
 /// the same status, content type and answer (ids and times aside), no
-/// CancelTask, and the gateway did carry it as a stream.
-async fn caller_stays(kind: Kind, bind: Bind, tenant: Option<&str>, text: &str, conf: Value) {
+/// CancelTask, and the gateway handled it `how`.
+async fn caller_stays(
+    kind: Kind,
+    bind: Bind,
+    tenant: Option<&str>,
+    text: &str,
+    conf: Value,
+    how: How,
+) {
     let worker = Worker::start(kind).await;
-    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let gw = Gateway::in_front_of(&worker.url(), how.config()).await;
     let (path, direct_body) = blocking_send(bind, tenant, text, conf.clone());
     let direct = post_json(&worker.url(), &path, &[], &direct_body).await;
     let (path, body) = blocking_send(bind, tenant, text, conf);
     let through = post_json(&gw.url, &path, &[], &body).await;
     compare(&direct, &through);
     assert_eq!(
-        gw.counter("a2agw_blocking_sends_total", &["outcome=\"carried\""])
+        gw.counter("a2agw_blocking_sends_total", &[how.outcome()])
             .await,
         1.0,
-        "not carried; gateway log:\n{}",
+        "not {how:?}; gateway log:\n{}",
         gw.log_text()
     );
     // Whatever state the send ended in, nobody cancels it.
@@ -217,32 +249,40 @@ async fn passed_when_configured(kind: Kind) {
         "TASK_STATE_COMPLETED"
     );
     assert_eq!(
-        gw.counter("a2agw_blocking_sends_total", &["outcome=\"configured\""])
-            .await,
+        gw.counter(
+            "a2agw_blocking_sends_total",
+            &["outcome=\"passed\"", "reason=\"configured\""]
+        )
+        .await,
         1.0
     );
 }
 
 scenarios! {
-    rust_jsonrpc_fin => caller_leaves(Kind::Rust, Bind::JsonRpc, None, false);
-    rust_rest_rst => caller_leaves(Kind::Rust, Bind::Rest, None, true);
-    rust_rest_tenant_fin => caller_leaves(Kind::Rust, Bind::Rest, Some("acme"), false);
-    rust_jsonrpc_tenant_rst => caller_leaves(Kind::Rust, Bind::JsonRpc, Some("acme"), true);
-    python_jsonrpc_fin => caller_leaves(Kind::Python, Bind::JsonRpc, None, false);
-    python_jsonrpc_rst => caller_leaves(Kind::Python, Bind::JsonRpc, None, true);
-    python_rest_fin => caller_leaves(Kind::Python, Bind::Rest, None, false);
-    python_rest_rst => caller_leaves(Kind::Python, Bind::Rest, None, true);
-    python_rest_tenant_rst => caller_leaves(Kind::Python, Bind::Rest, Some("acme"), true);
-    python_jsonrpc_tenant_fin => caller_leaves(Kind::Python, Bind::JsonRpc, Some("acme"), false);
+    rust_jsonrpc_fin => caller_leaves(Kind::Rust, Bind::JsonRpc, None, false, How::Guarded);
+    rust_rest_rst => caller_leaves(Kind::Rust, Bind::Rest, None, true, How::Guarded);
+    rust_rest_tenant_fin => caller_leaves(Kind::Rust, Bind::Rest, Some("acme"), false, How::Guarded);
+    rust_jsonrpc_tenant_rst => caller_leaves(Kind::Rust, Bind::JsonRpc, Some("acme"), true, How::Guarded);
+    python_jsonrpc_fin => caller_leaves(Kind::Python, Bind::JsonRpc, None, false, How::Guarded);
+    python_jsonrpc_rst => caller_leaves(Kind::Python, Bind::JsonRpc, None, true, How::Guarded);
+    python_rest_fin => caller_leaves(Kind::Python, Bind::Rest, None, false, How::Guarded);
+    python_rest_rst => caller_leaves(Kind::Python, Bind::Rest, None, true, How::Guarded);
+    python_rest_tenant_rst => caller_leaves(Kind::Python, Bind::Rest, Some("acme"), true, How::Guarded);
+    python_jsonrpc_tenant_fin => caller_leaves(Kind::Python, Bind::JsonRpc, Some("acme"), false, How::Guarded);
+    rust_rest_carried_fin => caller_leaves(Kind::Rust, Bind::Rest, None, false, How::Carried);
+    python_jsonrpc_tenant_carried_rst => caller_leaves(Kind::Python, Bind::JsonRpc, Some("acme"), true, How::Carried);
 
-    rust_jsonrpc_stays => caller_stays(Kind::Rust, Bind::JsonRpc, None, "work:200", json!({}));
-    rust_rest_stays_history => caller_stays(Kind::Rust, Bind::Rest, None, "work:200", json!({"historyLength": 1}));
-    rust_rest_tenant_stays => caller_stays(Kind::Rust, Bind::Rest, Some("acme"), "work:200", json!({}));
-    python_jsonrpc_stays => caller_stays(Kind::Python, Bind::JsonRpc, None, "work:200", json!({}));
-    python_jsonrpc_stays_history => caller_stays(Kind::Python, Bind::JsonRpc, None, "work:200", json!({"historyLength": 1}));
-    python_rest_tenant_stays => caller_stays(Kind::Python, Bind::Rest, Some("acme"), "work:200", json!({}));
-    rust_jsonrpc_input_required => caller_stays(Kind::Rust, Bind::JsonRpc, None, "ask", json!({}));
-    python_rest_input_required => caller_stays(Kind::Python, Bind::Rest, None, "ask", json!({}));
+    rust_jsonrpc_stays => caller_stays(Kind::Rust, Bind::JsonRpc, None, "work:200", json!({}), How::Guarded);
+    rust_rest_stays_history => caller_stays(Kind::Rust, Bind::Rest, None, "work:200", json!({"historyLength": 1}), How::Guarded);
+    rust_rest_tenant_stays => caller_stays(Kind::Rust, Bind::Rest, Some("acme"), "work:200", json!({}), How::Guarded);
+    python_jsonrpc_stays => caller_stays(Kind::Python, Bind::JsonRpc, None, "work:200", json!({}), How::Guarded);
+    python_jsonrpc_stays_history => caller_stays(Kind::Python, Bind::JsonRpc, None, "work:200", json!({"historyLength": 1}), How::Guarded);
+    python_rest_tenant_stays => caller_stays(Kind::Python, Bind::Rest, Some("acme"), "work:200", json!({}), How::Guarded);
+    rust_jsonrpc_input_required => caller_stays(Kind::Rust, Bind::JsonRpc, None, "ask", json!({}), How::Guarded);
+    python_rest_input_required => caller_stays(Kind::Python, Bind::Rest, None, "ask", json!({}), How::Guarded);
+    rust_jsonrpc_carried_stays_history => caller_stays(Kind::Rust, Bind::JsonRpc, None, "work:200", json!({"historyLength": 1}), How::Carried);
+    python_rest_tenant_carried_stays => caller_stays(Kind::Python, Bind::Rest, Some("acme"), "work:200", json!({}), How::Carried);
+    rust_rest_carried_input_required => caller_stays(Kind::Rust, Bind::Rest, None, "ask", json!({}), How::Carried);
 
     rust_jsonrpc_refused => refused(Kind::Rust, Bind::JsonRpc);
     python_rest_refused => refused(Kind::Python, Bind::Rest);

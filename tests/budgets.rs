@@ -862,6 +862,15 @@ async fn blocking_send_past_its_deadline_is_stopped() {
         Some("TASK_STATE_CANCELED")
     );
     assert_eq!(worker.cancels().await, 1);
+    // A budgeted child's events are needed while it runs: carried.
+    assert_eq!(
+        gw.counter(
+            "a2agw_blocking_sends_total",
+            &["outcome=\"carried\"", "reason=\"budget\""]
+        )
+        .await,
+        1.0
+    );
 }
 
 /// Caps per caller, the caller named by a header: an API key as it is, a

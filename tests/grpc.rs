@@ -75,6 +75,88 @@ pub(crate) async fn one_caller_gone_cancel(worker: &Worker, gw: &Gateway) {
     );
 }
 
+/// A unary `SendMessage` (blocking) whose caller leaves after 1 s, by
+/// RST_STREAM (`reset`) or by dropping its connection: guarded, the child
+/// is found by its message in the worker's `ListTasks` and CANCELED within
+/// 1 s (scaled), by exactly one CancelTask.
+async fn unary_caller_leaves(worker: Worker, reset: bool, tenant: &str) {
+    let gw = gateway(&worker, "").await;
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let call = conn
+        .call("SendMessage", &send_request("work:30000", tenant), &[])
+        .await;
+    let t = (!tenant.is_empty()).then_some(tenant);
+    let mut id = None;
+    for _ in 0..crate::harness::scaled_count(200) {
+        let ids = crate::harness::http::list_tasks(&worker.url(), t).await;
+        assert!(ids.len() <= 1, "more than one task: {ids:?}");
+        if let Some((found, state)) = ids.into_iter().next() {
+            if state == WORKING {
+                id = Some(found);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let id = id.expect("the worker runs the child");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if reset {
+        call.reset().await;
+    } else {
+        drop(call);
+        conn.close().await;
+    }
+    let took = worker
+        .wait_state(t, &id, CANCELED, scaled_secs(1))
+        .await
+        .unwrap_or_else(|s| panic!("not canceled ({s:?}); log:\n{}", gw.log_text()));
+    eprintln!("grpc unary: child {id} CANCELED {took:?} after its caller left");
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
+    assert_eq!(
+        gw.counter_reaching(
+            "a2agw_cancels_total",
+            &["cause=\"caller_gone\"", "outcome=\"canceled\""],
+            1.0
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        gw.counter(
+            "a2agw_blocking_sends_total",
+            &["outcome=\"guarded\"", "reason=\"default\""]
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        gw.counter("a2agw_children_looked_up_total", &["outcome=\"found\""])
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_unary_send_reset_cancels() {
+    unary_caller_leaves(Worker::start_with_grpc(Kind::Rust).await, true, "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_unary_send_connection_close_cancels_in_its_tenant() {
+    unary_caller_leaves(Worker::start_with_grpc(Kind::Rust).await, false, "acme").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_unary_send_reset_cancels() {
+    unary_caller_leaves(Worker::start_with_grpc(Kind::Python).await, true, "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_unary_send_connection_close_cancels() {
+    unary_caller_leaves(Worker::start_with_grpc(Kind::Python).await, false, "").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_stream_reset_cancels() {
     leaving_cancels(Worker::start_with_grpc(Kind::Rust).await, true, "").await;

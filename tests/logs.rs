@@ -81,7 +81,9 @@ async fn json_log_and_access_lines() {
         .unwrap_or_else(|| panic!("no task in {v}"))
         .to_string();
     let line = wait_access(&gw, |v| v["method"] == "SendMessage").await;
-    assert_eq!(line["task"], id.as_str(), "{line}");
+    // A guarded blocking send's answer passes unread: the line names no
+    // task (the GetTask below names it from its request).
+    assert!(line.get("task").is_none(), "{line}");
     assert_eq!(line["status"], 200, "{line}");
     assert_eq!(line["route"], "w", "{line}");
     assert_eq!(
@@ -196,7 +198,7 @@ async fn access_lines_for_rest_tenant_websocket_and_callers() {
     assert_eq!(line["path"], "/message:send", "{line}");
     assert_eq!(line["http_method"], "POST", "{line}");
     assert_eq!(line["status"], 200, "{line}");
-    assert_eq!(line["task"], id.as_str(), "{line}");
+    assert!(line.get("task").is_none(), "unread answer: {line}");
     let got =
         crate::harness::http::request("GET", &gw.url, &format!("/tasks/{id}"), &[], b"").await;
     assert_eq!(got.status, 200, "{}", got.text());

@@ -511,7 +511,12 @@ async fn a_carried_blocking_send_reaches_the_worker_as_the_spans_child() {
     let otlp = Receiver::start().await;
     let worker = Worker::start(Kind::Rust).await;
     let rec = Recorder::start(&worker.url()).await;
-    let gw = gateway(Some(&otlp), &rec.url, &[]).await;
+    let gw = Gateway::start(&format!(
+        "[tracing]\notlp_endpoint = \"{}\"\nservice_name = \"gw-test\"\n\n\
+         [[routes]]\nname = \"w\"\nworker = \"{}\"\nblocking_sends = \"stream\"\n",
+        otlp.url, rec.url
+    ))
+    .await;
 
     let trace = "0af7651916cd43dd8448eb211c80319c";
     let tp = format!("00-{trace}-b7ad6b7169203331-01");

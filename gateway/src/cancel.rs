@@ -7,8 +7,9 @@
 //! stored), else the route's configured worker credential, and the route's
 //! `inject_headers`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -118,36 +119,64 @@ pub async fn owe(store: &dyn TaskStore, job: &CancelJob) -> Option<Option<String
     }
 }
 
-/// `statusTimestampAfter` for [`Call::List`]: [`LIST_LOOKBACK_MS`] ago,
-/// RFC 3339 in UTC.
-fn list_since() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let since = now.saturating_sub(LIST_LOOKBACK_MS);
-    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(since as i64)
+/// `statusTimestampAfter` for a [`ListQuery`]: RFC 3339 in UTC, whole
+/// seconds rounded down.
+fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms as i64)
         .unwrap_or_default()
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// The id of the task in a `ListTasks` answer whose history holds the
-/// message `message_id`.
-fn task_with_message(binding: Binding, body: &[u8], message_id: &str) -> Option<String> {
+/// One page of a `ListTasks` answer, as far as a search by message cares.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// The task whose history holds the message.
+    pub found: Option<String>,
+    /// The next page's token (`None`: the last page).
+    pub next: Option<String>,
+}
+
+/// Reads one `ListTasks` answer: the task in it whose history holds the
+/// message `message_id`, and the next page's token. `None`: not a
+/// `ListTasks` answer.
+fn list_page(binding: Binding, body: &[u8], message_id: &str) -> Option<ListPage> {
     if binding == Binding::Grpc {
-        return crate::a2a::grpc::task_with_message(body, message_id);
+        let (found, next) = crate::a2a::grpc::list_page(body, message_id)?;
+        return Some(ListPage {
+            found,
+            next: Some(next).filter(|t| !t.is_empty()),
+        });
     }
     let v: Value = serde_json::from_slice(body).ok()?;
     let list = match binding {
         Binding::Rest => &v,
-        _ => &v["result"],
+        _ => v.get("result")?,
     };
-    list["tasks"].as_array()?.iter().find_map(|t| {
+    let found = list["tasks"].as_array()?.iter().find_map(|t| {
         let holds = t["history"]
             .as_array()?
             .iter()
             .any(|m| m["messageId"].as_str() == Some(message_id));
         holds.then(|| t["id"].as_str().map(str::to_owned)).flatten()
-    })
+    });
+    let next = list["nextPageToken"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned);
+    Some(ListPage { found, next })
+}
+
+/// Whether a `ListTasks` answer says the worker does not serve the call:
+/// JSON-RPC `-32601` (method not found) or `-32004` (unsupported
+/// operation), HTTP 404, 405 or 501 (gRPC `UNIMPLEMENTED` reads as 501).
+fn list_refused(binding: Binding, status: u16, body: &[u8]) -> bool {
+    match binding {
+        Binding::JsonRpc | Binding::WebSocket => serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_i64())
+            .is_some_and(|c| c == -32601 || c == -32004),
+        Binding::Rest | Binding::Grpc => matches!(status, 404 | 405 | 501),
+    }
 }
 
 /// The label of a cause read back from the store's outbox: one of the
@@ -236,18 +265,55 @@ enum Attempt {
 
 /// What the gateway asks a worker about a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
+enum Call<'a> {
     Cancel,
     /// `GetTask`, to learn the state before a cancel ([`Canceller::task_state`]).
     Get,
-    /// `ListTasks` of the recently updated tasks, to find a child by its
-    /// message ([`Canceller::find_by_message`]).
-    List,
+    /// One page of `ListTasks`, to find a child by its message
+    /// ([`Canceller::find_by_message`]).
+    List(&'a ListQuery),
 }
 
-/// How far back `ListTasks` looks for a child by its message (by status
-/// time), allowing for the worker's clock being behind the gateway's.
-const LIST_LOOKBACK_MS: u64 = 5 * 60 * 1000;
+/// One `ListTasks` page asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListQuery {
+    /// `statusTimestampAfter` (Unix ms).
+    pub since_ms: u64,
+    /// `pageToken` (`""`: the first page).
+    pub page_token: String,
+}
+
+/// How long before the send's start `ListTasks` looks for its child (by
+/// status time): allows for the worker's clock being behind the
+/// gateway's by that much.
+pub const LIST_CLOCK_ALLOWANCE_MS: u64 = 60 * 1000;
+
+/// The most `ListTasks` pages one search reads (100 tasks each): a worker
+/// with more tasks whose status changed since the send began may hide
+/// the child (counted as not found).
+pub const LIST_MAX_PAGES: usize = 100;
+
+/// How long a worker that refused a `ListTasks` is not searched again
+/// (its blocking sends are carried meanwhile, where it streams).
+const UNSEARCHABLE_FOR: Duration = Duration::from_secs(600);
+
+/// Why a search by message found nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LookupError {
+    /// The worker does not serve `ListTasks`.
+    Refused(String),
+    /// Any other failure (worth asking again).
+    Failed(String),
+}
+
+impl std::fmt::Display for LookupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LookupError::Refused(e) => write!(f, "ListTasks refused: {e}"),
+            LookupError::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
 
 /// The longest answer to the gateway's own calls that is read whole (the
 /// task, a cancel's answer too, may carry large artifacts and history). A
@@ -276,6 +342,8 @@ pub struct Canceller {
     connect_timeout: Duration,
     seq: Arc<AtomicU64>,
     addrs: Arc<WorkerAddrs>,
+    /// Routes whose worker refused a `ListTasks`, and when.
+    unsearchable: Arc<Mutex<HashMap<Arc<str>, Instant>>>,
 }
 
 impl std::fmt::Debug for Canceller {
@@ -294,6 +362,30 @@ impl Canceller {
             connect_timeout,
             seq: Arc::new(AtomicU64::new(1)),
             addrs,
+            unsearchable: Arc::default(),
+        }
+    }
+
+    /// Whether the route's worker may be searched by message: it has not
+    /// refused a `ListTasks` in the last [`UNSEARCHABLE_FOR`].
+    pub fn searchable(&self, route: &str) -> bool {
+        let mut m = self.unsearchable.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(route) {
+            Some(at) if at.elapsed() < UNSEARCHABLE_FOR => false,
+            Some(_) => {
+                m.remove(route);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// The route's worker refused a `ListTasks`: not searched again for
+    /// [`UNSEARCHABLE_FOR`].
+    fn mark_unsearchable(&self, route: &Arc<str>) {
+        let mut m = self.unsearchable.lock().unwrap_or_else(|p| p.into_inner());
+        if m.insert(route.clone(), Instant::now()).is_none() {
+            tracing::warn!(route = %route, "the worker refused ListTasks: a blocking send's child cannot be found by its message; such sends are carried as streams where the worker streams, for the next {UNSEARCHABLE_FOR:?}");
         }
     }
 
@@ -514,10 +606,14 @@ impl Canceller {
         probed
     }
 
-    /// The task a send started, found by its message: one `ListTasks` (the
-    /// tasks whose status changed in the last minutes, within the cancel
-    /// timeout, in the cancel's binding, tenant and headers) and the task
-    /// whose history holds `message_id`. `Ok(None)`: not (yet) there.
+    /// The task a send started, found by its message: `ListTasks` of the
+    /// tasks whose status changed since `sent_ms` (less
+    /// [`LIST_CLOCK_ALLOWANCE_MS`]), page after page to the end (at most
+    /// [`LIST_MAX_PAGES`]), each within the cancel timeout, in the cancel's
+    /// binding, tenant and headers; the task whose history holds
+    /// `message_id`. `Ok(None)`: not (yet) there. A worker that refuses
+    /// the call is not searched again for a while ([`Self::searchable`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn find_by_message(
         &self,
         worker: &config::WorkerUrl,
@@ -526,7 +622,8 @@ impl Canceller {
         tenant: Option<&str>,
         headers: &[(String, String)],
         message_id: &str,
-    ) -> Result<Option<String>, String> {
+        sent_ms: u64,
+    ) -> Result<Option<String>, LookupError> {
         let job = CancelJob {
             key: TaskKey::new(route, tenant, ""),
             worker: worker.clone(),
@@ -538,7 +635,11 @@ impl Canceller {
         let mut span = crate::trace::client("ListTasks", &by_message, true, "find", worker);
         let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
         let trace = trace.as_deref().unwrap_or_default();
-        let found = self.list_for(&job, message_id, trace).await;
+        let since_ms = sent_ms.saturating_sub(LIST_CLOCK_ALLOWANCE_MS);
+        let found = self.list_for(&job, message_id, since_ms, trace).await;
+        if let Err(LookupError::Refused(_)) = &found {
+            self.mark_unsearchable(route);
+        }
         if let Some(span) = &mut span {
             match &found {
                 Ok(Some(id)) => {
@@ -549,37 +650,73 @@ impl Canceller {
                     );
                 }
                 Ok(None) => span.outcome("not_found", None),
-                Err(e) => span.outcome("failed", Some(e)),
+                Err(e) => span.outcome("failed", Some(&e.to_string())),
             }
         }
         found
     }
 
-    /// [`Canceller::find_by_message`]'s `ListTasks` and what it found.
+    /// [`Canceller::find_by_message`]'s `ListTasks` pages and what they
+    /// found.
     async fn list_for(
         &self,
         job: &CancelJob,
         message_id: &str,
+        since_ms: u64,
         trace: &[(String, String)],
-    ) -> Result<Option<String>, String> {
-        let target = &job.target;
-        match tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List, trace)).await {
-            Ok(Ok((status, body))) if (200..300).contains(&status) => {
-                Ok(task_with_message(target.binding, &body, message_id))
+    ) -> Result<Option<String>, LookupError> {
+        let binding = job.target.binding;
+        let mut query = ListQuery {
+            since_ms,
+            page_token: String::new(),
+        };
+        for _ in 0..LIST_MAX_PAGES {
+            let answer =
+                tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List(&query), trace))
+                    .await;
+            let (status, body) = match answer {
+                Ok(Ok(a)) => a,
+                Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => {
+                    return Err(LookupError::Failed(e))
+                }
+                Ok(Err(Attempt::Final(_))) => return Err(LookupError::Failed("no answer".into())),
+                Err(_) => {
+                    return Err(LookupError::Failed(format!(
+                        "timed out after {:?}",
+                        self.cfg.timeout
+                    )))
+                }
+            };
+            let shown = || {
+                format!(
+                    "ListTasks answered {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(200)])
+                )
+            };
+            if list_refused(binding, status, &body) {
+                return Err(LookupError::Refused(shown()));
             }
-            Ok(Ok((status, body))) => Err(format!(
-                "ListTasks answered {status}: {}",
-                String::from_utf8_lossy(&body[..body.len().min(200)])
-            )),
-            Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => Err(e),
-            Ok(Err(Attempt::Final(_))) => Err("no answer".into()),
-            Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
+            if !(200..300).contains(&status) {
+                return Err(LookupError::Failed(shown()));
+            }
+            let Some(page) = list_page(binding, &body, message_id) else {
+                return Err(LookupError::Failed(shown()));
+            };
+            if page.found.is_some() {
+                return Ok(page.found);
+            }
+            match page.next {
+                // A token that does not move on would loop: the end.
+                Some(next) if next != query.page_token => query.page_token = next,
+                _ => return Ok(None),
+            }
         }
+        Ok(None)
     }
 
     /// The path and JSON body of `call` for the job's task (REST `GetTask`:
     /// the body is unused).
-    fn request(&self, job: &CancelJob, call: Call) -> (String, Value) {
+    fn request(&self, job: &CancelJob, call: Call<'_>) -> (String, Value) {
         let id = &*job.key.task_id;
         let tenant = job.key.tenant();
         match job.target.binding {
@@ -594,12 +731,15 @@ impl Canceller {
                         params["historyLength"] = json!(0);
                         ("GetTask", "probe")
                     }
-                    Call::List => {
+                    Call::List(q) => {
                         params = json!({
                             "pageSize": 100,
                             "historyLength": 100,
-                            "statusTimestampAfter": list_since(),
+                            "statusTimestampAfter": rfc3339(q.since_ms),
                         });
+                        if !q.page_token.is_empty() {
+                            params["pageToken"] = json!(q.page_token);
+                        }
                         if let Some(t) = tenant {
                             params["tenant"] = json!(t);
                         }
@@ -629,9 +769,13 @@ impl Canceller {
                     path.push_str(&percent_encode_segment(t));
                     body["tenant"] = json!(t);
                 }
-                if call == Call::List {
+                if let Call::List(q) = call {
                     path.push_str("/tasks?pageSize=100&historyLength=100&statusTimestampAfter=");
-                    path.push_str(&list_since());
+                    path.push_str(&rfc3339(q.since_ms));
+                    if !q.page_token.is_empty() {
+                        path.push_str("&pageToken=");
+                        path.push_str(&percent_encode_segment(&q.page_token));
+                    }
                     return (path, body);
                 }
                 path.push_str("/tasks/");
@@ -639,7 +783,7 @@ impl Canceller {
                 path.push_str(match call {
                     Call::Cancel => ":cancel",
                     Call::Get => "?historyLength=0",
-                    Call::List => unreachable!("returned above"),
+                    Call::List(_) => unreachable!("returned above"),
                 });
                 (path, body)
             }
@@ -672,7 +816,7 @@ impl Canceller {
     async fn send(
         &self,
         job: &CancelJob,
-        call: Call,
+        call: Call<'_>,
         trace: &[(String, String)],
     ) -> Result<(u16, Vec<u8>), Attempt> {
         if job.target.binding == Binding::WebSocket {
@@ -686,7 +830,7 @@ impl Canceller {
         }
         let (path, body) = self.request(job, call);
         let (method, body) = match call {
-            Call::Get | Call::List if job.target.binding == Binding::Rest => ("GET", None),
+            Call::Get | Call::List(_) if job.target.binding == Binding::Rest => ("GET", None),
             _ => ("POST", Some(Bytes::from(body.to_string()))),
         };
         let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
@@ -724,7 +868,9 @@ impl Canceller {
             .await;
         if !whole {
             return match call {
-                Call::Get | Call::List => Err(Attempt::Refused(format!("answer over {cap} bytes"))),
+                Call::Get | Call::List(_) => {
+                    Err(Attempt::Refused(format!("answer over {cap} bytes")))
+                }
                 // No error answer is that long: it is the cancelled task.
                 Call::Cancel if (200..300).contains(&status) => {
                     Err(Attempt::Final(CancelOutcome::Canceled))
@@ -803,7 +949,7 @@ impl Canceller {
     async fn send_grpc(
         &self,
         job: &CancelJob,
-        call: Call,
+        call: Call<'_>,
         trace: &[(String, String)],
     ) -> Result<(u16, Vec<u8>), Attempt> {
         use crate::a2a::grpc;
@@ -817,15 +963,10 @@ impl Canceller {
                 "GetTask",
                 grpc::task_request(tenant, &job.key.task_id, Some(0)),
             ),
-            Call::List => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64);
-                (
-                    "ListTasks",
-                    grpc::list_request(tenant, now.saturating_sub(LIST_LOOKBACK_MS)),
-                )
-            }
+            Call::List(q) => (
+                "ListTasks",
+                grpc::list_request(tenant, q.since_ms, &q.page_token),
+            ),
         };
         let path = format!("{}{method}", grpc::SERVICE_PREFIX);
         let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
@@ -908,7 +1049,7 @@ impl Canceller {
     async fn send_ws(
         &self,
         job: &CancelJob,
-        call: Call,
+        call: Call<'_>,
         trace: &[(String, String)],
     ) -> Result<Vec<u8>, Attempt> {
         use futures_util::{SinkExt, StreamExt};
@@ -942,7 +1083,7 @@ impl Canceller {
         // A cancel's answer (the cancelled task) is read whole, up to
         // tungstenite's own limits; a probe's up to its cap.
         let limits = match call {
-            Call::Get | Call::List => WebSocketConfig::default()
+            Call::Get | Call::List(_) => WebSocketConfig::default()
                 .max_message_size(Some(ANSWER_CAP))
                 .max_frame_size(Some(ANSWER_CAP)),
             Call::Cancel => WebSocketConfig::default(),
@@ -1057,26 +1198,36 @@ fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
 mod tests {
     #[test]
     fn finds_the_task_holding_a_message() {
-        let rpc = br#"{"jsonrpc":"2.0","id":"l","result":{"tasks":[{"id":"a","history":[{"messageId":"m0"}]},{"id":"b"},{"id":"c","history":[{"messageId":"x"},{"messageId":"m1"}]}]}}"#;
+        use super::{list_page, list_refused, Binding, ListPage};
+        let rpc = br#"{"jsonrpc":"2.0","id":"l","result":{"tasks":[{"id":"a","history":[{"messageId":"m0"}]},{"id":"b"},{"id":"c","history":[{"messageId":"x"},{"messageId":"m1"}]}],"nextPageToken":"n2"}}"#;
+        let page = |found: Option<&str>, next: Option<&str>| {
+            Some(ListPage {
+                found: found.map(str::to_owned),
+                next: next.map(str::to_owned),
+            })
+        };
         assert_eq!(
-            super::task_with_message(super::Binding::JsonRpc, rpc, "m1").as_deref(),
-            Some("c")
+            list_page(Binding::JsonRpc, rpc, "m1"),
+            page(Some("c"), Some("n2"))
         );
         assert_eq!(
-            super::task_with_message(super::Binding::JsonRpc, rpc, "m9"),
-            None
+            list_page(Binding::JsonRpc, rpc, "m9"),
+            page(None, Some("n2"))
         );
         let rest = br#"{"tasks":[{"id":"r","history":[{"messageId":"m1"}]}],"nextPageToken":""}"#;
-        assert_eq!(
-            super::task_with_message(super::Binding::Rest, rest, "m1").as_deref(),
-            Some("r")
-        );
-        assert_eq!(
-            super::task_with_message(super::Binding::Rest, b"{}", "m1"),
-            None
-        );
-        let since = super::list_since();
-        assert!(since.ends_with('Z') && since.len() == 20, "{since}");
+        assert_eq!(list_page(Binding::Rest, rest, "m1"), page(Some("r"), None));
+        assert_eq!(list_page(Binding::Rest, b"{}", "m1"), None);
+        // An error answer is no page.
+        let err =
+            br#"{"jsonrpc":"2.0","id":"l","error":{"code":-32601,"message":"Method not found"}}"#;
+        assert_eq!(list_page(Binding::JsonRpc, err, "m1"), None);
+        assert!(list_refused(Binding::JsonRpc, 200, err));
+        assert!(!list_refused(Binding::JsonRpc, 200, rpc));
+        assert!(list_refused(Binding::Rest, 404, b""));
+        assert!(list_refused(Binding::Grpc, 501, b""));
+        assert!(!list_refused(Binding::Rest, 500, b""));
+        let since = super::rfc3339(1_700_000_000_250);
+        assert_eq!(since, "2023-11-14T22:13:20Z");
     }
 
     use super::*;

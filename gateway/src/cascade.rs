@@ -9,7 +9,7 @@ use std::sync::Arc;
 use policies::cascade::{decide, CancelCause, CascadePolicy, Decision, Event, Keep, Seen};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cancel::{CancelJob, Canceller, Probed};
+use crate::cancel::{CancelJob, Canceller, LookupError, Probed};
 use crate::metrics;
 use crate::store::{Asker, CancelTarget, TaskKey, TaskStore, TaskUpdate};
 
@@ -123,6 +123,9 @@ pub struct StreamEnd {
     /// The sent message's id, for a send that started a new task: the task
     /// is looked for by it when no event named it ([`Cascade::find_child`]).
     pub message_id: Option<String>,
+    /// When the request arrived (Unix ms): the search by message looks at
+    /// tasks whose status changed since (less a clock allowance).
+    pub sent_ms: u64,
     pub seen: Seen,
     pub event: Event,
     /// This stream counted as a watcher in the store and must uncount.
@@ -172,6 +175,12 @@ impl Cascade {
 
     pub fn tracker(&self) -> &Tracker {
         &self.tracker
+    }
+
+    /// Whether the route's worker may be searched for a child by its
+    /// message ([`Canceller::searchable`]).
+    pub fn searchable(&self, route: &str) -> bool {
+        self.canceller.searchable(route)
     }
 
     /// Decides and acts on a stream's end; returns once nothing more is owed.
@@ -361,12 +370,17 @@ impl Cascade {
                     end.tenant.as_deref(),
                     &end.cancel_headers,
                     message_id,
+                    end.sent_ms,
                 )
                 .await
             {
                 Ok(Some(id)) => break Some(id),
                 Ok(None) => {}
-                Err(e) => {
+                Err(LookupError::Refused(e)) => {
+                    tracing::warn!(route = %end.route, error = %e, "the worker does not serve ListTasks: the child of a caller that left cannot be found");
+                    break None;
+                }
+                Err(LookupError::Failed(e)) => {
                     tracing::debug!(route = %end.route, error = %e, "ListTasks to find a child failed");
                 }
             }

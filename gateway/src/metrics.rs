@@ -314,14 +314,14 @@ pub static CHILDREN_LOOKED_UP: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
-/// Blocking `SendMessage` calls by what became of them: `carried` to the
-/// worker as a stream, or why they passed as they came (see
-/// `policies::carry::Passed`).
+/// Blocking `SendMessage` calls by what became of them
+/// (`policies::carry::Handling::labels`): `guarded`, `carried` to the
+/// worker as a stream, or `passed` unguarded, each with why.
 pub static BLOCKING_SENDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "a2agw_blocking_sends_total",
-        "Blocking SendMessage calls: carried to the worker as a stream, or passed as they came (by reason).",
-        &["route", "outcome"]
+        "Blocking SendMessage calls: guarded (passed, the caller's leaving acted on), carried to the worker as a stream, or passed unguarded; by reason.",
+        &["route", "outcome", "reason"]
     )
     .expect("metric registers once")
 });

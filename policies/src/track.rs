@@ -43,6 +43,10 @@ pub struct LeaseRules {
     /// when no `GetTask` or `SubscribeToTask` for it came for this long.
     pub poll_ttl_ms: Option<u64>,
     pub cascade: CascadeMode,
+    /// The route has several workers: where a task ran is worth a store
+    /// write even for a send answered settled, so that later calls for
+    /// the task (and sends continuing its context) reach that replica.
+    pub records_settled_sends: bool,
 }
 
 /// A lease the gateway starts for a task it just learned of.
@@ -119,7 +123,10 @@ pub fn first_sight_polled(
     // SendMessage) leaves nothing to cancel, watch or renew: the store is
     // spared the write.
     if !watch && settled {
-        return FirstSight::default();
+        return FirstSight {
+            record: rules.records_settled_sends,
+            ..FirstSight::default()
+        };
     }
     let mut sight = FirstSight {
         record: true,
@@ -215,12 +222,13 @@ pub fn records_settling(was_settled: bool, state: Option<TaskState>) -> bool {
 /// Whether the gateway reads the answer to a call of `shape`. A stream or
 /// subscription is always read (cascade, leases); a `SendMessage` answer
 /// only when its child gets a lease (`leased`: the caller's grant, or a
-/// poll lease) or holds a budget: no policy acts on a plain one, and
-/// parsing it would cost every request.
-pub fn reads_answer(shape: Shape, leased: bool, budget: bool) -> bool {
+/// poll lease), holds a budget, or runs on one of several workers
+/// (`replicated`: where it ran is recorded): no policy acts on a plain
+/// one, and parsing it would cost every request.
+pub fn reads_answer(shape: Shape, leased: bool, budget: bool, replicated: bool) -> bool {
     match shape {
         Shape::Stream | Shape::Resubscribe => true,
-        Shape::Send => leased || budget,
+        Shape::Send => leased || budget || replicated,
         Shape::Poll => false,
     }
 }
@@ -306,12 +314,18 @@ mod tests {
         impose_ttl_ms: None,
         poll_ttl_ms: None,
         cascade: CascadeMode::Cancel,
+        records_settled_sends: false,
     };
     const IMPOSE: LeaseRules = LeaseRules {
         enforces_grants: true,
         impose_ttl_ms: Some(30_000),
         poll_ttl_ms: None,
         cascade: CascadeMode::Cancel,
+        records_settled_sends: false,
+    };
+    const REPLICATED: LeaseRules = LeaseRules {
+        records_settled_sends: true,
+        ..ENFORCE
     };
     const IMPOSE_DETACH: LeaseRules = LeaseRules {
         cascade: CascadeMode::Detach,
@@ -368,6 +382,9 @@ mod tests {
             // A blocking send answered settled: nothing at all.
             (Shape::Send, Some(Completed), None, ENFORCE, nothing),
             (Shape::Send, Some(InputRequired), Some(5_000), ENFORCE, nothing),
+            // ... but on a route with several workers, where it ran.
+            (Shape::Send, Some(Completed), None, REPLICATED, FirstSight { record: true, ..nothing }),
+            (Shape::Send, Some(InputRequired), None, REPLICATED, FirstSight { record: true, ..nothing }),
             // A send answered running: recorded, not watched; its grant leased.
             (Shape::Send, Some(Working), None, ENFORCE, sight(true, false, None, None)),
             (Shape::Send, Some(Working), Some(5_000), ENFORCE, sight(true, false, granted, None)),
@@ -520,18 +537,19 @@ mod tests {
     fn which_answers_are_read() {
         #[rustfmt::skip]
         let table = [
-            (Shape::Send, false, false, false),
-            (Shape::Send, true, false, true),
-            (Shape::Send, false, true, true),
-            (Shape::Stream, false, false, true),
-            (Shape::Resubscribe, false, false, true),
-            (Shape::Poll, true, true, false),
+            (Shape::Send, false, false, false, false),
+            (Shape::Send, true, false, false, true),
+            (Shape::Send, false, true, false, true),
+            (Shape::Send, false, false, true, true),
+            (Shape::Stream, false, false, false, true),
+            (Shape::Resubscribe, false, false, false, true),
+            (Shape::Poll, true, true, true, false),
         ];
-        for (shape, lease, budget, want) in table {
+        for (shape, lease, budget, replicated, want) in table {
             assert_eq!(
-                reads_answer(shape, lease, budget),
+                reads_answer(shape, lease, budget, replicated),
                 want,
-                "{shape:?} {lease} {budget}"
+                "{shape:?} {lease} {budget} {replicated}"
             );
         }
     }

@@ -56,9 +56,11 @@ async fn the_worker_is_told_the_verified_caller_and_no_unchecked_credential() {
     assert!(r.json().get("result").is_some(), "{}", r.text());
 
     let sent = relay.sent_text().to_ascii_lowercase();
+    // Each header line ends in CRLF, the last one included.
     let head = sent
         .split("\r\n\r\n")
         .find(|h| h.contains("post "))
+        .map(|h| format!("{h}\r\n"))
         .expect("the send reached the worker");
     assert!(
         head.contains("\r\na2a-gateway-caller: key:alice\r\n"),

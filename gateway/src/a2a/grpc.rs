@@ -542,6 +542,10 @@ pub fn request_facts(method: A2aMethod, msg: &[u8]) -> Option<RequestFacts> {
                 .context_id
                 .filter(|_| r.task_id.is_none())
                 .map(str::to_owned);
+            facts.message_id = r
+                .message_id
+                .filter(|_| r.task_id.is_none())
+                .map(str::to_owned);
             let grant = |v: &[u8]| PbValue::decode(v).map(|v| to_json(&v)).ok();
             facts.lease = match &r.lease {
                 Some(v) => Some(lease_grant(&grant(v)?)),
@@ -560,12 +564,6 @@ pub fn request_facts(method: A2aMethod, msg: &[u8]) -> Option<RequestFacts> {
         _ => {}
     }
     Some(facts)
-}
-
-/// The sent message's id, for finding a child its caller left before it
-/// was named.
-pub fn message_id(msg: &[u8]) -> Option<String> {
-    send_view(msg)?.message_id.map(str::to_owned)
 }
 
 /// What policy reads of a `SendMessageRequest`, borrowed from it: empty
@@ -733,6 +731,8 @@ struct ListRequest {
     tenant: String,
     #[prost(int32, optional, tag = "4")]
     page_size: Option<i32>,
+    #[prost(string, tag = "5")]
+    page_token: String,
     #[prost(int32, optional, tag = "6")]
     history_length: Option<i32>,
     #[prost(message, optional, tag = "7")]
@@ -753,6 +753,8 @@ struct Timestamp {
 struct ListResponse {
     #[prost(message, repeated, tag = "1")]
     tasks: Vec<ListedTask>,
+    #[prost(string, tag = "2")]
+    next_page_token: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -772,10 +774,11 @@ struct HistoryMessage {
 /// A framed `ListTasks` request: `tenant`'s tasks updated since `since_ms`
 /// (Unix ms), 100 of them with 100 history messages each (as the other
 /// bindings ask).
-pub fn list_request(tenant: Option<&str>, since_ms: u64) -> Vec<u8> {
+pub fn list_request(tenant: Option<&str>, since_ms: u64, page_token: &str) -> Vec<u8> {
     let r = ListRequest {
         tenant: tenant.unwrap_or("").to_owned(),
         page_size: Some(100),
+        page_token: page_token.to_owned(),
         history_length: Some(100),
         status_timestamp_after: Some(Timestamp {
             seconds: (since_ms / 1000) as i64,
@@ -785,14 +788,16 @@ pub fn list_request(tenant: Option<&str>, since_ms: u64) -> Vec<u8> {
     frame(&r.encode_to_vec())
 }
 
-/// The id of the task in a framed `ListTasks` answer whose history holds
-/// the message `message_id`.
-pub fn task_with_message(body: &[u8], message_id: &str) -> Option<String> {
+/// A framed `ListTasks` answer: the id of the task whose history holds the
+/// message `message_id`, and the next page's token (`""`: the last page).
+pub fn list_page(body: &[u8], message_id: &str) -> Option<(Option<String>, String)> {
     let r = ListResponse::decode(single_message(body)?).ok()?;
-    r.tasks
+    let found = r
+        .tasks
         .into_iter()
         .find(|t| t.history.iter().any(|m| m.message_id == message_id))
-        .map(|t| t.id)
+        .map(|t| t.id);
+    Some((found, r.next_page_token))
 }
 
 /// `SendMessageRequest` with its message's extensions.
@@ -1331,7 +1336,9 @@ mod tests {
         assert_eq!(f.lease, Some(Ok(2000)));
         assert!(matches!(f.budget, Some(Ok(_))), "{:?}", f.budget);
         assert!(f.return_immediately);
-        assert_eq!(message_id(&req).as_deref(), Some("m1"));
+        assert_eq!(send_view(&req).unwrap().message_id, Some("m1"));
+        // Read only when the send names no task: it needs no search.
+        assert_eq!(f.message_id, None);
 
         // A malformed grant is refused as on the other bindings.
         let bad =
@@ -1486,15 +1493,25 @@ mod tests {
         }
         .encode_to_vec();
         let body = frame(&answer);
-        assert_eq!(task_with_message(&body, "m1").as_deref(), Some("b"));
-        assert_eq!(task_with_message(&body, "m9"), None);
-        let req = list_request(Some("acme"), 1_700_000_000_250);
+        assert_eq!(
+            list_page(&body, "m1"),
+            Some((Some("b".into()), String::new()))
+        );
+        assert_eq!(list_page(&body, "m9"), Some((None, String::new())));
+        let more = pb::ListTasksResponse {
+            next_page_token: "p2".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert_eq!(list_page(&frame(&more), "m1"), Some((None, "p2".into())));
+        let req = list_request(Some("acme"), 1_700_000_000_250, "p2");
         let back = pb::ListTasksRequest::decode(single_message(&req).unwrap()).unwrap();
         assert_eq!(back.tenant, "acme");
         assert_eq!(
             (back.page_size, back.history_length),
             (Some(100), Some(100))
         );
+        assert_eq!(back.page_token, "p2");
         let ts = back.status_timestamp_after.unwrap();
         assert_eq!((ts.seconds, ts.nanos), (1_700_000_000, 250_000_000));
     }

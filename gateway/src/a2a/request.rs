@@ -23,6 +23,10 @@ pub struct RequestFacts {
     /// The sent message's `contextId`, when it names no task: a send that
     /// continues a conversation goes to the worker replica that holds it.
     pub context_id: Option<String>,
+    /// The sent message's `messageId`, when it names no task: how the
+    /// gateway finds the task a send started whose caller left before the
+    /// task was named (`ListTasks`, the task whose history holds it).
+    pub message_id: Option<String>,
     /// The sent message's lease grant (`metadata["a2a-rust.com/lease"]`):
     /// its TTL in ms, or why it is malformed.
     pub lease: Option<Result<u64, String>>,
@@ -231,6 +235,7 @@ struct ParamsRaw<'a> {
     id: Option<&'a [u8]>,
     task: Option<&'a [u8]>,
     context: Option<&'a [u8]>,
+    message_id: Option<&'a [u8]>,
     lease: Option<&'a [u8]>,
     budget: Option<&'a [u8]>,
     /// `configuration.returnImmediately`.
@@ -277,7 +282,7 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
         }
         b"message" => {
             once(&mut message, "message", &mut p.dup);
-            (p.task, p.context, p.lease, p.budget) = (None, None, None, None);
+            (p.task, p.context, p.message_id, p.lease, p.budget) = (None, None, None, None, None);
             if !json::is_object(v) {
                 return json::skip(v);
             }
@@ -290,6 +295,7 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
                 // Only routes to a replica: a duplicate misroutes the
                 // caller's own call, which its worker then judges.
                 b"contextId" => json::take(v, &mut p.context),
+                b"messageId" => json::take(v, &mut p.message_id),
                 b"metadata" => {
                     once(&mut metadata, "metadata", &mut p.dup);
                     (p.lease, p.budget) = (None, None);
@@ -324,6 +330,7 @@ impl ParamsRaw<'_> {
         let budget = grant_value(self.budget).ok()?;
         let task_id = text(self.id).ok()?.or(text(self.task).ok()?);
         let context_id = text(self.context).ok()?.filter(|_| task_id.is_none());
+        let message_id = text(self.message_id).ok()?.filter(|_| task_id.is_none());
         Some(RequestFacts {
             method,
             is_jsonrpc,
@@ -331,6 +338,7 @@ impl ParamsRaw<'_> {
             tenant: text(self.tenant).ok()?,
             task_id,
             context_id,
+            message_id,
             lease: lease.map(|v| lease_grant(&v)),
             budget: budget.map(|v| budget_grant(&v)),
             rpc_id: None,
@@ -395,36 +403,6 @@ pub fn jsonrpc_facts(body: &[u8]) -> Option<RequestFacts> {
     Some(facts)
 }
 
-/// The sent message's `messageId` (JSON-RPC `params.message.messageId`, REST
-/// `message.messageId`): how the gateway finds a new task whose caller left
-/// before any event named it (`ListTasks`, then the task whose history holds
-/// the message). Read only for such sends; skips everything else unparsed.
-pub fn message_id(body: &[u8], jsonrpc: bool) -> Option<String> {
-    use std::borrow::Cow;
-    #[derive(serde::Deserialize)]
-    struct Envelope<'a> {
-        #[serde(borrow)]
-        params: Option<Params<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow)]
-        message: Option<Message<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Message<'a> {
-        #[serde(rename = "messageId", borrow)]
-        message_id: Option<Cow<'a, str>>,
-    }
-    let params = if jsonrpc {
-        serde_json::from_slice::<Envelope>(body).ok()?.params?
-    } else {
-        serde_json::from_slice::<Params>(body).ok()?
-    };
-    let id = params.message?.message_id?;
-    (!id.is_empty()).then(|| id.into_owned())
-}
-
 /// Reads a JSON-RPC batch (an array of calls), one entry per element: the
 /// call's facts, or `None` for an element that is no request. `None` when
 /// the body is not an array.
@@ -455,15 +433,23 @@ mod tests {
 
     #[test]
     fn message_ids() {
+        let id = |b: &[u8], rpc: bool| {
+            if rpc { jsonrpc_facts(b) } else { rest_facts(b) }.and_then(|f| f.message_id)
+        };
         let rpc = br#"{"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"message":{"parts":[{"text":"x"}],"messageId":"m-\u0031"}}}"#;
-        assert_eq!(message_id(rpc, true).as_deref(), Some("m-1"));
+        assert_eq!(id(rpc, true).as_deref(), Some("m-1"));
         assert_eq!(
-            message_id(br#"{"message":{"messageId":"r"}}"#, false).as_deref(),
+            id(br#"{"message":{"messageId":"r"}}"#, false).as_deref(),
             Some("r")
         );
-        assert_eq!(message_id(br#"{"message":{"messageId":""}}"#, false), None);
-        assert_eq!(message_id(br#"{"message":{"messageId":7}}"#, false), None);
-        assert_eq!(message_id(b"garbage", true), None);
+        assert_eq!(id(br#"{"message":{"messageId":""}}"#, false), None);
+        assert_eq!(id(br#"{"message":{"messageId":7}}"#, false), None);
+        // A send naming its task needs no search.
+        assert_eq!(
+            id(br#"{"message":{"messageId":"r","taskId":"t"}}"#, false),
+            None
+        );
+        assert_eq!(id(b"garbage", true), None);
     }
 
     #[test]
@@ -475,6 +461,7 @@ mod tests {
                     method: Some(A2aMethod::SendStreamingMessage),
                     is_jsonrpc: true,
                     tenant: Some("acme".into()),
+                    message_id: Some("m1".into()),
                     ..Default::default()
                 }),
             ),
@@ -710,6 +697,7 @@ mod tests {
             tenant: s(p.and_then(|p| p.get("tenant"))),
             task_id: task_id.clone(),
             context_id: s(m.and_then(|m| m.get("contextId"))).filter(|_| task_id.is_none()),
+            message_id: s(m.and_then(|m| m.get("messageId"))).filter(|_| task_id.is_none()),
             lease: grant(LEASE_KEY).map(lease_grant),
             budget: grant(BUDGET_KEY).map(budget_grant),
             rpc_id: obj.get("id").filter(|v| !v.is_null()).cloned(),
@@ -762,6 +750,7 @@ mod tests {
                         r#""metadata""#,
                         r#""taskId""#,
                         r#""contextId""#,
+                        r#""messageId""#,
                         r#""parts""#,
                         r#""role""#,
                         r#""returnImmediately""#,
@@ -975,6 +964,7 @@ mod tests {
             rest_facts(br#"{"message":{"contextId":"c","messageId":"m"}}"#),
             Some(RequestFacts {
                 context_id: Some("c".into()),
+                message_id: Some("m".into()),
                 ..Default::default()
             })
         );

@@ -34,7 +34,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorType, OrErr, Result};
-use policies::carry::{BlockingSend, WorkerStreams};
+use policies::carry::{BlockingSend, Handling, NeedsEvents, SendWire, WorkerStreams};
 use policies::track::Shape;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -109,15 +109,24 @@ fn history_length(v: &Value, binding: Binding) -> Option<u64> {
 }
 
 impl Gateway {
-    /// Whether this admitted request is a blocking send to carry, and how.
-    /// `body`: the pre-read body as the worker would get it (`None` when it
-    /// was not read before the worker was asked).
-    pub(super) async fn carry_plan(&self, ctx: &Ctx, body: Option<&[u8]>) -> Option<Plan> {
+    /// How this admitted request, if it is a blocking send, reaches the
+    /// worker (`policies::carry::handle`): carried (the plan returned),
+    /// guarded (`ctx.track.guarded` set: passed, its caller's leaving acted
+    /// on), or passed; counted by outcome and reason. `body`: the pre-read
+    /// body as the worker would get it (`None` when it was not read before
+    /// the worker was asked).
+    pub(super) async fn carry_plan(&self, ctx: &mut Ctx, body: Option<&[u8]>) -> Option<Plan> {
         if ctx.req.method != Some(A2aMethod::SendMessage) {
             return None;
         }
-        let route = ctx.route.as_ref()?;
+        let route = ctx.route.clone()?;
         let binding = ctx.req.binding?;
+        let wire = match binding {
+            Binding::JsonRpc | Binding::Rest => SendWire::Http,
+            Binding::Grpc => SendWire::Grpc,
+            // A socket's sends are guarded by the socket.
+            Binding::WebSocket => return None,
+        };
         // Only a body read unambiguously (no member policy reads given
         // twice) is sent re-written; the others pass as they came.
         let unambiguous = |b: &[u8]| {
@@ -128,36 +137,52 @@ impl Gateway {
             facts.is_some_and(|f| f.duplicate.is_none())
         };
         let setting = route.cfg.cascade.blocking_sends;
+        let needs_events = if ctx.budget.is_some() {
+            Some(NeedsEvents::Budget)
+        } else if ctx.lease.grant.is_some() || route.cfg.lease.impose_ttl.is_some() {
+            Some(NeedsEvents::Lease)
+        } else {
+            None
+        };
         let mut send = BlockingSend {
-            http_binding: matches!(binding, Binding::JsonRpc | Binding::Rest),
+            wire,
             // Set below, once the body is parsed (if it needs to be).
             body_in_hand: false,
             // As the request reader read it (only a literal `true`).
             return_immediately: ctx.req.return_immediately,
             cascade: route.cfg.cascade.mode,
+            needs_events,
+            names_task: ctx.req.task_id.is_some(),
+            message_id: ctx.req.message_id.is_some(),
         };
-        // Parsed only where it can decide: a route on `pass` reads no body.
+        let searchable = self.cascade.searchable(&route.name);
+        // Parsed only where it can decide: a guarded send reads no more of
+        // its body than the request reader did.
         let parsed = body
-            .filter(|b| policies::carry::needs_body(setting, &send) && unambiguous(b))
+            .filter(|b| policies::carry::needs_body(setting, &send, searchable) && unambiguous(b))
             .and_then(|b| serde_json::from_slice::<Value>(b).ok());
         send.body_in_hand = parsed.is_some();
         let history_length = parsed.as_ref().and_then(|v| history_length(v, binding));
-        let worker = if policies::carry::needs_card(setting, &send) {
+        let worker = if policies::carry::needs_card(setting, &send, searchable) {
             // Boxed: reading a card is an HTTP exchange, whose future would
             // otherwise sit inline in every request's `request_filter`
             // future (12.8 KB), copied whole each time pingora boxes it.
-            Box::pin(self.carrier_worker_streams(route)).await
+            Box::pin(self.carrier_worker_streams(&route)).await
         } else {
             WorkerStreams::Unknown
         };
-        match policies::carry::carry(setting, &send, worker)? {
-            Err(why) => {
-                metrics::BLOCKING_SENDS
-                    .with_label_values(&[&route.name, why.as_str()])
-                    .inc();
+        let handling = policies::carry::handle(setting, &send, worker, searchable)?;
+        let (outcome, reason) = handling.labels();
+        metrics::BLOCKING_SENDS
+            .with_label_values(&[&route.name, outcome, reason])
+            .inc();
+        match handling {
+            Handling::Guarded => {
+                ctx.track.guarded = true;
                 None
             }
-            Ok(()) => {
+            Handling::Passed(_) => None,
+            Handling::Carried(_) => {
                 let (body, path) = match binding {
                     Binding::JsonRpc => (
                         Bytes::from(rename_method(body?, "SendStreamingMessage")?),
@@ -316,16 +341,8 @@ impl Gateway {
             return Ok(false);
         };
         let binding = ctx.req.binding.unwrap_or(Binding::JsonRpc);
-        metrics::BLOCKING_SENDS
-            .with_label_values(&[&route.name, "carried"])
-            .inc();
         ctx.track.carried = true;
         ctx.track.shape = Some(Shape::Stream);
-        if ctx.req.task_id.is_none() {
-            // A new task: found by its message if no event names it.
-            ctx.req.message_id =
-                crate::a2a::request::message_id(&plan.body, binding == Binding::JsonRpc);
-        }
         metrics::OPEN_STREAMS.inc();
         // On a route with several workers: the replica the send, its
         // events and the GetTask that answers it all go to.

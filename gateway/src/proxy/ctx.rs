@@ -207,6 +207,10 @@ pub struct Tracking {
     /// A blocking send carried to the worker as a stream (`carry`): its
     /// end is judged as a stream's.
     pub carried: bool,
+    /// A blocking send passed as it came, guarded: its caller leaving
+    /// before the answer hands its child (named by the send, or found by
+    /// its message) to the cascade.
+    pub guarded: bool,
 }
 
 impl Tracking {
@@ -278,6 +282,8 @@ impl Ctx {
     pub fn tracked_shape(&self) -> Option<Shape> {
         let shape = self.req.shape()?;
         let leased = self.lease.grant.is_some() || self.lease.poll_ms.is_some();
-        policies::track::reads_answer(shape, leased, self.budget.is_some()).then_some(shape)
+        let replicated = self.route.as_ref().is_some_and(|r| r.replicas.is_some());
+        policies::track::reads_answer(shape, leased, self.budget.is_some(), replicated)
+            .then_some(shape)
     }
 }

@@ -99,6 +99,7 @@ impl Gateway {
     ) -> Option<StreamEnd> {
         let route = ctx.route.clone()?;
         let streaming_call = (ctx.track.carried
+            || ctx.track.guarded
             || ctx
                 .req
                 .method
@@ -131,6 +132,7 @@ impl Gateway {
             tenant: ctx.req.tenant.clone(),
             task_id: ctx.track.task_id.clone(),
             message_id: ctx.req.message_id.take(),
+            sent_ms: ctx.req.received_ms,
             seen: ctx.track.seen,
             event,
             was_watching: ctx.track.watching,

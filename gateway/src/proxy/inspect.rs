@@ -104,16 +104,10 @@ fn inspect(ctx: &mut Ctx, buf: &[u8]) -> Inspected {
     if ctx.req.task_id.is_none() {
         ctx.req.context_id = facts.context_id;
     }
-    if ctx.req.task_id.is_none()
-        && ctx.req.method == Some(crate::a2a::A2aMethod::SendStreamingMessage)
-    {
-        ctx.req.message_id = if ctx.req.grpc {
-            crate::a2a::grpc::single_message(buf).and_then(crate::a2a::grpc::message_id)
-        } else {
-            crate::a2a::request::message_id(buf, facts.is_jsonrpc)
-        };
-    }
     let is_send = ctx.req.is_send();
+    if ctx.req.task_id.is_none() && is_send {
+        ctx.req.message_id = facts.message_id;
+    }
     ctx.req.return_immediately = facts.return_immediately && is_send;
     Ok(Some(Grants {
         lease: facts.lease.filter(|_| is_send),

@@ -452,7 +452,7 @@ mod tests {
     /// instructions in the gateway). Today: 136, 184 and 1,504 bytes.
     #[test]
     fn request_filter_steps_stay_small() {
-        let carry_plan = future_size(|(g, c): (&Gateway, &Ctx)| g.carry_plan(c, None));
+        let carry_plan = future_size(|(g, c): (&Gateway, &mut Ctx)| g.carry_plan(c, None));
         let renew = future_size(|(g, c): (&Gateway, &Ctx)| g.renew_if_asked(c));
         let read_body =
             future_size(|(g, s, c): (&Gateway, &mut Session, &mut Ctx)| g.read_body(s, c));

@@ -37,6 +37,7 @@ pub fn lease_rules(route: &Route) -> LeaseRules {
         impose_ttl_ms: route.cfg.lease.impose_ttl.map(|t| t.as_millis() as u64),
         poll_ttl_ms: route.cfg.lease.poll_ttl.map(|t| t.as_millis() as u64),
         cascade: route.cfg.cascade.mode,
+        records_settled_sends: route.replicas.is_some(),
     }
 }
 

@@ -388,6 +388,7 @@ impl Gateway {
             tenant: t.tenant,
             task_id: Some(task_id),
             message_id: None,
+            sent_ms: ctx.req.received_ms,
             seen: t.seen,
             event,
             was_watching: t.watching,
