@@ -258,6 +258,99 @@ async fn passed_when_configured(kind: Kind) {
     );
 }
 
+/// Opens a blocking JSON-RPC send of `work:30000` through `gw` on a raw
+/// socket, waits for the worker to run a task not in `known`, and leaves
+/// (FIN); the task's id. (Python workers: their stats list the tasks they
+/// started, `ListTasks` may be refused.)
+async fn send_and_leave_once(gw: &Gateway, worker: &Worker, known: &[String]) -> String {
+    let (path, body) = blocking_send(Bind::JsonRpc, None, "work:30000", json!({}));
+    let (authority, _) = split_url(&gw.url);
+    let mut sock = TcpStream::connect(&authority).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    sock.write_all(body.as_bytes()).await.unwrap();
+    let Worker::Python(w) = worker else {
+        panic!("the Python worker lists its started tasks in its stats")
+    };
+    for _ in 0..scaled_count(200) {
+        let started = w.stats().await["task_ids"].clone();
+        let fresh = started
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|id| id.as_str())
+            .find(|id| !known.iter().any(|k| k == id))
+            .map(str::to_owned);
+        if let Some(id) = fresh {
+            worker
+                .wait_state(None, &id, WORKING, scaled_secs(5))
+                .await
+                .expect("the task runs");
+            leave(sock, false).await;
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "the worker started no task; gateway log:\n{}",
+        gw.log_text()
+    );
+}
+
+/// A worker that does not serve `ListTasks` (the Python SDK's handler
+/// without it): the first guarded send whose caller leaves cannot have its
+/// child found (the lookup refused: counted unreachable, the child runs
+/// on); from then on the route's blocking sends are carried as streams
+/// (the worker streams), and the next leaver's child is CANCELED within
+/// 1 s, by the one `CancelTask` of the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsearchable_worker_gets_its_sends_carried() {
+    let worker = Worker::Python(
+        crate::harness::python_worker::PythonWorker::start_with_args(&["--no-list-tasks"]).await,
+    );
+    let gw = Gateway::in_front_of(&worker.url(), "").await;
+    let first = send_and_leave_once(&gw, &worker, &[]).await;
+    assert_eq!(
+        gw.counter_reaching("a2agw_unreachable_children_total", &[], 1.0)
+            .await,
+        1.0,
+        "the refused lookup; gateway log:\n{}",
+        gw.log_text()
+    );
+    assert_eq!(worker.state(None, &first).await.as_deref(), Some(WORKING));
+    let second = send_and_leave_once(&gw, &worker, std::slice::from_ref(&first)).await;
+    let left = Instant::now();
+    worker
+        .wait_state(None, &second, CANCELED, scaled_secs(1))
+        .await
+        .unwrap_or_else(|last| panic!("{last:?}; gateway log:\n{}", gw.log_text()));
+    eprintln!(
+        "carried for want of ListTasks: canceled {:?} after the caller left",
+        left.elapsed()
+    );
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(
+        worker.cancels().await,
+        1,
+        "one CancelTask, the second child's"
+    );
+    assert_eq!(worker.state(None, &first).await.as_deref(), Some(WORKING));
+    for (labels, want) in [
+        (["outcome=\"guarded\"", "reason=\"default\""], 1.0),
+        (["outcome=\"carried\"", "reason=\"unsearchable\""], 1.0),
+    ] {
+        assert_eq!(
+            gw.counter("a2agw_blocking_sends_total", &labels).await,
+            want,
+            "{labels:?}"
+        );
+    }
+}
+
 scenarios! {
     rust_jsonrpc_fin => caller_leaves(Kind::Rust, Bind::JsonRpc, None, false, How::Guarded);
     rust_rest_rst => caller_leaves(Kind::Rust, Bind::Rest, None, true, How::Guarded);

@@ -294,7 +294,8 @@ impl PythonWorker {
 
     /// `GET /_test/stats`: `{"tasks_started": n, "turns": n, "cancels": n,
     /// "extensions_seen": [<A2A-Extensions header values, in arrival order>]}`.
-    /// `tasks_started` counts new tasks, `turns` every executor run,
+    /// `tasks_started` counts new tasks (`task_ids` their ids, in the
+    /// order they started), `turns` every executor run,
     /// `cancels` the executor's `cancel()` calls.
     pub async fn stats(&self) -> Value {
         let resp = http::request("GET", &self.url(), "/_test/stats", &[], b"").await;

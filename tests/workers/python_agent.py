@@ -91,6 +91,7 @@ from a2a.server.routes import (
     create_rest_routes,
 )
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.utils.errors import UnsupportedOperationError
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -116,6 +117,7 @@ class Stats:
     """What `/_test/stats` reports."""
 
     tasks_started: int = 0  # execute() calls that created a new task
+    task_ids: list[str] = field(default_factory=list)  # theirs, in order
     turns: int = 0  # every execute() call (continuations included)
     cancels: int = 0  # executor cancel() calls
     extensions_seen: list[str] = field(default_factory=list)
@@ -130,6 +132,7 @@ class Stats:
     def to_json(self) -> dict:
         return {
             'tasks_started': self.tasks_started,
+            'task_ids': list(self.task_ids),
             'turns': self.turns,
             'cancels': self.cancels,
             'extensions_seen': list(self.extensions_seen),
@@ -225,6 +228,7 @@ class TestAgentExecutor(AgentExecutor):
                 pass
         if context.current_task is None:
             self.stats.tasks_started += 1
+            self.stats.task_ids.append(context.task_id)
             grant = _budget_grant(context) if self.stats.record else None
             if grant is not None:
                 self.stats.budgets_seen.append(grant)
@@ -357,11 +361,20 @@ def _tenant_owner(context: ServerCallContext) -> str:
     return f'{context.tenant}\x00{context.user.user_name}'
 
 
+class NoListTasksHandler(DefaultRequestHandler):
+    """The SDK's handler without ListTasks: a worker whose task store
+    cannot list (the call is answered UnsupportedOperationError)."""
+
+    async def on_list_tasks(self, params, context):
+        raise UnsupportedOperationError(message='ListTasks is not served here')
+
+
 def build_app(
     base_url: str,
     tenant_scoped: bool = False,
     extensions: list[str] | None = None,
     grpc_url: str | None = None,
+    list_tasks: bool = True,
 ) -> tuple[Starlette, Stats, DefaultRequestHandler, list]:
     """The app, its stats, its handler, and a list of async callables the
     app's lifespan awaits at shutdown before it closes the handler (where
@@ -416,7 +429,7 @@ def build_app(
         if tenant_scoped
         else InMemoryTaskStore()
     )
-    handler = DefaultRequestHandler(
+    handler = (DefaultRequestHandler if list_tasks else NoListTasksHandler)(
         agent_executor=TestAgentExecutor(stats),
         task_store=store,
         agent_card=card,
@@ -472,7 +485,11 @@ async def _serve(args: argparse.Namespace) -> None:
         f'http://{args.host}:{args.grpc_port}' if args.grpc_port else None
     )
     app, stats, handler, on_shutdown = build_app(
-        base_url, args.tenant_scoped, args.declare_extension, grpc_url
+        base_url,
+        args.tenant_scoped,
+        args.declare_extension,
+        grpc_url,
+        list_tasks=not args.no_list_tasks,
     )
     stats.record = args.record_requests
     if args.grpc_port:
@@ -572,6 +589,11 @@ def main() -> None:
         '--record-requests',
         action='store_true',
         help='record every request and budget grant in /_test/stats',
+    )
+    parser.add_argument(
+        '--no-list-tasks',
+        action='store_true',
+        help='answer ListTasks UnsupportedOperationError (a store that cannot list)',
     )
     parser.add_argument('--log-level', default='warning')
     args = parser.parse_args()
