@@ -173,6 +173,92 @@ async fn socket_closed_mid_task_cancels() {
     assert!(gw.counter("a2agw_tasks_tracked_total", &[]).await >= 1.0);
 }
 
+/// A blocking `SendMessage` in flight when the client's socket closes (or
+/// drops its connection, `abrupt`), beside one already answered: the
+/// answered child is left COMPLETED; the in-flight one is found by its
+/// message in the worker's `ListTasks` (over a socket of the gateway's
+/// own) and CANCELED within 1 s of the close, by the run's one
+/// `CancelTask`.
+async fn blocking_send_in_flight_when_the_socket_closes(abrupt: bool) {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let (worker, gw, gw_ws) = setup("").await;
+    let mut ws = connect(&gw_ws).await.expect("upgrade");
+    let send = |id: u64, text: &str| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "SendMessage",
+            "params": {"message": {"messageId": format!("ws-blocking-{id}-{abrupt}"),
+                "role": "ROLE_USER", "parts": [{"text": text}]}}})
+        .to_string()
+    };
+    let quick = round_trip(&mut ws, 1, send(1, "quick"))
+        .await
+        .expect("answered");
+    let done = quick["result"]["task"]["id"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    ws.send(Message::text(send(2, "work:30000")))
+        .await
+        .expect("send");
+    let mut running = None;
+    for _ in 0..scaled_count(200) {
+        running = crate::harness::http::list_tasks(&worker.url(), None)
+            .await
+            .into_iter()
+            .find(|(id, state)| *id != done && state == "TASK_STATE_WORKING")
+            .map(|(id, _)| id);
+        if running.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let id = running.expect("the blocking send's child runs");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if abrupt {
+        drop(ws);
+    } else {
+        ws.close(None).await.expect("close");
+    }
+    wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        "TASK_STATE_CANCELED",
+        scaled_secs(1),
+    )
+    .await
+    .unwrap_or_else(|s| {
+        panic!(
+            "not canceled within {:?} ({s:?}); log:\n{}",
+            scaled_secs(1),
+            gw.log_text()
+        )
+    });
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(worker.cancels(), 1, "one CancelTask: the in-flight send's");
+    assert_eq!(
+        crate::harness::http::get_task_state(&worker.url(), None, &done)
+            .await
+            .as_deref(),
+        Some("TASK_STATE_COMPLETED")
+    );
+    assert_eq!(
+        gw.counter("a2agw_children_looked_up_total", &["outcome=\"found\""])
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_send_in_flight_when_the_socket_closes_is_cancelled() {
+    blocking_send_in_flight_when_the_socket_closes(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_send_in_flight_when_the_connection_drops_is_cancelled() {
+    blocking_send_in_flight_when_the_socket_closes(true).await;
+}
+
 /// The same over a worker that takes the tenant from `x-tenant-id`, which
 /// the route injects on the upgrade: the gateway's own cancel socket must
 /// carry it too, or the worker looks for the task in the default tenant.

@@ -354,9 +354,6 @@ impl Cascade {
     /// worker may not have created it yet. Counted by outcome.
     async fn find_child(&self, end: &StreamEnd, wait: std::time::Duration) -> Option<Arc<str>> {
         let message_id = end.message_id.as_deref()?;
-        if end.target.binding == crate::a2a::Binding::WebSocket {
-            return None;
-        }
         let until = tokio::time::Instant::now() + wait;
         let mut asked = 0u32;
         let found = loop {

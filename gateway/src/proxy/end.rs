@@ -59,10 +59,11 @@ impl Gateway {
             // Not an error to log (see `suppress_error_log`), but how a
             // socket ended is what one asks first when a caller saw it cut.
             tracing::debug!(error = ?e, "WebSocket session ended");
-            let handed = ws
-                .tasks
-                .values()
-                .any(|t| !t.seen.is_settled() || t.watching);
+            let handed = ws.awaits_a_task()
+                || ws
+                    .tasks
+                    .values()
+                    .any(|t| !t.seen.is_settled() || t.watching);
             let upstream = e.is_some_and(|e| *e.esource() == ErrorSource::Upstream);
             self.ws_ended(ctx, *ws, e);
             return handed.then_some(if upstream {

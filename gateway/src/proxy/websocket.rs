@@ -6,7 +6,11 @@
 //! (`GetTask` on a socket whose upgrade activated the lease extension);
 //! answers and stream frames (worker → client) name the tasks, matched to
 //! their request by JSON-RPC id. When the socket ends, every task it
-//! started or watched that has not settled goes to the cascade.
+//! started or watched that has not settled goes to the cascade, and so does
+//! every send still awaiting the answer that would name its task (a
+//! blocking `SendMessage` in flight, a stream before its first event): its
+//! child is found as an HTTP caller's is, by the task it names or by its
+//! message in the worker's `ListTasks`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +39,15 @@ struct Pending {
     method: A2aMethod,
     tenant: Option<String>,
     lease_grant: Option<u64>,
+    /// A send: the task it continues (`message.taskId`), else its
+    /// message's `messageId`, by which its child is found if the socket
+    /// ends before an answer names it.
+    task_id: Option<String>,
+    message_id: Option<String>,
+    /// A non-blocking send: its caller does not wait on the socket.
+    return_immediately: bool,
+    /// An answer or event named the call's task.
+    named: bool,
 }
 
 /// A task seen on this socket.
@@ -65,6 +78,18 @@ impl WsSession {
             pending: HashMap::new(),
             tasks: HashMap::new(),
         }
+    }
+}
+
+impl WsSession {
+    /// A send on this socket still awaits the answer that names its task.
+    pub fn awaits_a_task(&self) -> bool {
+        self.pending.values().any(|p| {
+            matches!(
+                p.method,
+                A2aMethod::SendMessage | A2aMethod::SendStreamingMessage
+            ) && !p.named
+        })
     }
 }
 
@@ -159,12 +184,17 @@ impl Gateway {
                         }
                         None => None,
                     };
+                    let send = m != A2aMethod::SubscribeToTask;
                     pending.insert(
                         id.to_string(),
                         Pending {
                             method: m,
                             tenant: f.tenant,
                             lease_grant,
+                            task_id: f.task_id.filter(|_| send),
+                            message_id: f.message_id,
+                            return_immediately: f.return_immediately,
+                            named: false,
                         },
                     );
                 }
@@ -181,6 +211,10 @@ impl Gateway {
                                     method: A2aMethod::GetTask,
                                     tenant: f.tenant.clone(),
                                     lease_grant: None,
+                                    task_id: None,
+                                    message_id: None,
+                                    return_immediately: false,
+                                    named: true,
                                 },
                             );
                         }
@@ -260,9 +294,11 @@ impl Gateway {
         let Some(route) = ctx.route.clone() else {
             return;
         };
-        let Some(p) = ws.pending.get(id).cloned() else {
+        let Some(p) = ws.pending.get_mut(id) else {
             return;
         };
+        p.named |= obs.task_id.is_some();
+        let p = p.clone();
         let shape = shape_of(p.method);
         let one_answer = matches!(p.method, A2aMethod::SendMessage | A2aMethod::GetTask);
         if obs.error || obs.message_only || one_answer {
@@ -354,9 +390,60 @@ impl Gateway {
             }
             _ => policies::cascade::Event::CallerGone,
         };
+        let passes = route.cfg.cascade.blocking_sends == policies::carry::BlockingSends::Pass;
+        for p in ws.pending.into_values() {
+            let unnamed_send = match p.method {
+                A2aMethod::SendMessage => !p.return_immediately && !passes,
+                A2aMethod::SendStreamingMessage => true,
+                _ => false,
+            } && !p.named;
+            let known = p
+                .task_id
+                .as_deref()
+                .is_some_and(|t| ws.tasks.contains_key(t));
+            if unnamed_send && !known {
+                self.ws_send_ended(ctx, &route, p, event);
+            }
+        }
         for (task_id, t) in ws.tasks {
             self.ws_task_ended(ctx, &route, task_id, t, event);
         }
+    }
+
+    /// A send whose answer had not named its task when the socket ended:
+    /// to the cascade with the task it continues, or its message id to find
+    /// the child by.
+    fn ws_send_ended(
+        &self,
+        ctx: &Ctx,
+        route: &std::sync::Arc<super::route::Route>,
+        p: Pending,
+        event: policies::cascade::Event,
+    ) {
+        let end = crate::cascade::StreamEnd {
+            route: route.name.clone(),
+            policy: route.cfg.cascade,
+            worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
+            target: CancelTarget {
+                binding: Binding::WebSocket,
+                path: endpoint(ctx).to_string(),
+            },
+            tenant: p.tenant,
+            seen: Seen {
+                id_known: p.task_id.is_some(),
+                ..Seen::default()
+            },
+            task_id: p.task_id.map(Arc::from),
+            message_id: p.message_id,
+            sent_ms: ctx.req.received_ms,
+            event,
+            was_watching: false,
+            imposed_lease: false,
+            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
+            asker: ctx.asker(route),
+        };
+        let cascade = self.cascade.clone();
+        crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
     }
 
     /// One task of a socket is done with (the socket ended, or the task
