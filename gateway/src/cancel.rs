@@ -130,18 +130,18 @@ fn rfc3339(ms: u64) -> String {
 /// One page of a `ListTasks` answer, as far as a search by message cares.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ListPage {
-    /// The task whose history holds the message.
-    pub found: Option<String>,
+    /// (message id, task id) of each wanted message a task's history holds.
+    pub found: Vec<(String, String)>,
     /// The next page's token (`None`: the last page).
     pub next: Option<String>,
 }
 
-/// Reads one `ListTasks` answer: the task in it whose history holds the
-/// message `message_id`, and the next page's token. `None`: not a
+/// Reads one `ListTasks` answer: the tasks in it whose history holds a
+/// message of `wanted`, and the next page's token. `None`: not a
 /// `ListTasks` answer.
-fn list_page(binding: Binding, body: &[u8], message_id: &str) -> Option<ListPage> {
+fn list_page<V>(binding: Binding, body: &[u8], wanted: &HashMap<String, V>) -> Option<ListPage> {
     if binding == Binding::Grpc {
-        let (found, next) = crate::a2a::grpc::list_page(body, message_id)?;
+        let (found, next) = crate::a2a::grpc::list_page(body, |m| wanted.contains_key(m))?;
         return Some(ListPage {
             found,
             next: Some(next).filter(|t| !t.is_empty()),
@@ -152,13 +152,15 @@ fn list_page(binding: Binding, body: &[u8], message_id: &str) -> Option<ListPage
         Binding::Rest => &v,
         _ => v.get("result")?,
     };
-    let found = list["tasks"].as_array()?.iter().find_map(|t| {
-        let holds = t["history"]
-            .as_array()?
-            .iter()
-            .any(|m| m["messageId"].as_str() == Some(message_id));
-        holds.then(|| t["id"].as_str().map(str::to_owned)).flatten()
-    });
+    let mut found = Vec::new();
+    for t in list["tasks"].as_array()? {
+        let Some(id) = t["id"].as_str() else { continue };
+        for m in t["history"].as_array().into_iter().flatten() {
+            if let Some(m) = m["messageId"].as_str().filter(|m| wanted.contains_key(*m)) {
+                found.push((m.to_owned(), id.to_owned()));
+            }
+        }
+    }
     let next = list["nextPageToken"]
         .as_str()
         .filter(|t| !t.is_empty())
@@ -298,7 +300,7 @@ pub const LIST_MAX_PAGES: usize = 100;
 const UNSEARCHABLE_FOR: Duration = Duration::from_secs(600);
 
 /// Why a search by message found nothing.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LookupError {
     /// The worker does not serve `ListTasks`.
     Refused(String),
@@ -344,7 +346,38 @@ pub struct Canceller {
     addrs: Arc<WorkerAddrs>,
     /// Routes whose worker refused a `ListTasks`, and when.
     unsearchable: Arc<Mutex<HashMap<Arc<str>, Instant>>>,
+    /// Searches by message, batched per worker, binding, tenant and
+    /// headers ([`Canceller::find_by_message`]).
+    scans: Arc<Mutex<HashMap<ScanKey, ScanState>>>,
 }
+
+/// What one batch of searches by message shares: one `ListTasks` scan.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ScanKey {
+    route: Arc<str>,
+    worker: config::WorkerUrl,
+    binding: Binding,
+    path: String,
+    tenant: Option<String>,
+    headers: Vec<(String, String)>,
+}
+
+/// Whether a scan runs for a key, and the batch waiting for the next.
+#[derive(Default)]
+struct ScanState {
+    running: bool,
+    next: Option<Batch>,
+}
+
+/// The messages one scan looks for, each with who waits for its task.
+struct Batch {
+    /// The earliest `statusTimestampAfter` any of them needs.
+    since_ms: u64,
+    wanted: HashMap<String, Vec<Waiter>>,
+}
+
+/// Who waits for a search's answer.
+type Waiter = tokio::sync::oneshot::Sender<Result<Option<String>, LookupError>>;
 
 impl std::fmt::Debug for Canceller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -363,6 +396,7 @@ impl Canceller {
             seq: Arc::new(AtomicU64::new(1)),
             addrs,
             unsearchable: Arc::default(),
+            scans: Arc::default(),
         }
     }
 
@@ -611,8 +645,12 @@ impl Canceller {
     /// [`LIST_CLOCK_ALLOWANCE_MS`]), page after page to the end (at most
     /// [`LIST_MAX_PAGES`]), each within the cancel timeout, in the cancel's
     /// binding, tenant and headers; the task whose history holds
-    /// `message_id`. `Ok(None)`: not (yet) there. A worker that refuses
-    /// the call is not searched again for a while ([`Self::searchable`]).
+    /// `message_id`. `Ok(None)`: not (yet) there. Searches of one worker,
+    /// binding, tenant and headers are batched: while one scan runs, the
+    /// messages asked for meanwhile wait for the next, which looks for all
+    /// of them at once (many callers leaving together cost the worker one
+    /// scan at a time, not one each). A worker that refuses the call is not
+    /// searched again for a while ([`Self::searchable`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn find_by_message(
         &self,
@@ -624,19 +662,39 @@ impl Canceller {
         message_id: &str,
         sent_ms: u64,
     ) -> Result<Option<String>, LookupError> {
-        let job = CancelJob {
-            key: TaskKey::new(route, tenant, ""),
-            worker: worker.clone(),
-            target: target.clone(),
-            headers: headers.to_vec(),
-            cause: "find",
-        };
         let by_message = TaskKey::new(route, tenant, message_id);
         let mut span = crate::trace::client("ListTasks", &by_message, true, "find", worker);
-        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
-        let trace = trace.as_deref().unwrap_or_default();
+        let key = ScanKey {
+            route: route.clone(),
+            worker: worker.clone(),
+            binding: target.binding,
+            path: target.path.clone(),
+            tenant: tenant.map(str::to_owned),
+            headers: headers.to_vec(),
+        };
         let since_ms = sent_ms.saturating_sub(LIST_CLOCK_ALLOWANCE_MS);
-        let found = self.list_for(&job, message_id, since_ms, trace).await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
+            let state = scans.entry(key.clone()).or_default();
+            let next = state.next.get_or_insert_with(|| Batch {
+                since_ms,
+                wanted: HashMap::new(),
+            });
+            next.since_ms = next.since_ms.min(since_ms);
+            next.wanted
+                .entry(message_id.to_owned())
+                .or_default()
+                .push(tx);
+            !std::mem::replace(&mut state.running, true)
+        };
+        if lead {
+            let me = self.clone();
+            tokio::spawn(async move { me.run_scans(key).await });
+        }
+        let found = rx
+            .await
+            .unwrap_or_else(|_| Err(LookupError::Failed("the scan ended unanswered".into())));
         if let Err(LookupError::Refused(_)) = &found {
             self.mark_unsearchable(route);
         }
@@ -656,23 +714,77 @@ impl Canceller {
         found
     }
 
-    /// [`Canceller::find_by_message`]'s `ListTasks` pages and what they
-    /// found.
-    async fn list_for(
-        &self,
-        job: &CancelJob,
-        message_id: &str,
-        since_ms: u64,
-        trace: &[(String, String)],
-    ) -> Result<Option<String>, LookupError> {
+    /// Runs `key`'s batches one after another until none is waiting.
+    async fn run_scans(&self, key: ScanKey) {
+        loop {
+            let batch = {
+                let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(state) = scans.get_mut(&key) else {
+                    return;
+                };
+                match state.next.take() {
+                    Some(b) => b,
+                    None => {
+                        scans.remove(&key);
+                        return;
+                    }
+                }
+            };
+            // A scan that panicked must not leave the key marked running
+            // (every later search of it would wait forever): the key is
+            // dropped, and with it the next batch's waiters, who see the
+            // search failed.
+            let scanned = std::panic::AssertUnwindSafe(self.scan(&key, batch));
+            if futures_util::FutureExt::catch_unwind(scanned)
+                .await
+                .is_err()
+            {
+                tracing::error!(route = %key.route, "a ListTasks scan panicked");
+                self.scans
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
+                return;
+            }
+        }
+    }
+
+    /// One scan: `ListTasks` pages until every wanted message is found, the
+    /// last page, or [`LIST_MAX_PAGES`]; each waiter answered as soon as its
+    /// task shows up, the rest at the end.
+    async fn scan(&self, key: &ScanKey, mut batch: Batch) {
+        let job = CancelJob {
+            key: TaskKey::new(&key.route, key.tenant.as_deref(), ""),
+            worker: key.worker.clone(),
+            target: CancelTarget {
+                binding: key.binding,
+                path: key.path.clone(),
+            },
+            headers: key.headers.clone(),
+            cause: "find",
+        };
+        let outcome = self.list_pages(&job, &mut batch).await;
+        for (_, waiters) in batch.wanted {
+            for w in waiters {
+                let _ = w.send(match &outcome {
+                    Ok(()) => Ok(None),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+    }
+
+    /// [`Self::scan`]'s pages; found messages leave `batch.wanted`,
+    /// answered.
+    async fn list_pages(&self, job: &CancelJob, batch: &mut Batch) -> Result<(), LookupError> {
         let binding = job.target.binding;
         let mut query = ListQuery {
-            since_ms,
+            since_ms: batch.since_ms,
             page_token: String::new(),
         };
         for _ in 0..LIST_MAX_PAGES {
             let answer =
-                tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List(&query), trace))
+                tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List(&query), &[]))
                     .await;
             let (status, body) = match answer {
                 Ok(Ok(a)) => a,
@@ -699,19 +811,24 @@ impl Canceller {
             if !(200..300).contains(&status) {
                 return Err(LookupError::Failed(shown()));
             }
-            let Some(page) = list_page(binding, &body, message_id) else {
+            let Some(page) = list_page(binding, &body, &batch.wanted) else {
                 return Err(LookupError::Failed(shown()));
             };
-            if page.found.is_some() {
-                return Ok(page.found);
+            for (message_id, task_id) in page.found {
+                for w in batch.wanted.remove(&message_id).unwrap_or_default() {
+                    let _ = w.send(Ok(Some(task_id.clone())));
+                }
+            }
+            if batch.wanted.is_empty() {
+                return Ok(());
             }
             match page.next {
                 // A token that does not move on would loop: the end.
                 Some(next) if next != query.page_token => query.page_token = next,
-                _ => return Ok(None),
+                _ => return Ok(()),
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     /// The path and JSON body of `call` for the job's task (REST `GetTask`:
@@ -1200,27 +1317,40 @@ mod tests {
     fn finds_the_task_holding_a_message() {
         use super::{list_page, list_refused, Binding, ListPage};
         let rpc = br#"{"jsonrpc":"2.0","id":"l","result":{"tasks":[{"id":"a","history":[{"messageId":"m0"}]},{"id":"b"},{"id":"c","history":[{"messageId":"x"},{"messageId":"m1"}]}],"nextPageToken":"n2"}}"#;
-        let page = |found: Option<&str>, next: Option<&str>| {
+        let wanted = |ids: &[&str]| -> std::collections::HashMap<String, ()> {
+            ids.iter().map(|m| (m.to_string(), ())).collect()
+        };
+        let page = |found: &[(&str, &str)], next: Option<&str>| {
             Some(ListPage {
-                found: found.map(str::to_owned),
+                found: found
+                    .iter()
+                    .map(|(m, t)| (m.to_string(), t.to_string()))
+                    .collect(),
                 next: next.map(str::to_owned),
             })
         };
         assert_eq!(
-            list_page(Binding::JsonRpc, rpc, "m1"),
-            page(Some("c"), Some("n2"))
+            list_page(Binding::JsonRpc, rpc, &wanted(&["m1"])),
+            page(&[("m1", "c")], Some("n2"))
+        );
+        // Several messages in one pass.
+        assert_eq!(
+            list_page(Binding::JsonRpc, rpc, &wanted(&["m1", "m0", "m9"])),
+            page(&[("m0", "a"), ("m1", "c")], Some("n2"))
         );
         assert_eq!(
-            list_page(Binding::JsonRpc, rpc, "m9"),
-            page(None, Some("n2"))
+            list_page(Binding::JsonRpc, rpc, &wanted(&["m9"])),
+            page(&[], Some("n2"))
         );
         let rest = br#"{"tasks":[{"id":"r","history":[{"messageId":"m1"}]}],"nextPageToken":""}"#;
-        assert_eq!(list_page(Binding::Rest, rest, "m1"), page(Some("r"), None));
-        assert_eq!(list_page(Binding::Rest, b"{}", "m1"), None);
-        // An error answer is no page.
+        assert_eq!(
+            list_page(Binding::Rest, rest, &wanted(&["m1"])),
+            page(&[("m1", "r")], None)
+        );
+        assert_eq!(list_page(Binding::Rest, b"{}", &wanted(&["m1"])), None);
         let err =
             br#"{"jsonrpc":"2.0","id":"l","error":{"code":-32601,"message":"Method not found"}}"#;
-        assert_eq!(list_page(Binding::JsonRpc, err, "m1"), None);
+        assert_eq!(list_page(Binding::JsonRpc, err, &wanted(&["m1"])), None);
         assert!(list_refused(Binding::JsonRpc, 200, err));
         assert!(!list_refused(Binding::JsonRpc, 200, rpc));
         assert!(list_refused(Binding::Rest, 404, b""));

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 /// Which A2A HTTP binding a call uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Binding {
     /// JSON-RPC 2.0: one endpoint, the method in the body.
     JsonRpc,

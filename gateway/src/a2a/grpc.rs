@@ -788,15 +788,20 @@ pub fn list_request(tenant: Option<&str>, since_ms: u64, page_token: &str) -> Ve
     frame(&r.encode_to_vec())
 }
 
-/// A framed `ListTasks` answer: the id of the task whose history holds the
-/// message `message_id`, and the next page's token (`""`: the last page).
-pub fn list_page(body: &[u8], message_id: &str) -> Option<(Option<String>, String)> {
+/// A framed `ListTasks` answer: (message id, task id) of each message
+/// `wanted` accepts that a task's history holds, and the next page's token
+/// (`""`: the last page).
+pub fn list_page(
+    body: &[u8],
+    wanted: impl Fn(&str) -> bool,
+) -> Option<(Vec<(String, String)>, String)> {
     let r = ListResponse::decode(single_message(body)?).ok()?;
-    let found = r
-        .tasks
-        .into_iter()
-        .find(|t| t.history.iter().any(|m| m.message_id == message_id))
-        .map(|t| t.id);
+    let mut found = Vec::new();
+    for t in r.tasks {
+        for m in t.history.iter().filter(|m| wanted(&m.message_id)) {
+            found.push((m.message_id.clone(), t.id.clone()));
+        }
+    }
     Some((found, r.next_page_token))
 }
 
@@ -1494,16 +1499,29 @@ mod tests {
         .encode_to_vec();
         let body = frame(&answer);
         assert_eq!(
-            list_page(&body, "m1"),
-            Some((Some("b".into()), String::new()))
+            list_page(&body, |m| m == "m1"),
+            Some((vec![("m1".into(), "b".into())], String::new()))
         );
-        assert_eq!(list_page(&body, "m9"), Some((None, String::new())));
+        assert_eq!(
+            list_page(&body, |m| m == "m1" || m == "m0"),
+            Some((
+                vec![("m0".into(), "a".into()), ("m1".into(), "b".into())],
+                String::new()
+            ))
+        );
+        assert_eq!(
+            list_page(&body, |m| m == "m9"),
+            Some((vec![], String::new()))
+        );
         let more = pb::ListTasksResponse {
             next_page_token: "p2".into(),
             ..Default::default()
         }
         .encode_to_vec();
-        assert_eq!(list_page(&frame(&more), "m1"), Some((None, "p2".into())));
+        assert_eq!(
+            list_page(&frame(&more), |m| m == "m1"),
+            Some((vec![], "p2".into()))
+        );
         let req = list_request(Some("acme"), 1_700_000_000_250, "p2");
         let back = pb::ListTasksRequest::decode(single_message(&req).unwrap()).unwrap();
         assert_eq!(back.tenant, "acme");
