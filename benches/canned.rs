@@ -323,7 +323,7 @@ pub fn run() {
         responder();
         return;
     }
-    harness::gateway::quiet_log_unless_set();
+    harness::gateway::product_log_unless_set();
     let rt = driver_runtime();
     let load_before = loadavg();
     let ticks_before = machine_ticks();

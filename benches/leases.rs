@@ -575,7 +575,7 @@ fn main() {
         println!("leases bench: skipped (run `cargo bench -p a2a-gateway --bench leases`)");
         return;
     }
-    harness::gateway::quiet_log_unless_set();
+    harness::gateway::product_log_unless_set();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

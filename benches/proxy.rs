@@ -1286,7 +1286,7 @@ fn driver_runtime() -> tokio::runtime::Runtime {
 }
 
 fn serve() -> ! {
-    harness::gateway::quiet_log_unless_set();
+    harness::gateway::product_log_unless_set();
     let worker_rt = worker_runtime();
     let worker = worker_rt.block_on(RustWorker::start_with_grpc(RustWorkerOptions {
         websocket: true,
@@ -1412,7 +1412,7 @@ async fn grpc_targets(up: &str) -> (GrpcProcs, GrpcTargets) {
 /// `-- --grpc`: the gRPC rows alone (worker, bare pingora, gateway on the
 /// memory store), printed as the table's gRPC rows.
 fn grpc_only() {
-    harness::gateway::quiet_log_unless_set();
+    harness::gateway::product_log_unless_set();
     let worker_rt = worker_runtime();
     let worker = worker_rt.block_on(RustWorker::start_with_grpc(RustWorkerOptions::default()));
     let rt = driver_runtime();
@@ -1488,7 +1488,7 @@ const COLUMN_NAMES: [&str; 6] = [
 /// in [`REPLICA_SLICES`] alternating wrk slices; medians of requests/s and
 /// of the gateway's CPU per request, and the ratio.
 fn replicas_only() {
-    harness::gateway::quiet_log_unless_set();
+    harness::gateway::product_log_unless_set();
     let worker_rt = worker_runtime();
     let (w1, w2) = worker_rt.block_on(async {
         (
@@ -1623,7 +1623,7 @@ fn main() {
         return;
     }
     // Measure the proxy, not the formatting of its debug logs.
-    harness::gateway::quiet_log_unless_set();
+    harness::gateway::product_log_unless_set();
     // The worker on a runtime (one thread) of its own, its gRPC listener
     // beside its HTTP and WebSocket ones ...
     let worker_rt = worker_runtime();

@@ -16,7 +16,7 @@
 //! - the gateway: the real `a2a-gateway` binary
 //!   (`env!("CARGO_BIN_EXE_a2a-gateway")`, started here rather than by the
 //!   harness's `Gateway`, whose child pid is private), memory store, one
-//!   route, 2 threads, `warn` logs.
+//!   route, 2 threads, the product's default logs (`info`, access lines on).
 //! - bare pingora: `benches/bare_pingora.rs` (`--bare-pingora`), and the
 //!   same with the gateway's read-ahead (`server.read_buffer`, none by
 //!   default) as the L4 read buffer on its listener (its `--l4-read-buffer`)
@@ -336,7 +336,9 @@ impl Proxy {
                 std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
                 admin = Some(format!("http://{admin_addr}"));
                 let mut c = Command::new(env!("CARGO_BIN_EXE_a2a-gateway"));
-                c.arg("--config").arg(&path).env("A2A_GATEWAY_LOG", "warn");
+                c.arg("--config")
+                    .arg(&path)
+                    .env("A2A_GATEWAY_LOG", harness::gateway::PRODUCT_LOG);
                 c
             }
         };

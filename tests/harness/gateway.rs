@@ -44,19 +44,26 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
 const LOG_ENV: &str = "A2AGW_HARNESS_GATEWAY_LOG";
 
 /// The gateway's log filter: debug for tests (their failures print the
-/// log), `$A2AGW_HARNESS_GATEWAY_LOG` when set (benches set `warn`, so that
-/// formatting logs is not measured).
+/// log), `$A2AGW_HARNESS_GATEWAY_LOG` when set (benches set the product's
+/// default, so that they measure what a user runs).
 fn log_filter() -> String {
     std::env::var(LOG_ENV).unwrap_or_else(|_| "info,a2a_gateway=debug".into())
 }
 
-/// For benches: their gateways log at `warn`, so that formatting debug lines
-/// is not what gets measured, unless `$A2AGW_HARNESS_GATEWAY_LOG` is already
-/// set, e.g. to `warn,a2a_gateway::proxy=debug` to see in each gateway's
-/// `gateway.log` how its WebSocket sessions ended.
-pub fn quiet_log_unless_set() {
+/// The filter a gateway started without `A2A_GATEWAY_LOG` uses
+/// (`gateway/src/main.rs`): `info`, the access log's line per request
+/// included.
+pub const PRODUCT_LOG: &str = "info,pingora_core=warn,pingora_proxy=warn";
+
+/// For benches: their gateways log as a user's do by default
+/// ([`PRODUCT_LOG`], an access line per request), so that what is
+/// measured is what runs; unless `$A2AGW_HARNESS_GATEWAY_LOG` is already
+/// set, e.g. to `warn` to see what the log costs, or to
+/// `info,a2a_gateway::proxy=debug` to see in each gateway's `gateway.log`
+/// how its WebSocket sessions ended.
+pub fn product_log_unless_set() {
     if std::env::var_os(LOG_ENV).is_none() {
-        std::env::set_var(LOG_ENV, "warn");
+        std::env::set_var(LOG_ENV, PRODUCT_LOG);
     }
 }
 
