@@ -15,14 +15,15 @@
 //!   It is compiled into this bench binary, which runs it as a child process
 //!   by re-executing itself with `--bare-pingora` (see that file for why).
 //! - gateway (memory), gateway (Redis): the real `a2a-gateway` binary, one
-//!   route, task tracking on; the second with `[store] url = "redis://…"`.
-//!   Both carry a blocking `SendMessage` to the worker as a stream (the
-//!   default `blocking_sends = "auto"`, the worker's card saying
-//!   `streaming`: `SendStreamingMessage` over the gateway's own connection,
-//!   then `GetTask`), so their SendMessage rows measure that path.
-//! - gateway (memory, blocking_sends = pass): the memory gateway with
-//!   blocking sends passed to the worker as they came, the like-for-like
-//!   pass-through that bare pingora and nginx do.
+//!   route, task tracking on, the product's default config and logs (`info`,
+//!   an access line per request); the second with `[store] url =
+//!   "redis://…"`. A blocking `SendMessage` is guarded as the default
+//!   `blocking_sends = "auto"` does: passed as it came, the caller's leaving
+//!   watched.
+//! - gateway (memory, blocking_sends = stream): the memory gateway carrying
+//!   blocking sends as streams (`SendStreamingMessage` over the gateway's own
+//!   connection, then `GetTask`), what a route with a budget or a lease
+//!   pays for its sends.
 //!
 //! Scenarios:
 //! - `SendMessage` (JSON-RPC, `quick` task, ~1 KB answer), driven by `wrk`
@@ -1023,7 +1024,7 @@ type Cell = Result<Column, String>;
 
 /// The table; with `only_grpc`, only the gRPC rows (`-- --grpc`).
 fn print_table(cols: &[(&str, &Cell)], only_grpc: bool) {
-    let [direct, nginx, bare, mem, redis, pass] = cols else {
+    let [direct, nginx, bare, mem, redis, carry] = cols else {
         unreachable!("six columns")
     };
     let mut header = String::from("| scenario |");
@@ -1031,7 +1032,7 @@ fn print_table(cols: &[(&str, &Cell)], only_grpc: bool) {
         header.push_str(&format!(" {name} |"));
     }
     header.push_str(
-        " gw mem / bare | gw Redis / bare | gw pass / bare | gw mem / nginx | gw pass / nginx | gw mem / direct | nginx / direct |",
+        " gw mem / bare | gw Redis / bare | gw stream / bare | gw mem / nginx | gw stream / nginx | gw mem / direct | nginx / direct |",
     );
     println!("{header}");
     println!("|{}", "---|".repeat(cols.len() + 8));
@@ -1247,9 +1248,9 @@ fn print_table(cols: &[(&str, &Cell)], only_grpc: bool) {
         };
         line.push_str(&ratio(mem.1, bare.1));
         line.push_str(&ratio(redis.1, bare.1));
-        line.push_str(&ratio(pass.1, bare.1));
+        line.push_str(&ratio(carry.1, bare.1));
         line.push_str(&ratio(mem.1, nginx.1));
-        line.push_str(&ratio(pass.1, nginx.1));
+        line.push_str(&ratio(carry.1, nginx.1));
         line.push_str(&ratio(mem.1, direct.1));
         line.push_str(&ratio(nginx.1, direct.1));
         println!("{line}");
@@ -1341,7 +1342,7 @@ fn serve() -> ! {
 
 /// The gRPC rows' targets: direct (the worker's gRPC listener), bare
 /// pingora and the gateway (memory) in front of it, in the table's column
-/// order (nginx, the Redis and the pass gateways: not run).
+/// order (nginx, the Redis and the carrying gateways: not run).
 struct GrpcTargets {
     direct: grpc::GrpcTarget,
     bare: Result<grpc::GrpcTarget, String>,
@@ -1476,7 +1477,7 @@ const COLUMN_NAMES: [&str; 6] = [
     "bare pingora",
     "gateway (memory)",
     "gateway (Redis)",
-    "gateway (memory, blocking_sends = pass)",
+    "gateway (memory, blocking_sends = stream)",
 ];
 
 /// `-- --replicas`: what task affinity costs (issue 44). The same gateway
@@ -1592,6 +1593,132 @@ async fn get_body(gateway: &str) -> String {
         .to_string()
 }
 
+/// `-- --leavers`: what a caller that leaves a guarded blocking send costs
+/// (issue 45). The gateway on the memory store with the default config,
+/// in front of the bench's a2a-rust worker, which already holds
+/// [`LEAVER_BACKLOG`] settled tasks from the last minutes (as a busy
+/// worker does): blocking `SendMessage`s of long tasks whose callers leave
+/// (FIN) once the worker runs them, [`LEAVERS_ALONE`] one after another,
+/// then [`LEAVERS_TOGETHER`] at once. For each: the time from the caller's
+/// leaving to the worker's cancel hook (p50, p99), and the worker calls it
+/// cost (`ListTasks` pages from `a2agw_lookup_pages_total`, then one
+/// `GetTask` and one `CancelTask` per child).
+fn leavers_only() {
+    harness::gateway::product_log_unless_set();
+    let worker_rt = worker_runtime();
+    let worker = worker_rt.block_on(RustWorker::start(RustWorkerOptions::default()));
+    let rt = driver_runtime();
+    let started = Instant::now();
+    let rows = rt.block_on(async {
+        let gw = Gateway::start(&format!(
+            "[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+            worker.url()
+        ))
+        .await;
+        // The backlog: settled tasks the searches page through.
+        let _ = wrk_with(&worker.url(), &send_body(1), 2, 1);
+        while worker.tasks_started() < LEAVER_BACKLOG {
+            let _ = wrk_with(&worker.url(), &send_body(1), 2, 1);
+        }
+        let backlog = worker.tasks_started();
+        let mut rows = Vec::new();
+        for (what, n, together) in [
+            ("one at a time", LEAVERS_ALONE, false),
+            ("together", LEAVERS_TOGETHER, true),
+        ] {
+            let pages_before = gw.counter("a2agw_lookup_pages_total", &[]).await;
+            let cancels_before = worker.cancel_records().len();
+            let mut waits = Vec::new();
+            let batches = if together { vec![n] } else { vec![1; n] };
+            for size in batches {
+                let running = worker.tasks_started();
+                let mut socks = Vec::new();
+                for _ in 0..size {
+                    socks.push(open_blocking_send(&gw.url, "work:60000").await);
+                }
+                while worker.tasks_started() < running + size {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let seen = worker.cancel_records().len();
+                let left = Instant::now();
+                for s in socks {
+                    drop(s);
+                }
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while worker.cancel_records().len() < seen + size && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                for r in worker.cancel_records().into_iter().skip(seen) {
+                    waits.push(r.at.saturating_duration_since(left).as_secs_f64() * 1e3);
+                }
+            }
+            let pages = gw.counter("a2agw_lookup_pages_total", &[]).await - pages_before;
+            let cancelled = worker.cancel_records().len() - cancels_before;
+            waits.sort_by(f64::total_cmp);
+            let pct = |p: f64| {
+                waits
+                    .get(((waits.len() as f64 * p).ceil() as usize).saturating_sub(1))
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            };
+            rows.push((what, n, cancelled, pct(0.5), pct(0.99), pages / n as f64));
+        }
+        (backlog, rows)
+    });
+    let (backlog, rows) = rows;
+    {
+        let _in_runtime = worker_rt.enter();
+        drop(worker);
+    }
+    println!();
+    println!(
+        "proxy bench, leaver rows, {} — {}; load average {}; {:.0} s",
+        utc_now(),
+        cpus(),
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "gateway on the memory store, default config; a2a-rust worker holding {backlog} tasks"
+    );
+    println!();
+    println!("| leavers | callers | children cancelled | leaving to cancel, p50 (ms) | p99 (ms) | ListTasks pages per leaver | worker calls per leaver |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (what, n, cancelled, p50, p99, pages) in rows {
+        println!(
+            "| {what} | {n} | {cancelled} | {p50:.1} | {p99:.1} | {pages:.2} | {:.2} |",
+            pages + 2.0
+        );
+    }
+}
+
+/// Opens a blocking JSON-RPC `SendMessage` of `text` through `url` on a
+/// socket of its own (the caller leaves by dropping it).
+async fn open_blocking_send(url: &str, text: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": harness::worker::message(text)}})
+    .to_string();
+    let head = format!(
+        "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut sock = tokio::net::TcpStream::connect(authority)
+        .await
+        .expect("connect");
+    sock.write_all(head.as_bytes()).await.expect("write");
+    sock.write_all(body.as_bytes()).await.expect("write");
+    sock
+}
+
+/// Settled tasks the worker holds before `--leavers` measures.
+const LEAVER_BACKLOG: usize = 2000;
+/// Leavers one after another in `--leavers`.
+const LEAVERS_ALONE: usize = 30;
+/// Leavers at once in `--leavers`.
+const LEAVERS_TOGETHER: usize = 100;
+
 /// Slices per column in `--replicas`.
 const REPLICA_SLICES: usize = 6;
 
@@ -1622,7 +1749,11 @@ fn main() {
         replicas_only();
         return;
     }
-    // Measure the proxy, not the formatting of its debug logs.
+    if args.iter().any(|a| a == "--leavers") {
+        leavers_only();
+        return;
+    }
+    // The gateways log as a user's do (an access line per request).
     harness::gateway::product_log_unless_set();
     // The worker on a runtime (one thread) of its own, its gRPC listener
     // beside its HTTP and WebSocket ones ...
@@ -1702,11 +1833,11 @@ fn main() {
                 (p, t)
             });
         let (mem_gw, mem_gw_ws, mem) = gateways("", "", &http_url, &ws_base).await;
-        // The memory gateway with blocking sends passed as they came, not
-        // carried as streams (`blocking_sends = "pass"`): the pass-through
-        // that bare pingora and nginx do.
-        let (pass_gw, pass_gw_ws, pass) =
-            gateways("", "blocking_sends = \"pass\"", &http_url, &ws_base).await;
+        // The memory gateway carrying blocking sends as streams
+        // (`blocking_sends = "stream"`): what a budgeted or leased send
+        // costs.
+        let (carry_gw, carry_gw_ws, carry) =
+            gateways("", "blocking_sends = \"stream\"", &http_url, &ws_base).await;
         let mut redis = RedisServer::start().await;
         let store = format!("[store]\nurl = \"{}\"\n", redis.url());
         let (red_gw, red_gw_ws, mut red) = gateways(&store, "", &http_url, &ws_base).await;
@@ -1737,7 +1868,7 @@ fn main() {
             bare.as_ref().ok().map(|(_, t)| t),
             Some(&mem),
             Some(&red),
-            Some(&pass),
+            Some(&carry),
         ];
         let (mut cols, fixed_steal) =
             run_rounds(&targets, bare_twin.as_ref().ok().map(|(_, t)| t)).await;
@@ -1777,7 +1908,7 @@ fn main() {
         drop((nginx, bare, bare_twin, published));
         grpc_procs.stop().await;
         // Killed and waited for, so no zombie outlives the bench.
-        for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws, pass_gw, pass_gw_ws] {
+        for mut gw in [mem_gw, mem_gw_ws, red_gw, red_gw_ws, carry_gw, carry_gw_ws] {
             gw.kill().await;
         }
         redis.kill().await;
@@ -1853,7 +1984,7 @@ fn main() {
     };
     let none = || "-".to_string();
     println!(
-        "time inside the proxy per SendMessage at the fixed rate (a2agw_proxy_seconds; the worker's time left out): a second bare pingora {}; gateway (memory) {}; gateway (Redis) {}; gateway (memory, pass) {}",
+        "time inside the proxy per SendMessage at the fixed rate (a2agw_proxy_seconds; the worker's time left out): a second bare pingora {}; gateway (memory) {}; gateway (Redis) {}; gateway (memory, stream) {}",
         own(&cells[2]).unwrap_or_else(none),
         own(&cells[3]).unwrap_or_else(none),
         own(&cells[4]).unwrap_or_else(none),

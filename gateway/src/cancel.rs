@@ -782,7 +782,9 @@ impl Canceller {
             since_ms: batch.since_ms,
             page_token: String::new(),
         };
+        let pages = metrics::LOOKUP_PAGES.with_label_values(&[&job.key.route]);
         for _ in 0..LIST_MAX_PAGES {
+            pages.inc();
             let answer =
                 tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List(&query), &[]))
                     .await;

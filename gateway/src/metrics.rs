@@ -302,6 +302,18 @@ pub static OUTBOX_CLAIMS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+/// `ListTasks` pages the gateway asked for to find children by their
+/// message: what leaving callers cost the worker, besides each found
+/// child's `GetTask` and `CancelTask`.
+pub static LOOKUP_PAGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "a2agw_lookup_pages_total",
+        "ListTasks pages asked for to find children by their message (batched per worker).",
+        &["route"]
+    )
+    .expect("metric registers once")
+});
+
 /// Children whose caller left before any event named them, looked for by
 /// their message (`ListTasks`): `found` (then cancelled as any other), or
 /// `not_found` within `id_wait`.
