@@ -410,7 +410,20 @@ async fn callers_leaving_at_once(worker: Worker) {
         gw.log_text()
     );
     tokio::time::sleep(scaled_ms(300)).await;
+    // A send that reached the worker late starts a child after the loop
+    // above looked: counted again, with the cancels, and each task once.
+    let started = worker.tasks_started().await;
     assert_eq!(worker.cancels().await, started, "each once");
+    if let Worker::Rust(w) = &worker {
+        let mut per_task = std::collections::HashMap::new();
+        for r in w.cancel_records() {
+            *per_task.entry(r.task_id).or_insert(0) += 1;
+        }
+        assert!(
+            per_task.values().all(|&k| k == 1),
+            "a child cancelled twice: {per_task:?}"
+        );
+    }
     eprintln!(
         "grpc: {started} of {n} callers' children started, all cancelled ({} found by their message)",
         gw.counter("a2agw_children_looked_up_total", &["outcome=\"found\""])

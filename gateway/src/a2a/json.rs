@@ -157,6 +157,30 @@ pub fn string(raw: &[u8]) -> Option<Cow<'_, str>> {
     }
 }
 
+/// The bytes below 0x20 in `word` (the high bit of each, read
+/// little-endian; as in [`bytes_equal`], only the lowest is exact).
+fn bytes_below_space(word: u64) -> u64 {
+    word.wrapping_sub(ONES * 0x20) & !word & HIGHS
+}
+
+/// The first byte at or after `j` that is a quote, a backslash or a
+/// control character (below 0x20): where a plain string ends, or what
+/// makes it not plain. A word at a time; `None` at the end of `b`.
+pub fn plain_end(b: &[u8], mut j: usize) -> Option<usize> {
+    while let Some(w) = b.get(j..j + 8) {
+        let word = u64::from_le_bytes(w.try_into().ok()?);
+        let hits = bytes_equal(word, b'"') | bytes_equal(word, b'\\') | bytes_below_space(word);
+        if hits != 0 {
+            return Some(j + hits.trailing_zeros() as usize / 8);
+        }
+        j += 8;
+    }
+    b[j..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+        .map(|k| j + k)
+}
+
 /// The string `rest` starts with, as text (borrowed unless it holds an
 /// escape), and its length: [`take`] and [`string`] in one scan. `None`
 /// when `rest` does not start with a string or it is not valid JSON text
@@ -166,17 +190,34 @@ pub fn take_string(rest: &[u8]) -> Option<(usize, Cow<'_, str>)> {
     if rest.first() != Some(&b'"') {
         return None;
     }
-    let (end, escaped) = string_end(rest, 0)?;
-    let text = if escaped {
-        Cow::Owned(serde_json::from_slice::<String>(&rest[..end]).ok()?)
-    } else {
-        let inner = &rest[1..end - 1];
-        if inner.iter().any(|&b| b < 0x20) {
-            return None;
+    let stop = plain_end(rest, 1)?;
+    match rest[stop] {
+        b'"' => Some((
+            stop + 1,
+            Cow::Borrowed(std::str::from_utf8(&rest[1..stop]).ok()?),
+        )),
+        b'\\' => {
+            let (end, _) = string_end(rest, 0)?;
+            let text = serde_json::from_slice::<String>(&rest[..end]).ok()?;
+            Some((end, Cow::Owned(text)))
         }
-        Cow::Borrowed(std::str::from_utf8(inner).ok()?)
-    };
-    Some((end, text))
+        _ => None,
+    }
+}
+
+/// The key `rest` starts with, as bytes (escapes decoded; not checked as
+/// UTF-8 unless it has one), and its length. `None` when `rest` does not
+/// start with a string or it is not valid JSON text.
+pub fn take_key(rest: &[u8]) -> Option<(usize, Cow<'_, [u8]>)> {
+    if rest.first() != Some(&b'"') {
+        return None;
+    }
+    let stop = plain_end(rest, 1)?;
+    if rest[stop] == b'"' {
+        return Some((stop + 1, Cow::Borrowed(&rest[1..stop])));
+    }
+    let (n, key) = take_string(rest)?;
+    Some((n, Cow::Owned(key.into_owned().into_bytes())))
 }
 
 /// A key's text as bytes: its escapes decoded, its UTF-8 not checked (a key
@@ -413,6 +454,36 @@ mod tests {
         assert_eq!(take_string(b"\"abc"), None);
         assert_eq!(take_string(b"\"\xff\""), None);
         assert_eq!(take_string(b"\"a\x01b\""), None);
+        assert_eq!(
+            take_key(br#""a\u0062":1"#),
+            Some((9, Cow::Owned(b"ab".to_vec())))
+        );
+        assert_eq!(take_key(br#""ab":1"#), Some((4, Cow::Borrowed(&b"ab"[..]))));
+        assert_eq!(take_key(b"\"a\x01b\":1"), None);
+        assert_eq!(take_key(b"ab"), None);
+        // A quote, a backslash or a control character at every place of a
+        // string longer than a word: found where it is.
+        for len in 0..20 {
+            for at in 0..len {
+                for (c, want) in [
+                    (b'"', Some(1 + at)),
+                    (b'\\', Some(1 + at)),
+                    (0x1f, Some(1 + at)),
+                ] {
+                    let mut b = vec![b'"'];
+                    b.extend(std::iter::repeat_n(b'x', len));
+                    b[1 + at] = c;
+                    b.push(b'"');
+                    assert_eq!(plain_end(&b, 1), want, "{len} {at} {c}");
+                }
+            }
+            let mut b = vec![b'"'];
+            b.extend(std::iter::repeat_n(0x7f_u8, len));
+            b.extend([0x80, 0xff, b' ']);
+            assert_eq!(plain_end(&b, 1), None, "{len}");
+            b.push(b'"');
+            assert_eq!(plain_end(&b, 1), Some(len + 4), "{len}");
+        }
         assert_eq!(
             take_string(b"\"a\\u0001b\"").map(|(_, s)| s.into_owned()),
             Some("a\u{1}b".into())

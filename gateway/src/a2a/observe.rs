@@ -80,164 +80,37 @@ impl Observation<'_> {
     }
 }
 
-// The members read of each object, in the reference's field order (which
-// the array form follows). The index of a name is what `fields` hands on.
+// The members read of each object, by name, at the index of the
+// reference's field order (which its array form follows).
 
-/// A JSON-RPC answer (a WebSocket frame is one too).
-const RPC: &[&str] = &["result", "error"];
-/// A StreamResponse (`task` / `message` / `statusUpdate` / `artifactUpdate`),
-/// a SendMessage response (`task` / `message`), or a bare Task (GetTask,
-/// CancelTask): the union of their relevant members.
-const PAYLOAD: &[&str] = &[
-    "task",
-    "message",
-    "statusUpdate",
-    "artifactUpdate",
-    "id",
-    "contextId",
-    "status",
-    "error",
-];
-/// The objects that name a task: index 0 is the task id, 1 the context id,
-/// 2 the status, 3 the metadata, in each of them.
-const TASK: &[&str] = &["id", "contextId", "status"];
-const MESSAGE: &[&str] = &["taskId", "contextId"];
-const UPDATE: &[&str] = &["taskId", "contextId", "status", "metadata"];
-const STATUS: &[&str] = &["state"];
-const METADATA: &[&str] = &["a2a-rust.com/budget"];
-/// `{"remainingMs","meters","spent"}`: only `spent` is read.
-const BUDGET: &[&str] = &["spent"];
-
-/// Walks the members named `names` of the object `v` starts with, calling
-/// `f(index in names, value)`, which returns the value's length; other
-/// members are skipped. A named member given twice refuses the object, and
-/// an array is read as the named members in order (serde's derive does
-/// both). Returns the object's length; `None` when `v` is neither or is
-/// malformed, or `f` refused a value.
-fn fields<'a>(
-    v: &'a [u8],
-    names: &[&str],
-    mut f: impl FnMut(usize, &'a [u8]) -> Option<usize>,
-) -> Option<usize> {
-    match v.first()? {
-        b'{' => {
-            let mut seen = 0u32;
-            json::object(v, |key, v| {
-                match names.iter().position(|n| n.as_bytes() == key) {
-                    Some(i) if seen & 1 << i != 0 => None,
-                    Some(i) => {
-                        seen |= 1 << i;
-                        f(i, v)
-                    }
-                    None => json::skip(v),
-                }
-            })
-        }
-        b'[' => {
-            let (mut i, mut ok) = (0, true);
-            let end = json::array(v, |e| {
-                ok = ok && i < names.len() && f(i, e).is_some();
-                i += 1;
-            })?;
-            ok.then_some(end)
-        }
-        _ => None,
-    }
-}
-
-/// An optional member (serde's `Option`): `null` is `None`, anything else
-/// is read by `read`.
-fn nullable<'a, T>(
-    v: &'a [u8],
-    read: impl FnOnce(&'a [u8]) -> Option<(usize, T)>,
-) -> Option<(usize, Option<T>)> {
-    if v.first() == Some(&b'n') {
-        let n = json::skip(v)?;
-        return (&v[..n] == b"null").then_some((n, None));
-    }
-    let (n, t) = read(v)?;
-    Some((n, Some(t)))
-}
-
-/// An optional string.
-fn text(v: &[u8]) -> Option<(usize, Option<Cow<'_, str>>)> {
-    nullable(v, json::take_string)
-}
-
-/// A member whose value is not read, only whether it is `null`
-/// (`Option<IgnoredAny>`): `true` when it is not.
-fn present(v: &[u8]) -> Option<(usize, bool)> {
-    let n = json::skip(v)?;
-    Some((n, &v[..n] != b"null"))
-}
-
-/// A `status`: `Some` when given (not `null`), with its state when known.
-fn status(v: &[u8]) -> Option<(usize, Option<Option<TaskState>>)> {
-    nullable(v, |v| {
-        let mut state = None;
-        let n = fields(v, STATUS, |_, v| {
-            let (n, s) = text(v)?;
-            state = s.as_deref().and_then(TaskState::from_wire);
-            Some(n)
-        })?;
-        Some((n, state))
+/// A JSON-RPC answer (a WebSocket frame is one too): `result`, `error`.
+fn rpc_member(k: &[u8]) -> Option<usize> {
+    Some(match k {
+        b"result" => 0,
+        b"error" => 1,
+        _ => return None,
     })
 }
 
-/// An update's `metadata`: its budget report's `spent`, when given.
-fn metadata(v: &[u8]) -> Option<(usize, Option<BTreeMap<String, u64>>)> {
-    let (n, spent) = nullable(v, |v| {
-        let mut spent = None;
-        let n = fields(v, METADATA, |_, v| {
-            let (n, s) = nullable(v, |v| {
-                let mut s = None;
-                let n = fields(v, BUDGET, |_, v| {
-                    let (n, m) = nullable(v, spent_of)?;
-                    s = m;
-                    Some(n)
-                })?;
-                Some((n, s))
-            })?;
-            spent = s.flatten();
-            Some(n)
-        })?;
-        Some((n, spent))
-    })?;
-    Some((n, spent.flatten()))
+/// A StreamResponse (`task` / `message` / `statusUpdate` / `artifactUpdate`),
+/// a SendMessage response (`task` / `message`), or a bare Task (GetTask,
+/// CancelTask): the union of their relevant members.
+fn payload_member(k: &[u8]) -> Option<usize> {
+    Some(match k {
+        b"task" => 0,
+        b"message" => 1,
+        b"statusUpdate" => 2,
+        b"artifactUpdate" => 3,
+        b"id" => 4,
+        b"contextId" => 5,
+        b"status" => 6,
+        b"error" => 7,
+        _ => return None,
+    })
 }
 
-/// Reported spend, meter by meter (a meter named twice: the last);
-/// amounts that are not whole numbers (a Python peer's `12.0` counts) are
-/// skipped. Read with serde_json, as the reference does: this is the one
-/// part of a document that allocates, and only a budget's report has it.
-fn spent_of(v: &[u8]) -> Option<(usize, BTreeMap<String, u64>)> {
-    let n = json::skip(v)?;
-    let spent: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&v[..n]).ok()?;
-    let spent = spent
-        .into_iter()
-        .filter_map(|(name, v)| {
-            let n = v.as_u64().or_else(|| {
-                v.as_f64()
-                    .and_then(|f| policies::budget::Amount::Float(f).whole())
-            })?;
-            Some((name, n))
-        })
-        .collect();
-    Some((n, spent))
-}
-
-/// What one of the objects that name a task says.
-#[derive(Default)]
-struct Holder<'a> {
-    task_id: Option<Cow<'a, str>>,
-    context_id: Option<Cow<'a, str>>,
-    /// `Some` when a status was given, with its state when known.
-    status: Option<Option<TaskState>>,
-    spent: Option<BTreeMap<String, u64>>,
-}
-
-/// Which object of a payload the facts come from, in the order the payload
-/// is read by: the first one present wins.
+/// Which object of a payload names the task, in the order the payload is
+/// read by: the first one present wins.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Task,
@@ -246,85 +119,316 @@ enum Kind {
     Message,
 }
 
-/// A task (its `id` required), a message or an update, as `names` says.
-fn holder<'a>(v: &'a [u8], names: &[&str]) -> Option<(usize, Option<Holder<'a>>)> {
-    nullable(v, |v| {
-        let mut h = Holder::default();
-        let n = fields(v, names, |i, v| match i {
-            0 => {
-                let (n, s) = text(v)?;
-                h.task_id = s;
-                Some(n)
-            }
-            1 => {
-                let (n, s) = text(v)?;
-                h.context_id = s;
-                Some(n)
-            }
-            2 => {
-                let (n, s) = status(v)?;
-                h.status = s;
-                Some(n)
-            }
-            _ => {
-                let (n, s) = metadata(v)?;
-                h.spent = s;
-                Some(n)
-            }
-        })?;
-        if names == TASK && h.task_id.is_none() {
-            return None;
+impl Kind {
+    /// How many members it has (for the array form).
+    fn members(self) -> usize {
+        match self {
+            Kind::Task => 3,
+            Kind::Message => 2,
+            Kind::StatusUpdate | Kind::ArtifactUpdate => 4,
         }
-        Some((n, h))
-    })
+    }
+
+    /// Its members: 0 the task id (a task's `id`, the others' `taskId`),
+    /// 1 the context id, 2 the status, 3 an update's metadata.
+    fn member(self, k: &[u8]) -> Option<usize> {
+        let i = match k {
+            b"id" if self == Kind::Task => 0,
+            b"taskId" if self != Kind::Task => 0,
+            b"contextId" => 1,
+            b"status" => 2,
+            b"metadata" => 3,
+            _ => return None,
+        };
+        (i < self.members()).then_some(i)
+    }
 }
 
-/// Reads a payload (see [`PAYLOAD`]).
-fn payload(v: &[u8]) -> Option<(usize, Observation<'_>)> {
-    let mut error = false;
-    let mut best: Option<(Kind, Holder<'_>)> = None;
-    let mut bare = Holder::default();
-    let n = fields(v, PAYLOAD, |i, v| {
-        let (n, kind, h) = match i {
-            0 => holder(v, TASK).map(|(n, h)| (n, Kind::Task, h))?,
-            1 => holder(v, MESSAGE).map(|(n, h)| (n, Kind::Message, h))?,
-            2 => holder(v, UPDATE).map(|(n, h)| (n, Kind::StatusUpdate, h))?,
-            3 => holder(v, UPDATE).map(|(n, h)| (n, Kind::ArtifactUpdate, h))?,
-            4 => {
-                let (n, s) = text(v)?;
-                bare.task_id = s;
-                return Some(n);
-            }
-            5 => {
-                let (n, s) = text(v)?;
-                bare.context_id = s;
-                return Some(n);
-            }
-            6 => {
-                let (n, s) = status(v)?;
-                bare.status = s;
-                return Some(n);
-            }
-            _ => {
-                let (n, e) = present(v)?;
-                error = e;
-                return Some(n);
-            }
+/// What one of the objects that name a task says.
+#[derive(Default)]
+struct Holder<'a> {
+    task_id: Option<Cow<'a, str>>,
+    context_id: Option<Cow<'a, str>>,
+    /// `Some` when a status was given (not `null`), with its state when
+    /// known.
+    status: Option<Option<TaskState>>,
+    spent: Option<BTreeMap<String, u64>>,
+}
+
+/// A document being read, and where.
+struct Reader<'a> {
+    b: &'a [u8],
+    /// The whole document as text, when it is UTF-8 (checked once: the
+    /// strings kept are then cut from it instead of being checked one by
+    /// one; a document that is not is read all the same, string by string,
+    /// as the reference does not check the strings it skips).
+    text: Option<&'a str>,
+    i: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        // Most documents have none.
+        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+            return;
+        }
+        self.i = json::skip_ws(self.b, self.i);
+    }
+
+    /// Skips the value here.
+    fn skip(&mut self) -> Option<()> {
+        self.i += json::skip(&self.b[self.i..])?;
+        Some(())
+    }
+
+    /// The raw value here, skipped.
+    fn raw(&mut self) -> Option<&'a [u8]> {
+        let n = json::skip(&self.b[self.i..])?;
+        let raw = &self.b[self.i..self.i + n];
+        self.i += n;
+        Some(raw)
+    }
+
+    /// Whether the value here is `null` (then skipped). An optional member
+    /// (serde's `Option`) is `None` when it is.
+    fn null(&mut self) -> Option<bool> {
+        if self.peek() != Some(b'n') {
+            return Some(false);
+        }
+        (self.raw()? == b"null").then_some(true)
+    }
+
+    /// An optional string.
+    fn text(&mut self) -> Option<Option<Cow<'a, str>>> {
+        if self.null()? {
+            return Some(None);
+        }
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        let start = self.i + 1;
+        let stop = json::plain_end(self.b, start)?;
+        if self.b[stop] != b'"' {
+            // An escape (or a control character, refused).
+            let (n, s) = json::take_string(&self.b[self.i..])?;
+            self.i += n;
+            return Some(Some(s));
+        }
+        self.i = stop + 1;
+        let s = match self.text {
+            Some(text) => text.get(start..stop)?,
+            None => std::str::from_utf8(&self.b[start..stop]).ok()?,
         };
-        if let Some(h) = h {
-            if best.as_ref().is_none_or(|(k, _)| kind < *k) {
-                best = Some((kind, h));
+        Some(Some(Cow::Borrowed(s)))
+    }
+
+    /// A member whose value is not read (`Option<IgnoredAny>`): whether it
+    /// is there, not `null`.
+    fn present(&mut self) -> Option<bool> {
+        Some(self.raw()? != b"null")
+    }
+
+    /// The index `member` gives the key here (`None` inside: a member not
+    /// read), the reader left past its colon at the value.
+    fn key(&mut self, member: &impl Fn(&[u8]) -> Option<usize>) -> Option<Option<usize>> {
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        let start = self.i + 1;
+        let stop = json::plain_end(self.b, start)?;
+        let index = if self.b[stop] == b'"' {
+            self.i = stop + 1;
+            member(&self.b[start..stop])
+        } else {
+            // An escape (seldom in a key): decoded.
+            let (n, key) = json::take_key(&self.b[self.i..])?;
+            self.i += n;
+            member(&key)
+        };
+        self.ws();
+        if self.peek() != Some(b':') {
+            return None;
+        }
+        self.i += 1;
+        self.ws();
+        Some(index)
+    }
+
+    /// Walks the object here, calling `f(self, index)` at the value of each
+    /// member that `member` names (by its index), which reads it; other
+    /// members are skipped. A named member given twice refuses the object,
+    /// and an array is read as the `count` named members in order (serde's
+    /// derive does both). `None`: neither, malformed, or `f` refused a value.
+    fn fields(
+        &mut self,
+        count: usize,
+        member: impl Fn(&[u8]) -> Option<usize>,
+        mut f: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
+        let close = match self.peek()? {
+            b'{' => b'}',
+            b'[' => b']',
+            _ => return None,
+        };
+        self.i += 1;
+        self.ws();
+        if self.peek() == Some(close) {
+            self.i += 1;
+            return Some(());
+        }
+        let mut seen = 0u32;
+        let mut at = 0;
+        loop {
+            if close == b'}' {
+                match self.key(&member)? {
+                    Some(i) if seen & 1 << i != 0 => return None,
+                    Some(i) => {
+                        seen |= 1 << i;
+                        f(self, i)?;
+                    }
+                    None => self.skip()?,
+                }
+            } else {
+                if at == count {
+                    return None;
+                }
+                f(self, at)?;
+                at += 1;
+            }
+            self.ws();
+            match self.peek()? {
+                b',' => {
+                    self.i += 1;
+                    self.ws();
+                }
+                c if c == close => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
             }
         }
-        Some(n)
-    })?;
-    let o = if error {
-        Observation {
-            error: true,
-            ..Observation::default()
+    }
+
+    /// A `status`: `Some` when given (not `null`), with its state when known.
+    fn status(&mut self) -> Option<Option<Option<TaskState>>> {
+        if self.null()? {
+            return Some(None);
         }
-    } else {
-        match best {
+        let mut state = None;
+        let member = |k: &[u8]| (k == b"state").then_some(0);
+        self.fields(1, member, |r, _| {
+            state = r.text()?.as_deref().and_then(TaskState::from_wire);
+            Some(())
+        })?;
+        Some(Some(state))
+    }
+
+    /// An update's `metadata`: its budget report's `spent`, when given
+    /// (`{"a2a-rust.com/budget":{"remainingMs","meters","spent"}}`: only
+    /// `spent` is read).
+    fn metadata(&mut self) -> Option<Option<BTreeMap<String, u64>>> {
+        let mut spent = None;
+        if self.null()? {
+            return Some(None);
+        }
+        let budget = |k: &[u8]| (k == b"a2a-rust.com/budget").then_some(0);
+        self.fields(1, budget, |r, _| {
+            if r.null()? {
+                return Some(());
+            }
+            r.fields(
+                1,
+                |k| (k == b"spent").then_some(0),
+                |r, _| {
+                    spent = if r.null()? { None } else { Some(r.spent()?) };
+                    Some(())
+                },
+            )
+        })?;
+        Some(spent)
+    }
+
+    /// Reported spend, meter by meter (a meter named twice: the last);
+    /// amounts that are not whole numbers (a Python peer's `12.0` counts)
+    /// are skipped. Read with serde_json, as the reference does: this is
+    /// the one part of a document that allocates, and only a budget's
+    /// report has it.
+    fn spent(&mut self) -> Option<BTreeMap<String, u64>> {
+        let spent: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(self.raw()?).ok()?;
+        let spent = spent
+            .into_iter()
+            .filter_map(|(name, v)| {
+                let n = v.as_u64().or_else(|| {
+                    v.as_f64()
+                        .and_then(|f| policies::budget::Amount::Float(f).whole())
+                })?;
+                Some((name, n))
+            })
+            .collect();
+        Some(spent)
+    }
+
+    /// A task (its `id` required), a message or an update.
+    fn holder(&mut self, kind: Kind) -> Option<Option<Holder<'a>>> {
+        if self.null()? {
+            return Some(None);
+        }
+        let mut h = Holder::default();
+        self.fields(
+            kind.members(),
+            |k| kind.member(k),
+            |r, i| {
+                match i {
+                    0 => h.task_id = r.text()?,
+                    1 => h.context_id = r.text()?,
+                    2 => h.status = r.status()?,
+                    _ => h.spent = r.metadata()?,
+                }
+                Some(())
+            },
+        )?;
+        if kind == Kind::Task && h.task_id.is_none() {
+            return None;
+        }
+        Some(Some(h))
+    }
+
+    /// A payload (see [`payload_member`]).
+    fn payload(&mut self) -> Option<Observation<'a>> {
+        let mut error = false;
+        let mut best: Option<(Kind, Holder<'a>)> = None;
+        let mut bare = Holder::default();
+        self.fields(8, payload_member, |r, i| {
+            let kind = match i {
+                0 => Kind::Task,
+                1 => Kind::Message,
+                2 => Kind::StatusUpdate,
+                3 => Kind::ArtifactUpdate,
+                4 => return r.text().map(|s| bare.task_id = s),
+                5 => return r.text().map(|s| bare.context_id = s),
+                6 => return r.status().map(|s| bare.status = s),
+                _ => return r.present().map(|e| error = e),
+            };
+            if let Some(h) = r.holder(kind)? {
+                if best.as_ref().is_none_or(|(k, _)| kind < *k) {
+                    best = Some((kind, h));
+                }
+            }
+            Some(())
+        })?;
+        if error {
+            return Some(Observation {
+                error: true,
+                ..Observation::default()
+            });
+        }
+        Some(match best {
             Some((kind, h)) => Observation {
                 state: match kind {
                     Kind::Task | Kind::StatusUpdate => h.status.flatten(),
@@ -343,51 +447,50 @@ fn payload(v: &[u8]) -> Option<(usize, Observation<'_>)> {
                 ..Observation::default()
             },
             None => Observation::default(),
-        }
-    };
-    Some((n, o))
-}
+        })
+    }
 
-/// A JSON-RPC answer: its error, else its result's payload.
-fn rpc(v: &[u8]) -> Option<(usize, Option<Observation<'_>>)> {
-    let mut result = None;
-    let mut error = false;
-    let n = fields(v, RPC, |i, v| {
-        if i == 0 {
-            let (n, p) = nullable(v, payload)?;
-            result = p;
-            Some(n)
-        } else {
-            let (n, e) = present(v)?;
-            error = e;
-            Some(n)
-        }
-    })?;
-    if error {
-        return Some((
-            n,
-            Some(Observation {
+    /// A JSON-RPC answer: its error, else its result's payload.
+    fn rpc(&mut self) -> Option<Option<Observation<'a>>> {
+        let mut result = None;
+        let mut error = false;
+        self.fields(2, rpc_member, |r, i| {
+            if i == 0 {
+                result = if r.null()? { None } else { Some(r.payload()?) };
+            } else {
+                error = r.present()?;
+            }
+            Some(())
+        })?;
+        if error {
+            return Some(Some(Observation {
                 error: true,
                 ..Observation::default()
-            }),
-        ));
+            }));
+        }
+        Some(result)
     }
-    Some((n, result))
 }
 
 /// A whole document: one value, whitespace around it.
-fn document<'a, T>(doc: &'a [u8], read: impl FnOnce(&'a [u8]) -> Option<(usize, T)>) -> Option<T> {
-    let start = json::skip_ws(doc, 0);
-    let (n, t) = read(&doc[start..])?;
-    json::is_blank(&doc[start + n..]).then_some(t)
+fn document<'a, T>(doc: &'a [u8], read: impl FnOnce(&mut Reader<'a>) -> Option<T>) -> Option<T> {
+    let mut r = Reader {
+        b: doc,
+        text: std::str::from_utf8(doc).ok(),
+        i: 0,
+    };
+    r.ws();
+    let t = read(&mut r)?;
+    r.ws();
+    (r.i == doc.len()).then_some(t)
 }
 
 /// Reads one document of the given binding. Anything that is not JSON, or not
 /// an A2A answer, gives `None`: the caller counts it and tracks nothing.
 pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
     match binding {
-        Binding::JsonRpc | Binding::WebSocket => document(doc, rpc)?,
-        Binding::Rest => document(doc, payload),
+        Binding::JsonRpc | Binding::WebSocket => document(doc, Reader::rpc)?,
+        Binding::Rest => document(doc, Reader::payload),
         // A whole gRPC answer body: one framed `Task` (GetTask, CancelTask).
         Binding::Grpc => {
             super::grpc::observe(super::A2aMethod::GetTask, super::grpc::single_message(doc)?)

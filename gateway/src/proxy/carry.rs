@@ -98,6 +98,36 @@ pub struct Plan {
     history_length: Option<u64>,
 }
 
+/// The carried call: the body re-written as `SendStreamingMessage` and
+/// the path it goes to. `None`: the body is not at hand, or does not
+/// rename.
+fn carried_plan(
+    ctx: &Ctx,
+    binding: Binding,
+    body: Option<&[u8]>,
+    history_length: Option<u64>,
+) -> Option<Plan> {
+    let (body, path) = match binding {
+        Binding::JsonRpc => (
+            Bytes::from(rename_method(body?, "SendStreamingMessage")?),
+            ctx.req.upstream_path.clone(),
+        ),
+        _ => {
+            let (path, query) = split_query(&ctx.req.upstream_path);
+            let base = path.strip_suffix("message:send")?;
+            (
+                Bytes::copy_from_slice(body?),
+                format!("{base}message:stream{query}"),
+            )
+        }
+    };
+    Some(Plan {
+        body,
+        path,
+        history_length,
+    })
+}
+
 /// The send's `configuration.historyLength`, which the final `GetTask`
 /// repeats.
 fn history_length(v: &Value, binding: Binding) -> Option<u64> {
@@ -183,25 +213,11 @@ impl Gateway {
             }
             Handling::Passed(_) => None,
             Handling::Carried(_) => {
-                let (body, path) = match binding {
-                    Binding::JsonRpc => (
-                        Bytes::from(rename_method(body?, "SendStreamingMessage")?),
-                        ctx.req.upstream_path.clone(),
-                    ),
-                    _ => {
-                        let (path, query) = split_query(&ctx.req.upstream_path);
-                        let base = path.strip_suffix("message:send")?;
-                        (
-                            Bytes::copy_from_slice(body?),
-                            format!("{base}message:stream{query}"),
-                        )
-                    }
-                };
-                Some(Plan {
-                    body,
-                    path,
-                    history_length,
-                })
+                let plan = carried_plan(ctx, binding, body, history_length);
+                // A body that cannot be re-written after all (it read as
+                // a send but renames as none) passes guarded.
+                ctx.track.guarded = plan.is_none();
+                plan
             }
         }
     }
