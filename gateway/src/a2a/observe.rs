@@ -2,14 +2,15 @@
 //!
 //! One JSON document (a whole JSON body, one SSE event's `data`, one WebSocket
 //! text frame) becomes one small [`Observation`], read by a borrowing walk in
-//! one pass (`super::json`, as request bodies are read): only the members
-//! policy needs are descended into (the payload's `task`, `message`,
-//! `statusUpdate`, `artifactUpdate`, their ids, `status.state`, a status
-//! update's budget report), everything else is skipped without being built
-//! or checked, and nothing is allocated unless a string holds an escape or a
-//! budget's spend is reported. This runs for every event of every tracked
-//! stream: serde's typed reading of the same document cost about 2,800
-//! instructions per event and UTF-8 checks of every string in it
+//! one pass (a cursor over the document, on `super::json`'s scanners, as
+//! request bodies are read): only the members policy needs are descended
+//! into (the payload's `task`, `message`, `statusUpdate`, `artifactUpdate`,
+//! their ids, `status.state`, a status update's budget report), everything
+//! else is skipped without being built or checked, the document's UTF-8 is
+//! checked once instead of string by string, and nothing is allocated unless
+//! a string holds an escape or a budget's spend is reported. This runs for
+//! every event of every tracked stream: serde's typed reading of the same
+//! event cost about 5,000 instructions, this walk about 2,000
 //! (`docs/performance.md`).
 //!
 //! It reads what serde's derived structs (kept as the tests' reference,
