@@ -425,13 +425,10 @@ impl TaskStore for MemoryStore {
         if let (Some(context), Some(replica), true) =
             (pin, &rec.replica, rec.key.tenant == key.tenant)
         {
-            let at = (key.route.clone(), Arc::from(context));
-            // First wins; a later pin only keeps it alive.
-            if self.contexts.get(&at).is_none() {
-                self.contexts
-                    .entry(at)
-                    .or_insert_with(|| Arc::from(replica.as_str()));
-            }
+            // First wins; a later pin only keeps it alive (a read).
+            self.contexts
+                .entry((key.route.clone(), Arc::from(context)))
+                .or_insert_with(|| Arc::from(replica.as_str()));
         }
         Ok(rec)
     }
