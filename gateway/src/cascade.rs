@@ -30,56 +30,86 @@ enum Op {
 /// The sending half handed to the proxy: never blocks, never awaits.
 #[derive(Clone, Debug)]
 pub struct Tracker {
-    tx: mpsc::Sender<Op>,
+    /// One queue per shard; a task's ops all go to one, in order.
+    txs: Arc<[mpsc::Sender<Op>]>,
 }
 
-/// Capacity of the tracker's queue. A full queue drops the update (counted
-/// in `a2agw_untracked_total{reason="tracker_queue_full"}`) rather than
-/// stall a response.
+/// Capacity of the tracker's queues, all shards together. A full queue
+/// drops the update (counted in
+/// `a2agw_untracked_total{reason="tracker_queue_full"}`) rather than stall
+/// a response.
 pub const TRACKER_QUEUE: usize = 16 * 1024;
+
+/// How many store calls the tracker has in flight at most: its ops are
+/// sharded by task, each shard applying its own in order (a task's record
+/// before its lease, its settling before its stream's end), the shards
+/// side by side. On Redis a store call is a round trip: one shard would
+/// apply one op per round trip, about 10,000 a second, fewer than a busy
+/// gateway's streams and replicated sends need.
+pub const TRACKER_SHARDS: usize = 16;
 
 impl Tracker {
     /// A tracker and the loop that applies its ops to `store`; spawn the
     /// loop on a runtime that lives as long as the proxy.
     pub fn new(store: Arc<dyn TaskStore>) -> (Tracker, impl std::future::Future<Output = ()>) {
-        let (tx, mut rx) = mpsc::channel::<Op>(TRACKER_QUEUE);
+        let mut txs = Vec::with_capacity(TRACKER_SHARDS);
+        let mut shards = Vec::with_capacity(TRACKER_SHARDS);
+        for _ in 0..TRACKER_SHARDS {
+            let (tx, rx) = mpsc::channel::<Op>(TRACKER_QUEUE / TRACKER_SHARDS);
+            txs.push(tx);
+            shards.push(Self::apply(store.clone(), rx));
+        }
         let run = async move {
-            while let Some(op) = rx.recv().await {
-                match op {
-                    Op::Update(key, update) => {
-                        if let Err(e) = store.update(&key, update, store.clock_ms()).await {
-                            metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
-                            tracing::warn!(task = %key, error = %e, "could not record a task");
-                        }
-                    }
-                    Op::LeaseStart {
-                        key,
-                        ttl_ms,
-                        holder,
-                        asker,
-                    } => {
-                        if let Err(e) = store
-                            .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms(), &asker)
-                            .await
-                        {
-                            metrics::STORE_ERRORS
-                                .with_label_values(&["lease_start"])
-                                .inc();
-                            tracing::warn!(task = %key, error = %e, "could not start a lease");
-                        }
-                    }
-                    Op::Flush(done) => {
-                        let _ = done.send(());
+            futures_util::future::join_all(shards).await;
+        };
+        (Tracker { txs: txs.into() }, run)
+    }
+
+    /// One shard's loop: its ops, one after another.
+    async fn apply(store: Arc<dyn TaskStore>, mut rx: mpsc::Receiver<Op>) {
+        while let Some(op) = rx.recv().await {
+            match op {
+                Op::Update(key, update) => {
+                    if let Err(e) = store.update(&key, update, store.clock_ms()).await {
+                        metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
+                        tracing::warn!(task = %key, error = %e, "could not record a task");
                     }
                 }
+                Op::LeaseStart {
+                    key,
+                    ttl_ms,
+                    holder,
+                    asker,
+                } => {
+                    if let Err(e) = store
+                        .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms(), &asker)
+                        .await
+                    {
+                        metrics::STORE_ERRORS
+                            .with_label_values(&["lease_start"])
+                            .inc();
+                        tracing::warn!(task = %key, error = %e, "could not start a lease");
+                    }
+                }
+                Op::Flush(done) => {
+                    let _ = done.send(());
+                }
             }
-        };
-        (Tracker { tx }, run)
+        }
+    }
+
+    /// The queue of `key`'s shard (a task is one record whatever tenant
+    /// names it: [`TaskKey`]'s hash leaves the tenant out).
+    fn queue(&self, key: &TaskKey) -> &mpsc::Sender<Op> {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one(key);
+        &self.txs[(h % self.txs.len() as u64) as usize]
     }
 
     /// Queues an update without waiting.
     pub fn update(&self, key: TaskKey, update: TaskUpdate) {
-        if self.tx.try_send(Op::Update(key, update)).is_err() {
+        if self.queue(&key).try_send(Op::Update(key, update)).is_err() {
             metrics::Untracked::TrackerQueueFull.count();
         }
     }
@@ -89,7 +119,7 @@ impl Tracker {
     /// not move.
     pub fn lease_start(&self, key: TaskKey, ttl_ms: u64, holder: Option<String>, asker: Asker) {
         if self
-            .tx
+            .queue(&key)
             .try_send(Op::LeaseStart {
                 key,
                 ttl_ms,
@@ -104,10 +134,13 @@ impl Tracker {
 
     /// Waits until every update queued before this call is applied.
     pub async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(Op::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
-        }
+        let waits = self.txs.iter().map(|q| async move {
+            let (tx, rx) = oneshot::channel();
+            if q.send(Op::Flush(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        });
+        futures_util::future::join_all(waits).await;
     }
 }
 
