@@ -326,8 +326,9 @@ scenarios! {
 // ── Calls bound to a task: subscribe, the caller's cancel, the admin's ─────
 
 /// Six streaming children over two replicas: `SubscribeToTask` through the
-/// gateway reaches each one's replica (its first event names the task);
-/// two are cancelled by their caller with JSON-RPC `CancelTask`, two with
+/// gateway reaches each one's replica (its first event names the task), as
+/// do its push-notification config calls (JSON-RPC and REST); two are
+/// cancelled by their caller with JSON-RPC `CancelTask`, two with
 /// REST `POST /tasks/{id}:cancel`, two by the admin's `POST
 /// /tasks/{id}:cancel`: each answer is the task CANCELED, each child
 /// CANCELED on its own replica by one `CancelTask`, and the callers leaving
@@ -375,6 +376,29 @@ async fn calls_bound_to_a_task(kind: Kind) {
         assert!(ev.get("error").is_none(), "SubscribeToTask {}: {ev}", c.id);
         assert_eq!(task_id_of(&ev).as_deref(), Some(c.id.as_str()), "{ev}");
         sub.close();
+    }
+    // Push-notification config calls name the task by `taskId` (JSON-RPC;
+    // `id` is a config's) or in the path (REST): each reaches the task's
+    // replica, whatever the worker answers (the relays check that no
+    // replica was sent another's task id).
+    for c in &children {
+        let mut list = json!({"taskId": c.id});
+        let mut get = json!({"taskId": c.id, "id": "cfg-1"});
+        if let Some(t) = c.tenant {
+            list["tenant"] = json!(t);
+            get["tenant"] = json!(t);
+        }
+        for (method, params) in [
+            ("ListTaskPushNotificationConfigs", list),
+            ("GetTaskPushNotificationConfig", get),
+        ] {
+            let body = json!({"jsonrpc": "2.0", "id": 5, "method": method, "params": params});
+            let r = post_json(&gw.url, "/", &[], &body).await;
+            assert_eq!(r.status, 200, "{method} {}: {}", c.id, r.text());
+        }
+        let path = tenant_path(c.tenant, &format!("/tasks/{}/pushNotificationConfigs", c.id));
+        let r = request("GET", &gw.url, &path, &[], b"").await;
+        assert!(r.status < 500, "REST push configs {}: {}", c.id, r.text());
     }
     for (i, c) in children.iter().enumerate() {
         match i {

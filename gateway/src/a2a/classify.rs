@@ -101,6 +101,18 @@ impl A2aMethod {
         )
     }
 
+    /// The push-notification config methods: their task is `taskId` (their
+    /// `id` names a config).
+    pub fn is_push_config(self) -> bool {
+        matches!(
+            self,
+            A2aMethod::CreateTaskPushNotificationConfig
+                | A2aMethod::GetTaskPushNotificationConfig
+                | A2aMethod::ListTaskPushNotificationConfigs
+                | A2aMethod::DeleteTaskPushNotificationConfig
+        )
+    }
+
     /// Methods whose answer names a task (and its state) the gateway tracks.
     pub fn is_tracked(self) -> bool {
         matches!(

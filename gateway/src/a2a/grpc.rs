@@ -300,6 +300,28 @@ pub struct TaskRequest {
     pub history_length: Option<i32>,
 }
 
+/// A push-notification config call's tenant and task: `Get`/`Delete`
+/// requests (tenant 1, task 2, config id 3) and a created
+/// `TaskPushNotificationConfig` (tenant 1, config id 2, task 3).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PushConfigRequest {
+    #[prost(string, tag = "1")]
+    tenant: String,
+    #[prost(string, tag = "2")]
+    second: String,
+    #[prost(string, tag = "3")]
+    third: String,
+}
+
+/// `ListTaskPushNotificationConfigsRequest`: task 1, tenant 4.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListPushConfigsRequest {
+    #[prost(string, tag = "1")]
+    task_id: String,
+    #[prost(string, tag = "4")]
+    tenant: String,
+}
+
 /// `Task`.
 #[derive(Clone, PartialEq, prost::Message)]
 struct Task {
@@ -560,6 +582,22 @@ pub fn request_facts(method: A2aMethod, msg: &[u8]) -> Option<RequestFacts> {
             let r = TaskRequest::decode(msg).ok()?;
             facts.tenant = (!r.tenant.is_empty()).then_some(r.tenant);
             facts.task_id = (!r.id.is_empty()).then_some(r.id);
+        }
+        A2aMethod::CreateTaskPushNotificationConfig
+        | A2aMethod::GetTaskPushNotificationConfig
+        | A2aMethod::DeleteTaskPushNotificationConfig => {
+            let r = PushConfigRequest::decode(msg).ok()?;
+            let task = match method {
+                A2aMethod::CreateTaskPushNotificationConfig => r.third,
+                _ => r.second,
+            };
+            facts.tenant = (!r.tenant.is_empty()).then_some(r.tenant);
+            facts.task_id = (!task.is_empty()).then_some(task);
+        }
+        A2aMethod::ListTaskPushNotificationConfigs => {
+            let r = ListPushConfigsRequest::decode(msg).ok()?;
+            facts.tenant = (!r.tenant.is_empty()).then_some(r.tenant);
+            facts.task_id = (!r.task_id.is_empty()).then_some(r.task_id);
         }
         _ => {}
     }
@@ -1473,6 +1511,45 @@ mod tests {
         assert_eq!(sm.role, pb::Role::Agent as i32);
         assert_eq!(sm.extensions.len(), 1);
         assert!(st.timestamp.is_some() && u.metadata.is_some());
+    }
+
+    /// A push-notification config call's task is its `task_id`, never the
+    /// config's `id`, in each request's own field order.
+    #[test]
+    fn push_config_calls_name_their_task() {
+        let create = pb::TaskPushNotificationConfig {
+            tenant: "acme".into(),
+            id: "cfg".into(),
+            task_id: "t1".into(),
+            url: "https://hook".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let get = pb::GetTaskPushNotificationConfigRequest {
+            tenant: "acme".into(),
+            task_id: "t2".into(),
+            id: "cfg".into(),
+        }
+        .encode_to_vec();
+        let list = pb::ListTaskPushNotificationConfigsRequest {
+            tenant: "acme".into(),
+            task_id: "t3".into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        for (method, msg, task) in [
+            (A2aMethod::CreateTaskPushNotificationConfig, &create, "t1"),
+            (A2aMethod::GetTaskPushNotificationConfig, &get, "t2"),
+            (A2aMethod::DeleteTaskPushNotificationConfig, &get, "t2"),
+            (A2aMethod::ListTaskPushNotificationConfigs, &list, "t3"),
+        ] {
+            let f = request_facts(method, msg).unwrap();
+            assert_eq!(
+                (f.tenant.as_deref(), f.task_id.as_deref()),
+                (Some("acme"), Some(task)),
+                "{method:?}"
+            );
+        }
     }
 
     #[test]

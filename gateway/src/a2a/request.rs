@@ -17,8 +17,9 @@ pub struct RequestFacts {
     pub v03_send: bool,
     /// `params.tenant` / the REST body's `tenant`.
     pub tenant: Option<String>,
-    /// `params.id` (GetTask, CancelTask, SubscribeToTask), or the sent
-    /// message's `taskId` (a continuation of an existing task).
+    /// `params.id` (GetTask, CancelTask, SubscribeToTask), `params.taskId`
+    /// (the push-notification config calls, whose `id` names a config), or
+    /// the sent message's `taskId` (a continuation of an existing task).
     pub task_id: Option<String>,
     /// The sent message's `contextId`, when it names no task: a send that
     /// continues a conversation goes to the worker replica that holds it.
@@ -233,6 +234,8 @@ fn grant_value(raw: Option<&[u8]>) -> Result<Option<serde_json::Value>, ()> {
 struct ParamsRaw<'a> {
     tenant: Option<&'a [u8]>,
     id: Option<&'a [u8]>,
+    /// `params.taskId` (the push-notification config calls).
+    task_param: Option<&'a [u8]>,
     task: Option<&'a [u8]>,
     context: Option<&'a [u8]>,
     message_id: Option<&'a [u8]>,
@@ -256,6 +259,7 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
         ..ParamsRaw::default()
     };
     let (mut tenant, mut id, mut message, mut configuration) = (false, false, false, false);
+    let mut task_param = false;
     json::object(rest, |k, v| match k {
         b"configuration" => {
             once(&mut configuration, "configuration", &mut p.dup);
@@ -279,6 +283,10 @@ fn read_params<'a>(rest: &'a [u8], p: &mut ParamsRaw<'a>) -> Option<usize> {
         b"id" => {
             once(&mut id, "params.id", &mut p.dup);
             json::take(v, &mut p.id)
+        }
+        b"taskId" => {
+            once(&mut task_param, "params.taskId", &mut p.dup);
+            json::take(v, &mut p.task_param)
         }
         b"message" => {
             once(&mut message, "message", &mut p.dup);
@@ -328,7 +336,15 @@ impl ParamsRaw<'_> {
     fn facts(&self, method: Option<A2aMethod>, is_jsonrpc: bool) -> Option<RequestFacts> {
         let lease = grant_value(self.lease).ok()?;
         let budget = grant_value(self.budget).ok()?;
-        let task_id = text(self.id).ok()?.or(text(self.task).ok()?);
+        let (id, task_param, task) = (
+            text(self.id).ok()?,
+            text(self.task_param).ok()?,
+            text(self.task).ok()?,
+        );
+        let task_id = match method {
+            Some(m) if m.is_push_config() => task_param,
+            _ => id.or(task),
+        };
         let context_id = text(self.context).ok()?.filter(|_| task_id.is_none());
         let message_id = text(self.message_id).ok()?.filter(|_| task_id.is_none());
         Some(RequestFacts {
@@ -689,7 +705,10 @@ mod tests {
         let m = p.and_then(|p| p.get("message")).and_then(Value::as_object);
         let md = m.and_then(|m| m.get("metadata")).and_then(Value::as_object);
         let grant = |k: &str| md.and_then(|md| md.get(k)).filter(|v| !v.is_null());
-        let task_id = s(p.and_then(|p| p.get("id"))).or_else(|| s(m.and_then(|m| m.get("taskId"))));
+        let task_id = match method {
+            Some(m) if m.is_push_config() => s(p.and_then(|p| p.get("taskId"))),
+            _ => s(p.and_then(|p| p.get("id"))).or_else(|| s(m.and_then(|m| m.get("taskId")))),
+        };
         Some(RequestFacts {
             method,
             is_jsonrpc: true,
@@ -744,6 +763,7 @@ mod tests {
                         r#""message""#,
                         r#""tenant""#,
                         r#""id""#,
+                        r#""taskId""#,
                         r#""configuration""#,
                     ],
                     2 => &[
@@ -776,6 +796,7 @@ mod tests {
                     r#""SendMessage""#,
                     r#""SendStreamingMessage""#,
                     r#""GetTask""#,
+                    r#""GetTaskPushNotificationConfig""#,
                     r#""acme""#,
                     r#""t-\"1\"""#,
                     r#""\u00e9\\ ]}""#,
@@ -947,6 +968,22 @@ mod tests {
             );
             assert_eq!(diagnose(&body), want, "{}", String::from_utf8_lossy(&body));
         }
+    }
+
+    /// A push-notification config call's task is `params.taskId`; its
+    /// `params.id` names a config.
+    #[test]
+    fn push_config_calls_name_their_task() {
+        let f = jsonrpc_facts(
+            br#"{"jsonrpc":"2.0","id":1,"method":"GetTaskPushNotificationConfig","params":{"id":"cfg","taskId":"t1"}}"#,
+        )
+        .expect("a request");
+        assert_eq!(f.task_id.as_deref(), Some("t1"));
+        let f = jsonrpc_facts(
+            br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"t2","taskId":"x"}}"#,
+        )
+        .expect("a request");
+        assert_eq!(f.task_id.as_deref(), Some("t2"));
     }
 
     #[test]

@@ -166,7 +166,9 @@ impl Gateway {
                 ctx.req.binding = Some(Binding::Grpc);
                 ctx.req.method = *method;
                 // The tenant and the task are in the message, for every
-                // method policy reads.
+                // method policy reads; a push-notification config call's
+                // task only routes it to its replica.
+                let push_config = method.is_some_and(A2aMethod::is_push_config);
                 if matches!(
                     method,
                     Some(
@@ -176,7 +178,8 @@ impl Gateway {
                             | A2aMethod::CancelTask
                             | A2aMethod::SubscribeToTask
                     )
-                ) {
+                ) || (push_config && route.replicas.is_some())
+                {
                     Next::ReadBody
                 } else {
                     Next::Forward
