@@ -1695,21 +1695,9 @@ fn leavers_only() {
 /// Opens a blocking JSON-RPC `SendMessage` of `text` through `url` on a
 /// socket of its own (the caller leaves by dropping it).
 async fn open_blocking_send(url: &str, text: &str) -> tokio::net::TcpStream {
-    use tokio::io::AsyncWriteExt;
-    let authority = url.trim_start_matches("http://").trim_end_matches('/');
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {"message": harness::worker::message(text)}})
-    .to_string();
-    let head = format!(
-        "POST / HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    let mut sock = tokio::net::TcpStream::connect(authority)
-        .await
-        .expect("connect");
-    sock.write_all(head.as_bytes()).await.expect("write");
-    sock.write_all(body.as_bytes()).await.expect("write");
-    sock
+        "params": {"message": harness::worker::message(text)}});
+    harness::http::open_post_json(url, "/", &body).await
 }
 
 /// Settled tasks the worker holds before `--leavers` measures.

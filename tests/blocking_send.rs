@@ -8,11 +8,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use crate::harness::gateway::Gateway;
-use crate::harness::http::{leave, list_tasks, post_json, split_url, Response};
+use crate::harness::http::{leave, list_tasks, open_post_json, post_json, Response};
 use crate::harness::worker::{message, Bind, Kind, Worker};
 use crate::harness::{scaled_count, scaled_ms, scaled_secs, scenarios};
 
@@ -87,15 +85,7 @@ async fn caller_leaves(kind: Kind, bind: Bind, tenant: Option<&str>, reset: bool
     let worker = Worker::start(kind).await;
     let gw = Gateway::in_front_of(&worker.url(), how.config()).await;
     let (path, body) = blocking_send(bind, tenant, "work:30000", json!({}));
-    let (authority, _) = split_url(&gw.url);
-    let mut sock = TcpStream::connect(&authority).await.unwrap();
-    let body = body.to_string();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await.unwrap();
-    sock.write_all(body.as_bytes()).await.unwrap();
+    let sock = open_post_json(&gw.url, &path, &body).await;
     let id = the_one_task(&worker, tenant).await;
     worker
         .wait_state(tenant, &id, WORKING, scaled_secs(5))
@@ -264,15 +254,7 @@ async fn passed_when_configured(kind: Kind) {
 /// started, `ListTasks` may be refused.)
 async fn send_and_leave_once(gw: &Gateway, worker: &Worker, known: &[String]) -> String {
     let (path, body) = blocking_send(Bind::JsonRpc, None, "work:30000", json!({}));
-    let (authority, _) = split_url(&gw.url);
-    let mut sock = TcpStream::connect(&authority).await.unwrap();
-    let body = body.to_string();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await.unwrap();
-    sock.write_all(body.as_bytes()).await.unwrap();
+    let sock = open_post_json(&gw.url, &path, &body).await;
     let Worker::Python(w) = worker else {
         panic!("the Python worker lists its started tasks in its stats")
     };
@@ -423,15 +405,7 @@ async fn many_callers_half_leave(kind: Kind) {
             let Some((after_ms, reset)) = leave_after else {
                 return Some(post_json(&url, &path, &[], &body).await);
             };
-            let (authority, _) = split_url(&url);
-            let mut sock = TcpStream::connect(&authority).await.unwrap();
-            let body = body.to_string();
-            let head = format!(
-                "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
-                body.len()
-            );
-            sock.write_all(head.as_bytes()).await.unwrap();
-            sock.write_all(body.as_bytes()).await.unwrap();
+            let sock = open_post_json(&url, &path, &body).await;
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             leave(sock, reset).await;
             None

@@ -18,13 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::harness::gateway::Gateway;
 use crate::harness::grpc::{start_streaming, RawCall, RawGrpc};
-use crate::harness::http::{leave, post_json, request, send_and_leave, split_url};
+use crate::harness::http::{leave, open_post_json, post_json, request, send_and_leave};
 use crate::harness::redis::RedisServer;
 use crate::harness::replicas::{
     self, admin_replica, cancels, holder, index_of, named_in, replica_up, route, route_over,
@@ -396,7 +394,10 @@ async fn calls_bound_to_a_task(kind: Kind) {
             let r = post_json(&gw.url, "/", &[], &body).await;
             assert_eq!(r.status, 200, "{method} {}: {}", c.id, r.text());
         }
-        let path = tenant_path(c.tenant, &format!("/tasks/{}/pushNotificationConfigs", c.id));
+        let path = tenant_path(
+            c.tenant,
+            &format!("/tasks/{}/pushNotificationConfigs", c.id),
+        );
         let r = request("GET", &gw.url, &path, &[], b"").await;
         assert!(r.status < 500, "REST push configs {}: {}", c.id, r.text());
     }
@@ -1435,15 +1436,7 @@ async fn blocking_sends(kind: Kind, bind: Bind, tenant: Option<&'static str>) {
     let mut cancelled = Vec::new();
     for reset in [false, true] {
         let (path, body) = send_message(bind, tenant, LONG, json!({}));
-        let (authority, _) = split_url(&gw.url);
-        let mut sock = TcpStream::connect(&authority).await.unwrap();
-        let body = body.to_string();
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\na2a-version: 1.0\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        sock.write_all(head.as_bytes()).await.unwrap();
-        sock.write_all(body.as_bytes()).await.unwrap();
+        let sock = open_post_json(&gw.url, &path, &body).await;
         let (at, id) = new_task(&reps, tenant, &known).await;
         known.insert(id.clone());
         reps[at]

@@ -120,6 +120,24 @@ pub async fn request(
     parse_response(&raw)
 }
 
+/// Sends a JSON POST on a connection of its own and returns the
+/// connection unread: the caller then leaves ([`leave`]) or reads on.
+pub async fn open_post_json(url: &str, path: &str, body: &Value) -> TcpStream {
+    let (authority, base) = split_url(url);
+    let mut sock = TcpStream::connect(&authority)
+        .await
+        .unwrap_or_else(|e| panic!("connect {authority}: {e}"));
+    let bytes = request_bytes(
+        "POST",
+        &authority,
+        &format!("{base}{path}"),
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    sock.write_all(&bytes).await.expect("write the request");
+    sock
+}
+
 /// POSTs a JSON body with `content-type: application/json`.
 pub async fn post_json(url: &str, path: &str, headers: &[(&str, &str)], body: &Value) -> Response {
     let mut h = vec![("content-type", "application/json")];

@@ -201,14 +201,12 @@ impl Gateway {
             let Some(name) = rec.and_then(|r| r.replica) else {
                 return Affinity::Unknown;
             };
-            match replicas.find_known(&name).await {
-                Some(r) => Affinity::Replica(r),
-                None => {
-                    crate::replicas::lost(&key, Some(&name));
-                    tracing::info!(route = %route.name, task = %key, replica = %name, "a call for a task whose worker replica the route no longer has: balanced (a worker answers for itself)");
-                    Affinity::None
-                }
+            let found = replicas.find_known(&name).await;
+            if found.is_none() {
+                crate::replicas::lost(&key, Some(&name));
+                tracing::info!(route = %route.name, task = %key, replica = %name, "a call for a task whose worker replica the route no longer has: balanced (a worker answers for itself)");
             }
+            found.map_or(Affinity::None, Affinity::Replica)
         } else if let (Some(context), true) = (&ctx.req.context_id, ctx.req.is_send()) {
             // A send continuing a conversation: where its first task runs.
             let name = match self.store.context_replica(&route.name, context).await {
@@ -222,13 +220,11 @@ impl Gateway {
                     return Affinity::None;
                 }
             };
-            match replicas.find_known(&name).await {
-                Some(r) => Affinity::Replica(r),
-                None => {
-                    tracing::info!(route = %route.name, context = %context, replica = %name, "a send continuing a context whose worker replica the route no longer has: balanced");
-                    Affinity::None
-                }
+            let found = replicas.find_known(&name).await;
+            if found.is_none() {
+                tracing::info!(route = %route.name, context = %context, replica = %name, "a send continuing a context whose worker replica the route no longer has: balanced");
             }
+            found.map_or(Affinity::None, Affinity::Replica)
         } else {
             Affinity::None
         }

@@ -420,28 +420,13 @@ impl Gateway {
         p: Pending,
         event: policies::cascade::Event,
     ) {
-        let end = crate::cascade::StreamEnd {
-            route: route.name.clone(),
-            policy: route.cfg.cascade,
-            worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
-            target: CancelTarget {
-                binding: Binding::WebSocket,
-                path: endpoint(ctx).to_string(),
-            },
-            tenant: p.tenant,
-            seen: Seen {
-                id_known: p.task_id.is_some(),
-                ..Seen::default()
-            },
-            task_id: p.task_id.map(Arc::from),
-            message_id: p.message_id,
-            sent_ms: ctx.req.received_ms,
-            event,
-            was_watching: false,
-            imposed_lease: false,
-            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
-            asker: ctx.asker(route),
+        let seen = Seen {
+            id_known: p.task_id.is_some(),
+            ..Seen::default()
         };
+        let mut end = socket_end(ctx, route, p.tenant, seen, event);
+        end.task_id = p.task_id.map(Arc::from);
+        end.message_id = p.message_id;
         let cascade = self.cascade.clone();
         crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
     }
@@ -464,27 +449,43 @@ impl Gateway {
         if t.seen.is_settled() && !t.watching {
             return;
         }
-        let end = crate::cascade::StreamEnd {
-            route: route.name.clone(),
-            policy: route.cfg.cascade,
-            worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
-            target: CancelTarget {
-                binding: Binding::WebSocket,
-                path: endpoint(ctx).to_string(),
-            },
-            tenant: t.tenant,
-            task_id: Some(task_id),
-            message_id: None,
-            sent_ms: ctx.req.received_ms,
-            seen: t.seen,
-            event,
-            was_watching: t.watching,
-            imposed_lease: t.held,
-            cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
-            asker: ctx.asker(route),
-        };
+        let mut end = socket_end(ctx, route, t.tenant, t.seen, event);
+        end.task_id = Some(task_id);
+        end.was_watching = t.watching;
+        end.imposed_lease = t.held;
         let cascade = self.cascade.clone();
         crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
+    }
+}
+
+/// What the cascade judges of one of a socket's calls when the socket
+/// ended: its cancel goes over the WebSocket binding, to the path the
+/// caller upgraded on; task, message, watcher and lease unset.
+fn socket_end(
+    ctx: &Ctx,
+    route: &super::route::Route,
+    tenant: Option<String>,
+    seen: Seen,
+    event: policies::cascade::Event,
+) -> crate::cascade::StreamEnd {
+    crate::cascade::StreamEnd {
+        route: route.name.clone(),
+        policy: route.cfg.cascade,
+        worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
+        target: CancelTarget {
+            binding: Binding::WebSocket,
+            path: endpoint(ctx).to_string(),
+        },
+        tenant,
+        task_id: None,
+        message_id: None,
+        sent_ms: ctx.req.received_ms,
+        seen,
+        event,
+        was_watching: false,
+        imposed_lease: false,
+        cancel_headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
+        asker: ctx.asker(route),
     }
 }
 
