@@ -10,8 +10,8 @@
 //! checked once instead of string by string, and nothing is allocated unless
 //! a string holds an escape or a budget's spend is reported. This runs for
 //! every event of every tracked stream: serde's typed reading of the same
-//! event cost about 5,000 instructions, this walk about 2,000
-//! (`docs/performance.md`).
+//! event cost about 5,400 instructions, this walk about 2,500
+//! (`benches/cpu-split.sh`, `docs/performance.md`).
 //!
 //! It reads what serde's derived structs (kept as the tests' reference,
 //! `tests::reference`) read, and refuses what they refuse among the members
