@@ -136,20 +136,59 @@ pub struct ListPage {
     pub next: Option<String>,
 }
 
-/// Reads one `ListTasks` answer: the tasks in it whose history holds a
-/// message of `wanted`, and the next page's token. `None`: not a
-/// `ListTasks` answer.
-fn list_page<V>(binding: Binding, body: &[u8], wanted: &HashMap<String, V>) -> Option<ListPage> {
-    if binding == Binding::Grpc {
-        let (found, next) = crate::a2a::grpc::list_page(body, |m| wanted.contains_key(m))?;
-        return Some(ListPage {
-            found,
-            next: Some(next).filter(|t| !t.is_empty()),
-        });
+/// Reads one `ListTasks` answer (its status and body): the tasks in it
+/// whose history holds a message of `wanted`, and the next page's token;
+/// or why there is no page. The worker does not serve the call
+/// ([`LookupError::Refused`]) when it answers JSON-RPC `-32601` (method
+/// not found) or `-32004` (unsupported operation), HTTP 404, 405 or 501
+/// (gRPC `UNIMPLEMENTED` reads as 501). A JSON body is parsed once.
+fn read_list<V>(
+    binding: Binding,
+    status: u16,
+    body: &[u8],
+    wanted: &HashMap<String, V>,
+) -> Result<ListPage, LookupError> {
+    let shown = || {
+        format!(
+            "ListTasks answered {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        )
+    };
+    let json = match binding {
+        Binding::Grpc => None,
+        _ => serde_json::from_slice::<Value>(body).ok(),
+    };
+    let refused = match binding {
+        Binding::JsonRpc | Binding::WebSocket => json
+            .as_ref()
+            .and_then(|v| v["error"]["code"].as_i64())
+            .is_some_and(|c| c == -32601 || c == -32004),
+        Binding::Rest | Binding::Grpc => matches!(status, 404 | 405 | 501),
+    };
+    if refused {
+        return Err(LookupError::Refused(shown()));
     }
-    let v: Value = serde_json::from_slice(body).ok()?;
+    if !(200..300).contains(&status) {
+        return Err(LookupError::Failed(shown()));
+    }
+    let page =
+        match (binding, &json) {
+            (Binding::Grpc, _) => crate::a2a::grpc::list_page(body, |m| wanted.contains_key(m))
+                .map(|(found, next)| ListPage {
+                    found,
+                    next: Some(next).filter(|t| !t.is_empty()),
+                }),
+            (_, Some(v)) => list_page(binding, v, wanted),
+            (_, None) => None,
+        };
+    page.ok_or_else(|| LookupError::Failed(shown()))
+}
+
+/// A JSON `ListTasks` answer's page: see [`read_list`]. `None`: not a
+/// `ListTasks` answer.
+fn list_page<V>(binding: Binding, v: &Value, wanted: &HashMap<String, V>) -> Option<ListPage> {
     let list = match binding {
-        Binding::Rest => &v,
+        Binding::Rest => v,
         _ => v.get("result")?,
     };
     let mut found = Vec::new();
@@ -166,19 +205,6 @@ fn list_page<V>(binding: Binding, body: &[u8], wanted: &HashMap<String, V>) -> O
         .filter(|t| !t.is_empty())
         .map(str::to_owned);
     Some(ListPage { found, next })
-}
-
-/// Whether a `ListTasks` answer says the worker does not serve the call:
-/// JSON-RPC `-32601` (method not found) or `-32004` (unsupported
-/// operation), HTTP 404, 405 or 501 (gRPC `UNIMPLEMENTED` reads as 501).
-fn list_refused(binding: Binding, status: u16, body: &[u8]) -> bool {
-    match binding {
-        Binding::JsonRpc | Binding::WebSocket => serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v["error"]["code"].as_i64())
-            .is_some_and(|c| c == -32601 || c == -32004),
-        Binding::Rest | Binding::Grpc => matches!(status, 404 | 405 | 501),
-    }
 }
 
 /// The label of a cause read back from the store's outbox: one of the
@@ -373,6 +399,9 @@ struct ScanState {
 struct Batch {
     /// The earliest `statusTimestampAfter` any of them needs.
     since_ms: u64,
+    /// The trace context the scan's calls carry: its first search's span
+    /// (none when traces are off).
+    trace: Vec<(String, String)>,
     wanted: HashMap<String, Vec<Waiter>>,
 }
 
@@ -673,12 +702,14 @@ impl Canceller {
             headers: headers.to_vec(),
         };
         let since_ms = sent_ms.saturating_sub(LIST_CLOCK_ALLOWANCE_MS);
+        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let lead = {
             let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
             let state = scans.entry(key.clone()).or_default();
             let next = state.next.get_or_insert_with(|| Batch {
                 since_ms,
+                trace: trace.unwrap_or_default(),
                 wanted: HashMap::new(),
             });
             next.since_ms = next.since_ms.min(since_ms);
@@ -778,6 +809,7 @@ impl Canceller {
     /// answered.
     async fn list_pages(&self, job: &CancelJob, batch: &mut Batch) -> Result<(), LookupError> {
         let binding = job.target.binding;
+        let trace = std::mem::take(&mut batch.trace);
         let mut query = ListQuery {
             since_ms: batch.since_ms,
             page_token: String::new(),
@@ -786,7 +818,7 @@ impl Canceller {
         for _ in 0..LIST_MAX_PAGES {
             pages.inc();
             let answer =
-                tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List(&query), &[]))
+                tokio::time::timeout(self.cfg.timeout, self.send(job, Call::List(&query), &trace))
                     .await;
             let (status, body) = match answer {
                 Ok(Ok(a)) => a,
@@ -801,21 +833,7 @@ impl Canceller {
                     )))
                 }
             };
-            let shown = || {
-                format!(
-                    "ListTasks answered {status}: {}",
-                    String::from_utf8_lossy(&body[..body.len().min(200)])
-                )
-            };
-            if list_refused(binding, status, &body) {
-                return Err(LookupError::Refused(shown()));
-            }
-            if !(200..300).contains(&status) {
-                return Err(LookupError::Failed(shown()));
-            }
-            let Some(page) = list_page(binding, &body, &batch.wanted) else {
-                return Err(LookupError::Failed(shown()));
-            };
+            let page = read_list(binding, status, &body, &batch.wanted)?;
             for (message_id, task_id) in page.found {
                 for w in batch.wanted.remove(&message_id).unwrap_or_default() {
                     let _ = w.send(Ok(Some(task_id.clone())));
@@ -1317,7 +1335,7 @@ fn judge(binding: Binding, status: u16, body: &[u8]) -> Attempt {
 mod tests {
     #[test]
     fn finds_the_task_holding_a_message() {
-        use super::{list_page, list_refused, Binding, ListPage};
+        use super::{read_list, Binding, ListPage, LookupError};
         let rpc = br#"{"jsonrpc":"2.0","id":"l","result":{"tasks":[{"id":"a","history":[{"messageId":"m0"}]},{"id":"b"},{"id":"c","history":[{"messageId":"x"},{"messageId":"m1"}]}],"nextPageToken":"n2"}}"#;
         let wanted = |ids: &[&str]| -> std::collections::HashMap<String, ()> {
             ids.iter().map(|m| (m.to_string(), ())).collect()
@@ -1330,6 +1348,16 @@ mod tests {
                     .collect(),
                 next: next.map(str::to_owned),
             })
+        };
+        // A page, or none (`None`) for an answer that is no page.
+        let list_page = |b: Binding, body: &[u8], w: &std::collections::HashMap<String, ()>| {
+            read_list(b, 200, body, w).ok()
+        };
+        let refused = |b: Binding, status: u16, body: &[u8]| {
+            matches!(
+                read_list(b, status, body, &wanted(&["m1"])),
+                Err(LookupError::Refused(_))
+            )
         };
         assert_eq!(
             list_page(Binding::JsonRpc, rpc, &wanted(&["m1"])),
@@ -1353,11 +1381,11 @@ mod tests {
         let err =
             br#"{"jsonrpc":"2.0","id":"l","error":{"code":-32601,"message":"Method not found"}}"#;
         assert_eq!(list_page(Binding::JsonRpc, err, &wanted(&["m1"])), None);
-        assert!(list_refused(Binding::JsonRpc, 200, err));
-        assert!(!list_refused(Binding::JsonRpc, 200, rpc));
-        assert!(list_refused(Binding::Rest, 404, b""));
-        assert!(list_refused(Binding::Grpc, 501, b""));
-        assert!(!list_refused(Binding::Rest, 500, b""));
+        assert!(refused(Binding::JsonRpc, 200, err));
+        assert!(!refused(Binding::JsonRpc, 200, rpc));
+        assert!(refused(Binding::Rest, 404, b""));
+        assert!(refused(Binding::Grpc, 501, b""));
+        assert!(!refused(Binding::Rest, 500, b""));
         let since = super::rfc3339(1_700_000_000_250);
         assert_eq!(since, "2023-11-14T22:13:20Z");
     }
