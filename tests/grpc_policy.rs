@@ -513,7 +513,7 @@ async fn tls_listener_speaks_grpc(kind: Kind) {
     call.reset().await;
     let took = wait_canceled(&worker, &gw, &id, scaled_secs(1)).await;
     eprintln!("grpc_policy: child {id} CANCELED {took:?} after RST_STREAM over TLS");
-    crate::grpc::one_caller_gone_cancel(&worker, &gw).await;
+    crate::grpc::one_caller_gone_cancel(&worker, &gw, "SendStreamingMessage").await;
     assert_eq!(worker.tasks_started().await, 1);
 }
 

@@ -127,6 +127,12 @@ fn per_replica(children: &[Child], n: usize) -> Vec<u64> {
     out
 }
 
+/// Each of `n` replicas runs some of `children` (`what` says whose).
+fn assert_spread(children: &[Child], n: usize, what: &str) {
+    let spread = per_replica(children, n);
+    assert!(spread.iter().all(|&k| k > 0), "{what}: {spread:?}");
+}
+
 /// No bytes the gateway sent a relayed replica name a task another replica
 /// runs.
 fn assert_no_foreign_ids(gw: &Gateway, reps: &[Replica], children: &[Child]) {
@@ -353,11 +359,7 @@ async fn calls_bound_to_a_task(kind: Kind) {
             at,
         });
     }
-    assert!(
-        per_replica(&children, 2).iter().all(|&k| k > 0),
-        "both replicas take some: {:?}",
-        per_replica(&children, 2)
-    );
+    assert_spread(&children, 2, "both replicas take some");
     for c in &children {
         let mut sub = subscribe(&gw.url, c.bind, c.tenant, &c.id).await;
         assert_eq!(sub.status, 200, "SubscribeToTask {}", c.id);
@@ -507,11 +509,7 @@ async fn continuation_goes_to_its_replica(kind: Kind, bind: Bind) {
             at: c.at,
         })
         .collect();
-    assert!(
-        per_replica(&only, 2).iter().all(|&k| k > 0),
-        "both replicas take some: {:?}",
-        per_replica(&only, 2)
-    );
+    assert_spread(&only, 2, "both replicas take some");
     for (c, context) in &children {
         let (path, mut body) = send_message(bind, None, "quick", json!({}));
         let msg = match bind {
@@ -616,11 +614,7 @@ async fn context_goes_to_its_replica(kind: Kind, bind: Bind, redis: bool) {
             at,
         });
     }
-    assert!(
-        per_replica(&fresh, 2).iter().all(|&k| k > 0),
-        "sends in contexts never seen are balanced: {:?}",
-        per_replica(&fresh, 2)
-    );
+    assert_spread(&fresh, 2, "sends in contexts never seen are balanced");
     all.extend(fresh);
     assert_eq!(cancels(&reps).await, vec![0, 0]);
     assert_no_foreign_ids(&a, &reps, &all);
@@ -660,11 +654,7 @@ async fn grpc_callers(kind: Kind) {
             at,
         });
     }
-    assert!(
-        per_replica(&children, 2).iter().all(|&k| k > 0),
-        "both replicas take some: {:?}",
-        per_replica(&children, 2)
-    );
+    assert_spread(&children, 2, "both replicas take some");
     let mut asker = RawGrpc::connect(&gw.url).await;
     for c in &children {
         let task = asker
@@ -986,11 +976,7 @@ async fn replica_killed(kind: Kind) {
             at,
         });
     }
-    let spread = per_replica(&children, 3);
-    assert!(
-        spread.iter().all(|&k| k > 0),
-        "every replica takes some: {spread:?}"
-    );
+    assert_spread(&children, 3, "every replica takes some");
     let dead = 2;
     let dead_authority = reps[dead].authority();
     reps[dead].kill().await;
@@ -1428,11 +1414,7 @@ async fn blocking_sends(kind: Kind, bind: Bind, tenant: Option<&'static str>) {
             at,
         });
     }
-    assert!(
-        per_replica(&done, 2).iter().all(|&k| k > 0),
-        "both replicas take some: {:?}",
-        per_replica(&done, 2)
-    );
+    assert_spread(&done, 2, "both replicas take some");
     let mut cancelled = Vec::new();
     for reset in [false, true] {
         let (path, body) = send_message(bind, tenant, LONG, json!({}));
@@ -1515,11 +1497,7 @@ async fn fire_and_poll(kind: Kind, bind: Bind, tenant: Option<&'static str>) {
             at,
         });
     }
-    assert!(
-        per_replica(&children, 2).iter().all(|&k| k > 0),
-        "both replicas take some: {:?}",
-        per_replica(&children, 2)
-    );
+    assert_spread(&children, 2, "both replicas take some");
     let start = Instant::now();
     let mut last = vec![start; children.len()];
     while start.elapsed() < Duration::from_secs(3) {
@@ -1611,11 +1589,7 @@ async fn budgets(kind: Kind) {
         });
         streams.push(s);
     }
-    assert!(
-        per_replica(&children, 2).iter().all(|&k| k > 0),
-        "both replicas run children: {:?}",
-        per_replica(&children, 2)
-    );
+    assert_spread(&children, 2, "both replicas run children");
     for (s, c) in streams.iter_mut().zip(&children) {
         let events = s.rest(scaled_secs(10)).await;
         let last = events.last().expect("the stream's last event");
