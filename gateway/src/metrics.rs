@@ -588,6 +588,9 @@ pub struct RouteMetrics {
     requests: Box<[std::sync::OnceLock<prometheus::IntCounter>]>,
     worker_errors: [prometheus::IntCounter; 5],
     ttfb: prometheus::Histogram,
+    /// `a2agw_blocking_sends_total{outcome="guarded"}`: counted on every
+    /// plain blocking send, so resolved once (on first use).
+    guarded_sends: std::sync::OnceLock<prometheus::IntCounter>,
 }
 
 impl std::fmt::Debug for RouteMetrics {
@@ -599,6 +602,18 @@ impl std::fmt::Debug for RouteMetrics {
 }
 
 impl RouteMetrics {
+    /// Counts one blocking send as `policies::carry` handled it.
+    pub fn blocking_send(&self, handling: policies::carry::Handling) {
+        let series = || {
+            let (outcome, reason) = handling.labels();
+            BLOCKING_SENDS.with_label_values(&[&self.route, outcome, reason])
+        };
+        match handling {
+            policies::carry::Handling::Guarded => self.guarded_sends.get_or_init(series).inc(),
+            _ => series().inc(),
+        }
+    }
+
     /// The route's series; its 2xx, 4xx and 5xx requests of every kind, its
     /// worker errors of every kind, and the cascade, lease and budget
     /// counters its dashboard and alerts watch are exported from now on, at
@@ -614,6 +629,7 @@ impl RouteMetrics {
             requests,
             worker_errors: WORKER_ERROR_KINDS.map(|k| WORKER_ERRORS.with_label_values(&[route, k])),
             ttfb: WORKER_TTFB.with_label_values(&[route]),
+            guarded_sends: std::sync::OnceLock::new(),
         };
         if !route.is_empty() {
             // What the alerts watch, at 0 before the first (the cascade

@@ -202,10 +202,7 @@ impl Gateway {
             WorkerStreams::Unknown
         };
         let handling = policies::carry::handle(setting, &send, worker, searchable)?;
-        let (outcome, reason) = handling.labels();
-        metrics::BLOCKING_SENDS
-            .with_label_values(&[&route.name, outcome, reason])
-            .inc();
+        route.metrics.blocking_send(handling);
         match handling {
             Handling::Guarded => {
                 ctx.track.guarded = true;
