@@ -410,7 +410,10 @@ impl TaskStore for MemoryStore {
         now_ms: u64,
     ) -> Result<TaskRecord, StoreError> {
         let settled = update.state.is_some_and(|s| s.is_settled());
-        let pin = update.pin_context.then(|| update.context_id.clone()).flatten();
+        let pin = update
+            .pin_context
+            .then(|| update.context_id.clone())
+            .flatten();
         let (rec, ()) = self.modify(key, now_ms, |rec| {
             let before = rec.lease.as_ref().map(|l| l.deadline_ms);
             rec.apply(&key.tenant, update, now_ms);
