@@ -47,6 +47,9 @@ pub struct Config {
     pub leases: Leases,
     /// `[tracing]`: OpenTelemetry traces. `None` (no table): no traces.
     pub tracing: Option<Tracing>,
+    /// `[delegation]`: how the gateway links the tasks agents start while
+    /// serving a task to that task.
+    pub delegation: Delegation,
     /// In file order; at least one. The router picks among them.
     pub routes: Vec<Route>,
 }
@@ -465,6 +468,10 @@ pub struct Route {
     /// worker unread even where the route checks sends: the operator's
     /// word that the worker serves no A2A send at their paths.
     pub grpc_pass_services: Vec<String>,
+    /// What becomes of the children this route's tasks started through the
+    /// gateway that still run when their parent completes
+    /// (`on_parent_completed`, default `keep`).
+    pub on_parent_completed: policies::delegation::OnParentCompleted,
 }
 
 impl Route {
@@ -674,6 +681,28 @@ impl Default for LeasePolicy {
     }
 }
 
+/// `[delegation]`: delegation trees. Every send that may start or continue
+/// a task gets a reference in the W3C trace context the worker receives
+/// (`tracestate` member `a2agw`); a send that arrives carrying one starts a
+/// child of that task, cancelled when its parent ends cancelled or failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delegation {
+    /// Whether references are given and children linked (default true).
+    pub link: bool,
+    /// The deepest a tree grows: a send whose parent is this deep is not
+    /// linked (counted). 1 to 64, default 8.
+    pub max_depth: u8,
+}
+
+impl Default for Delegation {
+    fn default() -> Self {
+        Delegation {
+            link: true,
+            max_depth: policies::delegation::DEFAULT_MAX_DEPTH,
+        }
+    }
+}
+
 /// `[leases]`: how this replica runs the lease reaper and renewer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leases {
@@ -715,6 +744,7 @@ impl fmt::Debug for Route {
             budget,
             auth,
             grpc_pass_services,
+            on_parent_completed,
         } = self;
         f.debug_struct("Route")
             .field("name", name)
@@ -750,6 +780,7 @@ impl fmt::Debug for Route {
             .field("budget", budget)
             .field("auth", auth)
             .field("grpc_pass_services", grpc_pass_services)
+            .field("on_parent_completed", on_parent_completed)
             .finish()
     }
 }
@@ -835,9 +866,11 @@ impl Config {
                 budget: BudgetPolicy::default(),
                 auth: None,
                 grpc_pass_services: Vec::new(),
+                on_parent_completed: Default::default(),
             }],
             leases: Leases::default(),
             tracing: None,
+            delegation: Delegation::default(),
         })
     }
 }

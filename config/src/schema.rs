@@ -51,6 +51,7 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
     } else {
         None
     };
+    let delegation = delegation(root.section("delegation"));
     let mut defaults = defaults(root.section("defaults"));
     defaults.tick = leases.tick;
     let routes = routes(root, sink, &defaults, env);
@@ -65,8 +66,18 @@ pub(crate) fn config<'a>(root: &mut Reader<'a>, sink: &Sink<'a>, env: Env<'_>) -
         cancel,
         leases,
         tracing,
+        delegation,
         routes: routes?,
     })
+}
+
+/// `[delegation]`: every key defaulted.
+fn delegation(mut r: Reader<'_>) -> crate::Delegation {
+    let d = crate::Delegation::default();
+    let link = r.or("link", d.link, boolean);
+    let max_depth = r.or("max_depth", d.max_depth, int_in(1..=64));
+    r.finish();
+    crate::Delegation { link, max_depth }
 }
 
 fn leases(mut r: Reader<'_>) -> Leases {
@@ -735,6 +746,14 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
     let auth = crate::auth::auth_policy(r, env);
     let binds_tenants = auth.as_ref().is_some_and(|a| a.tenants.is_some());
     let budget = budget_policy(r, auth.is_some(), binds_tenants);
+    let on_parent_completed = r.or(
+        "on_parent_completed",
+        policies::delegation::OnParentCompleted::Keep,
+        one_of(&[
+            ("keep", policies::delegation::OnParentCompleted::Keep),
+            ("cancel", policies::delegation::OnParentCompleted::Cancel),
+        ]),
+    );
     r.finish();
     Some(Route {
         name: name?,
@@ -754,6 +773,7 @@ fn route(r: &mut Reader<'_>, defaults: &Defaults, env: Env<'_>) -> Option<Route>
         budget,
         auth,
         grpc_pass_services,
+        on_parent_completed,
     })
 }
 

@@ -110,6 +110,14 @@ fn examples_parse() {
             },
             auth: None,
             grpc_pass_services: Vec::new(),
+            on_parent_completed: policies::delegation::OnParentCompleted::Cancel,
+        }
+    );
+    assert_eq!(
+        full.delegation,
+        crate::Delegation {
+            link: true,
+            max_depth: 4
         }
     );
     assert_eq!(default.lease, LeasePolicy::default());
@@ -629,7 +637,7 @@ fn single_errors() {
         // unknown keys, with a suggestion when one is close
         (
             "servr = 1\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, leases, tracing, defaults, routes",
+            "1:1: servr: unknown key \"servr\" (did you mean \"server\"?); expected one of: server, store, limits, timeouts, cancel, leases, tracing, delegation, defaults, routes",
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -637,7 +645,7 @@ fn single_errors() {
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
-            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, workers, worker_addresses, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
+            "4:1: routes[0].prefix: unknown key \"prefix\"; expected one of: name, worker, workers, worker_addresses, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget, on_parent_completed",
         ),
         (
             "[timeouts]\nconect = \"1s\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
@@ -820,7 +828,7 @@ fn cross_route_errors_with_others() {
         [
             "4:1: routes[1]: a second catch-all route (neither host nor path_prefix); routes[0] already matches everything",
             "5:8: routes[1].name: duplicate route name; routes[0] has it too",
-            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, workers, worker_addresses, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget",
+            "10:1: routes[2].bogus: unknown key \"bogus\"; expected one of: name, worker, workers, worker_addresses, health_interval, path_prefix, host, strip_prefix, cascade, disconnect_grace, id_wait, blocking_sends, worker_credential, worker_credential_env, worker_ca, worker_client_cert, worker_client_key, max_lease_ttl, worker_leases, lease, poll_lease, inject_extensions, inject_headers, strip_headers, cancel_headers, grpc_pass_services, budget, on_parent_completed",
         ]
     );
 }

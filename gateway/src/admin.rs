@@ -658,6 +658,7 @@ impl Admin {
             target,
             headers: crate::cancel::cancel_headers(&route.cfg, &[]),
             cause: "admin",
+            message_id: None,
         };
         // A drain waits for it.
         let _work = crate::drain::Work::start();

@@ -37,6 +37,10 @@ pub struct CancelJob {
     pub headers: Vec<(String, String)>,
     /// Why (`caller_gone`, `stream_lost`, `admin`, …), for logs and metrics.
     pub cause: &'static str,
+    /// The sent message that started the task, where the request that
+    /// leads to the cancel knew it: what the task's delegation reference
+    /// was made of ([`crate::tree`]); else its history is asked for.
+    pub message_id: Option<String>,
 }
 
 /// The caller's request headers a cancel for its child must repeat:
@@ -297,6 +301,8 @@ enum Call<'a> {
     Cancel,
     /// `GetTask`, to learn the state before a cancel ([`Canceller::task_state`]).
     Get,
+    /// `GetTask` with the task's whole history ([`Canceller::history`]).
+    History,
     /// One page of `ListTasks`, to find a child by its message
     /// ([`Canceller::find_by_message`]).
     List(&'a ListQuery),
@@ -375,7 +381,13 @@ pub struct Canceller {
     /// Searches by message, batched per worker, binding, tenant and
     /// headers ([`Canceller::find_by_message`]).
     scans: Arc<Mutex<HashMap<ScanKey, ScanState>>>,
+    /// Told of every task a cancel of the gateway's ended CANCELED (set
+    /// once at start: the delegation tree cancels the task's children).
+    on_canceled: Arc<std::sync::OnceLock<OnCanceled>>,
 }
+
+/// What a [`Canceller`] tells of each task its cancel ended CANCELED.
+pub type OnCanceled = Box<dyn Fn(&CancelJob) + Send + Sync>;
 
 /// What one batch of searches by message shares: one `ListTasks` scan.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -426,7 +438,14 @@ impl Canceller {
             addrs,
             unsearchable: Arc::default(),
             scans: Arc::default(),
+            on_canceled: Arc::default(),
         }
+    }
+
+    /// Every clone of this canceller calls `f` with each job whose cancel
+    /// the worker accepted (set once, at start; later calls do nothing).
+    pub fn on_canceled(&self, f: OnCanceled) {
+        let _ = self.on_canceled.set(f);
     }
 
     /// Whether the route's worker may be searched by message: it has not
@@ -604,6 +623,11 @@ impl Canceller {
         metrics::CANCELS
             .with_label_values(&[route, job.cause, outcome.as_str()])
             .inc();
+        if outcome == CancelOutcome::Canceled {
+            if let Some(f) = self.on_canceled.get() {
+                f(job);
+            }
+        }
         if outcome.is_done() {
             tracing::info!(task = %job.key, cause = job.cause, outcome = outcome.as_str(), ms = elapsed.as_millis() as u64, "CancelTask sent");
         } else if outcome == CancelOutcome::NotOwed {
@@ -667,6 +691,43 @@ impl Canceller {
             }
         }
         probed
+    }
+
+    /// The task's state and the ids of the messages in its history (at
+    /// most [`HISTORY_READ`], the first): one `GetTask`, in the job's
+    /// binding, tenant and headers, within the cancel timeout. What a
+    /// delegation tree needs of a parent it saw end without the request
+    /// that started it ([`crate::tree`]).
+    pub async fn history(&self, job: &CancelJob) -> (Probed, Vec<String>) {
+        let mut span = crate::trace::client("GetTask", &job.key, false, job.cause, &job.worker);
+        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
+        let trace = trace.as_deref().unwrap_or_default();
+        let res =
+            tokio::time::timeout(self.cfg.timeout, self.send(job, Call::History, trace)).await;
+        let (probed, messages, why) = match res {
+            Ok(Ok((status, body))) => {
+                let (probed, why) = read_task_state(job.target.binding, status, &body);
+                (probed, read_history(job.target.binding, &body), why)
+            }
+            Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => (Probed::Unknown, Vec::new(), e),
+            Ok(Err(Attempt::Final(_))) => (Probed::Unknown, Vec::new(), String::new()),
+            Err(_) => (
+                Probed::Unknown,
+                Vec::new(),
+                format!("timed out after {:?}", self.cfg.timeout),
+            ),
+        };
+        if let Some(span) = &mut span {
+            match probed {
+                Probed::State(s) => span.outcome(s.as_wire(), None),
+                Probed::NotFound => span.outcome("not_found", None),
+                Probed::Unknown => span.outcome("failed", Some(&why)),
+            }
+        }
+        if probed == Probed::Unknown {
+            tracing::warn!(task = %job.key, error = %why, "GetTask for a task's history failed");
+        }
+        (probed, messages)
     }
 
     /// The task a send started, found by its message: `ListTasks` of the
@@ -793,6 +854,7 @@ impl Canceller {
             },
             headers: key.headers.clone(),
             cause: "find",
+            message_id: None,
         };
         let outcome = self.list_pages(&job, &mut batch).await;
         for (_, waiters) in batch.wanted {
@@ -868,6 +930,7 @@ impl Canceller {
                         params["historyLength"] = json!(0);
                         ("GetTask", "probe")
                     }
+                    Call::History => ("GetTask", "history"),
                     Call::List(q) => {
                         params = json!({
                             "pageSize": 100,
@@ -920,6 +983,7 @@ impl Canceller {
                 path.push_str(match call {
                     Call::Cancel => ":cancel",
                     Call::Get => "?historyLength=0",
+                    Call::History => "",
                     Call::List(_) => unreachable!("returned above"),
                 });
                 (path, body)
@@ -967,7 +1031,9 @@ impl Canceller {
         }
         let (path, body) = self.request(job, call);
         let (method, body) = match call {
-            Call::Get | Call::List(_) if job.target.binding == Binding::Rest => ("GET", None),
+            Call::Get | Call::History | Call::List(_) if job.target.binding == Binding::Rest => {
+                ("GET", None)
+            }
             _ => ("POST", Some(Bytes::from(body.to_string()))),
         };
         let (worker_addr, mut peer) = self.peer(&job.worker).await.map_err(Attempt::Retry)?;
@@ -1005,7 +1071,7 @@ impl Canceller {
             .await;
         if !whole {
             return match call {
-                Call::Get | Call::List(_) => {
+                Call::Get | Call::History | Call::List(_) => {
                     Err(Attempt::Refused(format!("answer over {cap} bytes")))
                 }
                 // No error answer is that long: it is the cancelled task.
@@ -1099,6 +1165,10 @@ impl Canceller {
             Call::Get => (
                 "GetTask",
                 grpc::task_request(tenant, &job.key.task_id, Some(0)),
+            ),
+            Call::History => (
+                "GetTask",
+                grpc::task_request(tenant, &job.key.task_id, None),
             ),
             Call::List(q) => (
                 "ListTasks",
@@ -1220,7 +1290,7 @@ impl Canceller {
         // A cancel's answer (the cancelled task) is read whole, up to
         // tungstenite's own limits; a probe's up to its cap.
         let limits = match call {
-            Call::Get | Call::List(_) => WebSocketConfig::default()
+            Call::Get | Call::History | Call::List(_) => WebSocketConfig::default()
                 .max_message_size(Some(ANSWER_CAP))
                 .max_frame_size(Some(ANSWER_CAP)),
             Call::Cancel => WebSocketConfig::default(),
@@ -1287,6 +1357,57 @@ fn read_task_state(binding: Binding, status: u16, body: &[u8]) -> (Probed, Strin
         }
         _ => (Probed::Unknown, format!("no task state in: {}", brief())),
     }
+}
+
+/// The most message ids read from a task's history.
+pub const HISTORY_READ: usize = 64;
+
+/// A `Task`'s history as far as delegation needs it (gRPC: field 5, each
+/// `Message`'s `message_id`, field 1; prost skips the rest).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbHistory {
+    #[prost(message, repeated, tag = "5")]
+    history: Vec<PbMessageId>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PbMessageId {
+    #[prost(string, tag = "1")]
+    message_id: String,
+}
+
+/// The message ids of a `GetTask` answer's history, in order (at most
+/// [`HISTORY_READ`]); none when the answer holds no task.
+fn read_history(binding: Binding, body: &[u8]) -> Vec<String> {
+    if binding == Binding::Grpc {
+        use prost::Message as _;
+        return crate::a2a::grpc::single_message(body)
+            .and_then(|m| PbHistory::decode(m).ok())
+            .map(|t| {
+                t.history
+                    .into_iter()
+                    .map(|m| m.message_id)
+                    .filter(|m| !m.is_empty())
+                    .take(HISTORY_READ)
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    let task = match binding {
+        Binding::Rest => &v,
+        _ => &v["result"],
+    };
+    task["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["messageId"].as_str())
+        .take(HISTORY_READ)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Reads a worker's answer to `CancelTask`.

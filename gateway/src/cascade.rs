@@ -23,6 +23,11 @@ enum Op {
         holder: Option<String>,
         asker: Asker,
     },
+    /// A send linked under a parent's reference (delegation trees).
+    Link {
+        parent: String,
+        child: Box<crate::store::ChildLink>,
+    },
     /// Answered once every op sent before it has been applied.
     Flush(oneshot::Sender<()>),
 }
@@ -91,6 +96,22 @@ impl Tracker {
                         tracing::warn!(task = %key, error = %e, "could not start a lease");
                     }
                 }
+                Op::Link { parent, child } => {
+                    let outcome = match store.link_child(&parent, &child).await {
+                        Ok(true) => "child",
+                        Ok(false) => "dropped",
+                        Err(e) => {
+                            metrics::STORE_ERRORS
+                                .with_label_values(&["link_child"])
+                                .inc();
+                            tracing::warn!(route = %child.route, error = %e, "could not link a child to its parent; it is not cancelled with it");
+                            "store_error"
+                        }
+                    };
+                    metrics::TREE_LINKS
+                        .with_label_values(&[&child.route, outcome])
+                        .inc();
+                }
                 Op::Flush(done) => {
                     let _ = done.send(());
                 }
@@ -105,6 +126,28 @@ impl Tracker {
         let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
             .hash_one(key);
         &self.txs[(h % self.txs.len() as u64) as usize]
+    }
+
+    /// Queues a child's link under `parent` (a reference, hex) without
+    /// waiting: written before the child's send is answered, off its path.
+    pub fn link(&self, parent: String, child: crate::store::ChildLink) {
+        use std::hash::BuildHasher as _;
+        let h =
+            std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .hash_one(&parent);
+        let q = &self.txs[(h % self.txs.len() as u64) as usize];
+        let route = child.route.clone();
+        if q.try_send(Op::Link {
+            parent,
+            child: Box::new(child),
+        })
+        .is_err()
+        {
+            metrics::Untracked::TrackerQueueFull.count();
+            metrics::TREE_LINKS
+                .with_label_values(&[&route, "dropped"])
+                .inc();
+        }
     }
 
     /// Queues an update without waiting.
@@ -186,6 +229,7 @@ fn job(
         target: end.target.clone(),
         headers,
         cause: cause.as_str(),
+        message_id: end.message_id.clone(),
     }
 }
 
@@ -195,19 +239,32 @@ pub struct Cascade {
     store: Arc<dyn TaskStore>,
     tracker: Tracker,
     canceller: Canceller,
+    /// Delegation trees: references given and children linked (the
+    /// proxy's `inject`), parents' ends followed (`observe`, `end`).
+    tree: crate::tree::Tree,
 }
 
 impl Cascade {
-    pub fn new(store: Arc<dyn TaskStore>, tracker: Tracker, canceller: Canceller) -> Self {
+    pub fn new(
+        store: Arc<dyn TaskStore>,
+        tracker: Tracker,
+        canceller: Canceller,
+        tree: crate::tree::Tree,
+    ) -> Self {
         Cascade {
             store,
             tracker,
             canceller,
+            tree,
         }
     }
 
     pub fn tracker(&self) -> &Tracker {
         &self.tracker
+    }
+
+    pub fn tree(&self) -> &crate::tree::Tree {
+        &self.tree
     }
 
     /// Whether the route's worker may be searched for a child by its

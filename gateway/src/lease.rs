@@ -271,6 +271,7 @@ impl Leases {
                 target,
                 headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: "lease_lapsed",
+                message_id: None,
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
             crate::drain::spawn_work(async move {
@@ -371,6 +372,7 @@ impl Leases {
                 // stored.
                 headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: crate::cancel::cause_label(&owed.cause),
+                message_id: None,
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
             crate::drain::spawn_work(async move {

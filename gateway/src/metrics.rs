@@ -79,6 +79,18 @@ counter!(
     &["route", "cause", "outcome"]
 );
 counter!(
+    TREE_LINKS,
+    "a2agw_tree_links_total",
+    "Sends that carried a delegation reference, by what became of them: child (linked under the parent), too_deep (the parent at [delegation] max_depth), continues (a send continuing a task gains no parent), dropped (the parent holds the most children), store_error.",
+    &["route", "outcome"]
+);
+counter!(
+    TREE_CANCELS,
+    "a2agw_tree_cancels_total",
+    "Children of ended parents, by cause (parent_canceled, parent_failed, parent_completed) and outcome: canceled, not_cancelable, not_found, failed, not_owed (another replica carries it), elsewhere, settled (left alone: ended or handed back), lost (its route or replica gone).",
+    &["route", "cause", "outcome"]
+);
+counter!(
     CANCEL_PROBES,
     "a2agw_cancel_probes_total",
     "GetTask calls sent before a CancelTask whose task's state the gateway could not see, by what they found (settled: not cancelled).",

@@ -173,10 +173,24 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         cfg.timeouts.connect,
         worker_addrs.clone(),
     );
+    let link_key = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("a runtime to read the delegation key: {e}"))?
+        .block_on(store.link_key())
+        .map_err(|e| format!("the delegation key: {e}"))?;
+    let tree = crate::tree::Tree::new(
+        store.clone(),
+        canceller.clone(),
+        routes.clone(),
+        Arc::new(crate::link::Linker::new(&link_key, &cfg.delegation)),
+    );
+    tree.follow(&canceller);
     let cascade = Arc::new(Cascade::new(
         store.clone(),
         tracker.clone(),
         canceller.clone(),
+        tree,
     ));
     let health = Arc::new(crate::store::StoreHealth::default());
     let budgets = Arc::new(crate::budget::Budgets::new(

@@ -48,11 +48,27 @@ What the agent does is chosen by the first text part of the user message:
                metadata {"a2a-rust.com/budget": {"spent": {"<meter>": k*n}}}.
 - `late:<ms>:<text>`  waits <ms> before the task's first event, then does
                <text>: a worker whose stream names the task late.
+- `spawn:<ms>@<url>@<text>`  delegates: once WORKING, sends <text> to the
+               agent at <url> (a JSON-RPC endpoint) as a non-blocking
+               `SendMessage` it never follows (a background child), then
+               works as `work:<ms>`. The child's message id and task id are
+               listed in the stats' `children`. With `--otel` the send
+               carries the W3C trace context of the request being served
+               (OpenTelemetry's own httpx instrumentation), as any
+               instrumented agent's calls do; without, none.
+- `spawnbare:<ms>@<url>@<text>`  the same, the send carrying only the
+               `traceparent` of the request being served (no `tracestate`,
+               no `baggage`): an agent that propagates trace ids only.
 - anything else: like `quick`.
+
+With `--otel` the app is served inside OpenTelemetry's ASGI middleware and
+the agent's own HTTP client is instrumented (SDK tracer provider, no
+exporter; the default propagators, W3C trace context and baggage): the
+trace context a request arrives with is the one its executor's calls carry.
 
 Usage: python python_agent.py --port N [--host 127.0.0.1] [--tenant-scoped]
        [--declare-extension URI ...] [--grpc-port M]
-       [--server uvicorn|hypercorn] [--record-requests]
+       [--server uvicorn|hypercorn] [--record-requests] [--otel]
 Prints `READY` on stdout once the sockets listen.
 """
 
@@ -65,10 +81,12 @@ import errno
 import logging
 import socket
 import sys
+import uuid
 
 from dataclasses import dataclass, field
 
 import grpc
+import httpx
 import uvicorn
 
 from google.protobuf.json_format import MessageToDict
@@ -127,6 +145,8 @@ class Stats:
     requests_seen: list[dict] = field(default_factory=list)
     # ... and the budget grant of every new task's message that had one.
     budgets_seen: list[dict] = field(default_factory=list)
+    # The children `spawn:` started: {url, message_id, task_id, error}.
+    children: list[dict] = field(default_factory=list)
     record: bool = False
 
     def to_json(self) -> dict:
@@ -138,6 +158,7 @@ class Stats:
             'extensions_seen': list(self.extensions_seen),
             'requests_seen': list(self.requests_seen),
             'budgets_seen': list(self.budgets_seen),
+            'children': [dict(c) for c in self.children],
         }
 
 
@@ -212,6 +233,46 @@ class TestAgentExecutor(AgentExecutor):
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
         self._guards: dict[str, _Guard] = {}
+        # The client of `spawn:` (instrumented with --otel), and the one of
+        # `spawnbare:` (never instrumented).
+        self.http = httpx.AsyncClient(timeout=10)
+        self.bare_http = httpx.AsyncClient(timeout=10)
+
+    async def _spawn(self, url: str, text: str, bare: bool) -> None:
+        """Starts a background child at `url` (see `spawn:`)."""
+        message_id = f'child-{uuid.uuid4()}'
+        body = {
+            'jsonrpc': '2.0',
+            'id': message_id,
+            'method': 'SendMessage',
+            'params': {
+                'message': {
+                    'messageId': message_id,
+                    'role': 'ROLE_USER',
+                    'parts': [{'text': text}],
+                },
+                'configuration': {'returnImmediately': True},
+            },
+        }
+        headers = {'A2A-Version': '1.0'}
+        client = self.http
+        if bare:
+            from opentelemetry import propagate
+
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            if 'traceparent' in carrier:
+                headers['traceparent'] = carrier['traceparent']
+            client = self.bare_http
+        entry = {'url': url, 'message_id': message_id, 'task_id': None, 'error': None}
+        self.stats.children.append(entry)
+        try:
+            r = await client.post(url, json=body, headers=headers)
+            entry['task_id'] = r.json().get('result', {}).get('task', {}).get('id')
+            if entry['task_id'] is None:
+                entry['error'] = f'HTTP {r.status_code}: {r.text[:200]}'
+        except Exception as e:  # recorded for the test to show
+            entry['error'] = repr(e)
 
     async def execute(
         self, context: RequestContext, event_queue: EventQueue
@@ -242,6 +303,13 @@ class TestAgentExecutor(AgentExecutor):
                 )
             )
 
+        spawn = None
+        if text.startswith(('spawn:', 'spawnbare:')):
+            directive, _, rest = text.partition(':')
+            ms, _, rest = rest.partition('@')
+            url, _, child_text = rest.partition('@')
+            spawn = (url, child_text, directive == 'spawnbare')
+            text = f'work:{ms}'
         guard = self._guards.setdefault(task_id, _Guard())
         updater = TaskUpdater(event_queue, task_id, context_id)
         kind, seconds, meter, n = _parse(text)
@@ -264,6 +332,8 @@ class TestAgentExecutor(AgentExecutor):
 
         try:
             await status(TaskState.TASK_STATE_WORKING)
+            if spawn is not None:
+                await self._spawn(*spawn)
             if kind == 'ask':
                 question = 'need more input'
                 question += '.' * max(0, int(n) - len(question))
@@ -336,9 +406,21 @@ class RecordExtensions:
                         'method': scope.get('method'),
                         'path': scope.get('path'),
                         'content_type': content_type,
+                        'traceparent': _header(scope, b'traceparent'),
+                        'tracestate': _header(scope, b'tracestate'),
                     }
                 )
         await self.app(scope, receive, send)
+
+
+def _header(scope, name: bytes) -> str | None:
+    """A request header's lines joined by ',' (None when absent)."""
+    values = [
+        v.decode('latin-1')
+        for k, v in scope.get('headers', [])
+        if k.lower() == name
+    ]
+    return ','.join(values) if values else None
 
 
 class RecordingGrpcContextBuilder(DefaultGrpcServerCallContextBuilder):
@@ -375,6 +457,7 @@ def build_app(
     extensions: list[str] | None = None,
     grpc_url: str | None = None,
     list_tasks: bool = True,
+    otel: bool = False,
 ) -> tuple[Starlette, Stats, DefaultRequestHandler, list]:
     """The app, its stats, its handler, and a list of async callables the
     app's lifespan awaits at shutdown before it closes the handler (where
@@ -429,8 +512,9 @@ def build_app(
         if tenant_scoped
         else InMemoryTaskStore()
     )
+    executor = TestAgentExecutor(stats)
     handler = (DefaultRequestHandler if list_tasks else NoListTasksHandler)(
-        agent_executor=TestAgentExecutor(stats),
+        agent_executor=executor,
         task_store=store,
         agent_card=card,
     )
@@ -454,9 +538,20 @@ def build_app(
         for stop in on_shutdown:
             await stop()
         await handler.aclose()
+        await executor.http.aclose()
+        await executor.bare_http.aclose()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(RecordExtensions, stats=stats)
+    if otel:
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())
+        HTTPXClientInstrumentor.instrument_client(executor.http)
+        app = OpenTelemetryMiddleware(app)
     return app, stats, handler, on_shutdown
 
 
@@ -490,6 +585,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.declare_extension,
         grpc_url,
         list_tasks=not args.no_list_tasks,
+        otel=args.otel,
     )
     stats.record = args.record_requests
     if args.grpc_port:
@@ -594,6 +690,11 @@ def main() -> None:
         '--no-list-tasks',
         action='store_true',
         help='answer ListTasks UnsupportedOperationError (a store that cannot list)',
+    )
+    parser.add_argument(
+        '--otel',
+        action='store_true',
+        help='serve inside OpenTelemetry (ASGI middleware, instrumented httpx client)',
     )
     parser.add_argument('--log-level', default='warning')
     args = parser.parse_args()

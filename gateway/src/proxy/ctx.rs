@@ -109,6 +109,9 @@ pub struct Request {
     /// On a route with several `workers`: the replica the request went to
     /// (chosen in `upstream_peer`), recorded with the task it names.
     pub replica: Option<Arc<crate::replicas::Replica>>,
+    /// The send's delegation link was judged (on the first attempt to the
+    /// worker; a retry only names the request again).
+    pub linked: bool,
 }
 
 impl Request {

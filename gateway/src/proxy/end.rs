@@ -22,10 +22,45 @@ impl Gateway {
     /// access-log line (`server.access_log`).
     pub(super) fn end(&self, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
         count(session, e, ctx);
+        self.cancel_forwarded(session, e, ctx);
         let cascade = self.settle(e, ctx);
         if self.access_log {
             access_log(session, e, ctx, cascade);
         }
+    }
+
+    /// A caller's `CancelTask` the worker answered 2xx: the task's children
+    /// follow its end ([`crate::tree`]; the worker is asked how the task
+    /// ended, a JSON-RPC error being a 200 too).
+    fn cancel_forwarded(&self, session: &Session, e: Option<&Error>, ctx: &Ctx) {
+        if e.is_some()
+            || ctx.req.method != Some(crate::a2a::A2aMethod::CancelTask)
+            || !self.cascade.tree().linker().on
+        {
+            return;
+        }
+        let ok = session
+            .response_written()
+            .is_some_and(|r| r.status.is_success());
+        let (true, Some(route), Some(id), Some(target)) = (
+            ok,
+            &ctx.route,
+            ctx.req.task_id.as_deref(),
+            self.cancel_target(ctx),
+        ) else {
+            return;
+        };
+        self.cascade.tree().ended(crate::tree::Ended {
+            job: crate::cancel::CancelJob {
+                key: TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id),
+                worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
+                target,
+                headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
+                cause: "caller_cancel",
+                message_id: None,
+            },
+            state: None,
+        });
     }
 
     /// Settles what the request held; returns what the cascade was handed

@@ -78,6 +78,124 @@ pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
+impl super::Gateway {
+    /// Delegation trees (`[delegation]`): a send's request to the worker
+    /// carries the request's reference as the gateway's `tracestate`
+    /// member (first, the caller's members kept; a `traceparent` added
+    /// when the caller sent none, or none valid); a send that starts a task
+    /// and carries a parent's reference (the caller's `tracestate` member,
+    /// else its `baggage` member) is linked as that task's child, once,
+    /// through the tracker (off the request's path). Sends over a WebSocket
+    /// are not: the upgrade's headers are the socket's, not a send's.
+    pub(super) fn delegation(&self, upstream: &mut RequestHeader, ctx: &mut Ctx) -> Result<()> {
+        use policies::delegation::{self as d, Link};
+        let linker = self.cascade.tree().linker();
+        if !linker.on
+            || !ctx.req.is_send()
+            || ctx.req.binding == Some(crate::a2a::Binding::WebSocket)
+        {
+            return Ok(());
+        }
+        let Some(route) = ctx.route.clone() else {
+            return Ok(());
+        };
+        let names = match (&ctx.req.task_id, &ctx.req.message_id) {
+            (Some(t), _) => crate::link::Names::Task(t),
+            (None, Some(m)) => crate::link::Names::Message(m),
+            // A body not read before the worker was asked: not named.
+            (None, None) => return Ok(()),
+        };
+        let tenant = ctx.req.tenant.as_deref().unwrap_or("");
+        let tracestate = joined(upstream, "tracestate");
+        let parent = tracestate
+            .as_deref()
+            .and_then(|ts| d::tracestate_member(ts, d::MEMBER))
+            .or_else(|| {
+                upstream
+                    .headers
+                    .get_all("baggage")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .find_map(|b| d::baggage_member(b, d::MEMBER))
+            })
+            .and_then(|v| linker.verify(v));
+        let link = d::link(
+            parent.map(|w| w.depth),
+            ctx.req.task_id.is_none(),
+            linker.max_depth,
+        );
+        let own = linker.reference(&route.name, tenant, names);
+        let value = linker.wire(own, link.depth());
+        let mut parents = upstream.headers.get_all("traceparent").iter();
+        let traced = match (parents.next(), parents.next()) {
+            (Some(tp), None) => tp.to_str().is_ok_and(d::traceparent_valid),
+            _ => false,
+        };
+        let caller_state = if traced {
+            tracestate.as_deref()
+        } else {
+            // A tracestate without a valid traceparent is discarded by
+            // the worker: a fresh trace, with only the gateway's member.
+            upstream.insert_header("traceparent", crate::link::new_traceparent())?;
+            None
+        };
+        upstream.insert_header(
+            "tracestate",
+            d::with_member(caller_state, d::MEMBER, &value),
+        )?;
+        if std::mem::replace(&mut ctx.req.linked, true) {
+            return Ok(());
+        }
+        let Some(parent) = parent else {
+            return Ok(());
+        };
+        let Link::Child { depth } = link else {
+            crate::metrics::TREE_LINKS
+                .with_label_values(&[&route.name, link.as_str()])
+                .inc();
+            if link == Link::TooDeep {
+                tracing::warn!(route = %route.name, max_depth = linker.max_depth, "a send's parent is as deep as a delegation tree may grow; not linked");
+            }
+            return Ok(());
+        };
+        let (Some(message_id), Some(target)) =
+            (ctx.req.message_id.clone(), self.cancel_target(ctx))
+        else {
+            return Ok(());
+        };
+        self.cascade.tracker().link(
+            crate::link::hex(&parent.reference),
+            crate::store::ChildLink {
+                route: route.name.clone(),
+                tenant: tenant.into(),
+                message_id,
+                target,
+                replica: ctx.replica_name(),
+                sent_ms: ctx.req.received_ms,
+                depth,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// A header's lines joined by `,` (a list header sent in several lines is
+/// one list); `None` when absent.
+fn joined(req: &RequestHeader, name: &str) -> Option<String> {
+    let mut out: Option<String> = None;
+    for v in req.headers.get_all(name) {
+        let Ok(v) = v.to_str() else { continue };
+        match &mut out {
+            Some(s) => {
+                s.push(',');
+                s.push_str(v);
+            }
+            None => out = Some(v.to_owned()),
+        }
+    }
+    out
+}
+
 /// On a route with `[routes.auth]`, what the worker is told of the caller:
 /// the identity the gateway verified in `identity_header` (a value a
 /// caller sent there is removed, so the worker can trust it), and only

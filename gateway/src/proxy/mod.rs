@@ -329,7 +329,8 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         ctx.times.upstream();
         crate::trace::upstream(upstream, ctx);
-        inject::upstream_head(upstream, ctx)
+        inject::upstream_head(upstream, ctx)?;
+        self.delegation(upstream, ctx)
     }
 
     /// Inspect a large body as it passes (or hold it), and read a

@@ -370,6 +370,7 @@ impl Gateway {
                         target,
                         headers: cancel_headers(&route.cfg, &ctx.req.caller_headers),
                         cause: "budget_exhausted",
+                        message_id: ctx.req.message_id.clone(),
                     };
                     b.child.task_known(&self.budgets, &id, job, settled);
                 }
@@ -381,6 +382,11 @@ impl Gateway {
                 }
             }
         }
+        if !was_settled {
+            if let Some(s) = ctx.track.seen.state.filter(|s| s.is_terminal()) {
+                self.parent_ended(ctx, &route, s);
+            }
+        }
         if let (Some(spent), Some(b)) = (spent, ctx.budget.as_deref_mut()) {
             if let crate::budget::Verdict::Exhausted(by) =
                 b.child.on_spent(&self.budgets, spent, settles)
@@ -388,6 +394,31 @@ impl Gateway {
                 tracing::debug!(route = %route.name, task = ?ctx.track.task_id, by = by.as_str(), "reported spend passed the grant");
             }
         }
+    }
+
+    /// The request's task was seen to end in `state`: its children follow,
+    /// where the route's policy says ([`crate::tree`]). Spawns nothing for
+    /// an end that cancels no child (a completed parent, by default).
+    pub(super) fn parent_ended(&self, ctx: &Ctx, route: &Route, state: TaskState) {
+        if !self.cascade.tree().linker().on
+            || policies::delegation::on_parent_end(state, route.cfg.on_parent_completed).is_none()
+        {
+            return;
+        }
+        let (Some(id), Some(target)) = (ctx.track.task_id.clone(), self.cancel_target(ctx)) else {
+            return;
+        };
+        self.cascade.tree().ended(crate::tree::Ended {
+            job: CancelJob {
+                key: TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id),
+                worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
+                target,
+                headers: cancel_headers(&route.cfg, &ctx.req.caller_headers),
+                cause: "observed",
+                message_id: ctx.req.message_id.clone(),
+            },
+            state: Some(state),
+        });
     }
 
     /// Where a cancel for this request's task goes: the JSON-RPC endpoint

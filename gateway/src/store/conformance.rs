@@ -25,6 +25,68 @@ pub async fn run(store: &dyn TaskStore) {
     leases(store).await;
     accounts(store).await;
     outbox(store).await;
+    links(store).await;
+}
+
+/// Delegation links: kept per reference in order, read across several,
+/// bounded; and one key for every caller.
+async fn links(store: &dyn TaskStore) {
+    let child = |m: &str, depth: u8| ChildLink {
+        route: "kids".into(),
+        tenant: if depth == 1 { "".into() } else { "acme".into() },
+        message_id: m.into(),
+        target: CancelTarget {
+            binding: if depth == 1 {
+                Binding::JsonRpc
+            } else {
+                Binding::Grpc
+            },
+            path: if depth == 1 {
+                "/rpc".into()
+            } else {
+                String::new()
+            },
+        },
+        replica: (depth == 2).then(|| "10.0.0.2:9000".to_string()),
+        sent_ms: 1_700_000_000_000 + u64::from(depth),
+        depth,
+    };
+    assert!(store.children(&[]).await.unwrap().is_empty());
+    assert!(store.children(&["p0".into()]).await.unwrap().is_empty());
+    let (a, b, c) = (child("m-a", 1), child("m-b", 2), child("m \"c\"/é", 3));
+    assert!(store.link_child("p1", &a).await.unwrap());
+    assert!(store.link_child("p1", &b).await.unwrap());
+    assert!(store.link_child("p2", &c).await.unwrap());
+    assert_eq!(
+        store.children(&["p1".into()]).await.unwrap(),
+        vec![a.clone(), b.clone()]
+    );
+    assert_eq!(
+        store
+            .children(&["p0".into(), "p2".into(), "p1".into()])
+            .await
+            .unwrap(),
+        vec![c, a.clone(), b]
+    );
+    for i in 2..MAX_CHILDREN {
+        assert!(store
+            .link_child("full", &child(&format!("m{i}"), 1))
+            .await
+            .unwrap());
+    }
+    assert!(store.link_child("full", &a).await.unwrap());
+    assert!(store.link_child("full", &a).await.unwrap());
+    assert!(
+        !store.link_child("full", &a).await.unwrap(),
+        "past MAX_CHILDREN"
+    );
+    assert_eq!(
+        store.children(&["full".into()]).await.unwrap().len(),
+        MAX_CHILDREN
+    );
+    let k = store.link_key().await.unwrap();
+    assert!(k.len() >= 16);
+    assert_eq!(store.link_key().await.unwrap(), k);
 }
 
 fn okey(id: &str) -> TaskKey {

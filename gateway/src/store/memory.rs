@@ -10,8 +10,9 @@ use policies::budget::Account;
 use policies::lease::{self, Renewal};
 
 use super::{
-    AccountKey, AccountView, Asker, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation,
-    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved, LOCAL_OWNER,
+    AccountKey, AccountView, Asker, CancelTarget, ChildLink, LeaseRecord, OwedCancel, Owing,
+    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
+    LOCAL_OWNER,
 };
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
@@ -112,6 +113,10 @@ pub struct MemoryStore {
     /// Owed cancels. Lock order: this one first, never taken while another
     /// of the store's locks (or a cache entry's) is held.
     outbox: Mutex<Outbox>,
+    /// Delegation links: a reference (hex) → the children linked under it.
+    links: Cache<String, Arc<Mutex<Vec<ChildLink>>>>,
+    /// The key references are minted with, made at start.
+    link_key: Vec<u8>,
 }
 
 /// Settled tickets, forgotten after [`super::TICKET_TOMBSTONE`].
@@ -214,6 +219,11 @@ impl MemoryStore {
             max_accounts: config::Limits::default().max_accounts,
             tombstones: Mutex::new(Tombstones::default()),
             outbox: Mutex::new(Outbox::default()),
+            links: Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(super::LINK_RETENTION)
+                .build(),
+            link_key: crate::link::random_key(),
         }
     }
 
@@ -453,6 +463,37 @@ impl TaskStore for MemoryStore {
 
     async fn list(&self, limit: usize) -> Result<Vec<TaskRecord>, StoreError> {
         Ok(self.tasks.iter().take(limit).map(|(_, v)| v).collect())
+    }
+
+    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError> {
+        let kids = self
+            .links
+            .get_with_by_ref(parent, || Arc::new(Mutex::new(Vec::new())));
+        let mut kids = kids.lock().unwrap_or_else(|p| p.into_inner());
+        if kids.len() >= super::MAX_CHILDREN {
+            return Ok(false);
+        }
+        kids.push(child.clone());
+        Ok(true)
+    }
+
+    async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError> {
+        let mut out = Vec::new();
+        for p in parents {
+            if let Some(kids) = self.links.get(p.as_str()) {
+                out.extend(
+                    kids.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .cloned(),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    async fn link_key(&self) -> Result<Vec<u8>, StoreError> {
+        Ok(self.link_key.clone())
     }
 
     async fn lease_start(

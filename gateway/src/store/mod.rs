@@ -276,6 +276,38 @@ pub struct OwedCancel {
     pub token: String,
 }
 
+/// A send the gateway linked as a child of the request whose reference it
+/// carried (delegation trees, [`crate::link`]): what a tree cancel needs to
+/// find its task and cancel it, without the caller's headers (a child's
+/// cancel carries what the route's config gives, as a claimed cancel does).
+/// Its task is found by its message in the worker's `ListTasks`, as a
+/// guarded blocking send's child is: a link is written before its answer,
+/// which a passed send's is never read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildLink {
+    pub route: Arc<str>,
+    /// The tenant the send named (`""`: none).
+    pub tenant: Arc<str>,
+    /// The sent message's id.
+    pub message_id: String,
+    /// Where its cancel goes.
+    pub target: CancelTarget,
+    /// The worker (replica) that took the send, by its `host:port`.
+    pub replica: Option<String>,
+    /// When the send arrived (Unix ms): the search by message starts there.
+    pub sent_ms: u64,
+    /// Its depth in its tree (its parent's plus one).
+    pub depth: u8,
+}
+
+/// The most children kept under one reference; later links are dropped
+/// (counted: `a2agw_tree_links_total{outcome="dropped"}`).
+pub const MAX_CHILDREN: usize = 4096;
+
+/// How long a link is kept after it was written: as long as an unsettled
+/// task's record ([`OUTBOX_RETENTION`], Redis's live TTL).
+pub const LINK_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// What [`TaskStore::outbox_put`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owing {
@@ -464,6 +496,20 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 
     /// The task's owed cancel, if the outbox holds one (tests, admin).
     async fn outbox_get(&self, key: &TaskKey) -> Result<Option<OwedCancel>, StoreError>;
+
+    /// Records `child` under the reference `parent` (hex): one round trip,
+    /// at most [`MAX_CHILDREN`] per reference (returns `false` when the
+    /// reference holds that many already), kept [`LINK_RETENTION`].
+    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError>;
+
+    /// The children linked under any of `parents` (references, hex), in
+    /// the order they were linked. One round trip.
+    async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError>;
+
+    /// The key every replica sharing the store mints references with
+    /// ([`crate::link`]): made once, by the first replica to ask (Redis
+    /// `SET NX`); a store only this process uses makes one for itself.
+    async fn link_key(&self) -> Result<Vec<u8>, StoreError>;
 
     /// Marks this replica alive for a few seconds (Redis:
     /// [`redis::REPLICA_TTL`]): the watchers it records count for other

@@ -102,8 +102,8 @@ use redis::{Script, Value};
 
 use super::clock::{self, StoreClock};
 use super::{
-    AccountKey, AccountView, Asker, CancelTarget, LeaseRecord, OwedCancel, Owing, Reservation,
-    Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
+    AccountKey, AccountView, Asker, CancelTarget, ChildLink, LeaseRecord, OwedCancel, Owing,
+    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
@@ -244,6 +244,9 @@ const OUTBOX_RETRY: &str = include_str!("lua/outbox_retry.lua");
 /// path, cause}` per claimed entry.
 const OUTBOX_CLAIM: &str = include_str!("lua/outbox_claim.lua");
 
+/// Links a child under a reference, bounded ([`TaskStore::link_child`]).
+const LINK_CHILD: &str = include_str!("lua/link_child.lua");
+
 #[derive(Debug)]
 struct Scripts {
     account_reserve: Script,
@@ -261,6 +264,7 @@ struct Scripts {
     outbox_done: Script,
     outbox_retry: Script,
     outbox_claim: Script,
+    link_child: Script,
 }
 
 /// How long a route's set of handed-back leases lives after its last
@@ -349,6 +353,7 @@ impl Scripts {
             outbox_done: script(OUTBOX_DONE),
             outbox_retry: script(OUTBOX_RETRY),
             outbox_claim: script(OUTBOX_CLAIM),
+            link_child: script(LINK_CHILD),
         }
     }
 }
@@ -525,6 +530,11 @@ impl RedisStore {
     /// continuing the context goes, on a route with several workers.
     pub fn context_key(&self, route: &str, context_id: &str) -> String {
         format!("{}:ctx:{}:{}", self.namespace, pct(route), pct(context_id))
+    }
+
+    /// The Redis key of a reference's children (a list of JSON links).
+    pub fn kids_key(&self, reference: &str) -> String {
+        format!("{}:kids:{}", self.namespace, pct(reference))
     }
 
     pub fn outbox_key(&self, route: &str) -> String {
@@ -1250,9 +1260,110 @@ impl TaskStore for RedisStore {
         .await
     }
 
+    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError> {
+        let mut inv = self.scripts.link_child.prepare_invoke();
+        inv.key(self.kids_key(parent))
+            .arg(link_json(child))
+            .arg(super::MAX_CHILDREN)
+            .arg(super::LINK_RETENTION.as_millis() as u64);
+        let linked: i64 = self
+            .call("link_child", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(linked == 1)
+    }
+
+    async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError> {
+        if parents.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = parents.iter().map(|p| self.kids_key(p)).collect();
+        let lists: Vec<Vec<String>> = self
+            .call("children", |mut c| async move {
+                let mut pipe = redis::pipe();
+                for k in &keys {
+                    pipe.cmd("LRANGE").arg(k).arg(0).arg(-1);
+                }
+                pipe.query_async(&mut c).await
+            })
+            .await?;
+        let mut out = Vec::new();
+        for item in lists.iter().flatten() {
+            match link_of(item) {
+                Some(l) => out.push(l),
+                None => {
+                    tracing::warn!(link = %item, "an unreadable delegation link in Redis; skipped")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn link_key(&self) -> Result<Vec<u8>, StoreError> {
+        let k = format!("{}:link-key", self.namespace);
+        let mine = crate::link::hex(&crate::link::random_key());
+        let (key,): (String,) = self
+            .call("link_key", |mut c| async move {
+                redis::pipe()
+                    .cmd("SET")
+                    .arg(&k)
+                    .arg(&mine)
+                    .arg("NX")
+                    .ignore()
+                    .cmd("GET")
+                    .arg(&k)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        unhex(&key).ok_or_else(|| StoreError("redis link_key: the stored key is not hex".into()))
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
+}
+
+/// A link as Redis keeps it: JSON.
+fn link_json(l: &ChildLink) -> String {
+    serde_json::json!({
+        "route": &*l.route,
+        "tenant": &*l.tenant,
+        "message": l.message_id,
+        "binding": l.target.binding.as_str(),
+        "path": l.target.path,
+        "replica": l.replica,
+        "sent_ms": l.sent_ms,
+        "depth": l.depth,
+    })
+    .to_string()
+}
+
+fn link_of(s: &str) -> Option<ChildLink> {
+    let v: serde_json::Value = serde_json::from_str(s).ok()?;
+    Some(ChildLink {
+        route: v["route"].as_str()?.into(),
+        tenant: v["tenant"].as_str()?.into(),
+        message_id: v["message"].as_str()?.to_owned(),
+        target: CancelTarget {
+            binding: binding_of(v["binding"].as_str()?)?,
+            path: v["path"].as_str()?.to_owned(),
+        },
+        replica: v["replica"].as_str().map(str::to_owned),
+        sent_ms: v["sent_ms"].as_u64()?,
+        depth: u8::try_from(v["depth"].as_u64()?).ok()?,
+    })
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if !b.len().is_multiple_of(2) || b.is_empty() {
+        return None;
+    }
+    b.chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
+        .collect()
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.

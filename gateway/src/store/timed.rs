@@ -16,12 +16,12 @@ use async_trait::async_trait;
 use prometheus::{register_histogram_vec, Histogram, HistogramVec};
 
 use super::{
-    AccountView, Asker, CancelTarget, OwedCancel, Owing, Renewal, Reservation, StoreError, TaskKey,
-    TaskRecord, TaskStore, TaskUpdate, Unreserved,
+    AccountView, Asker, CancelTarget, ChildLink, OwedCancel, Owing, Renewal, Reservation,
+    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
 };
 
 /// The `op` label values: the [`TaskStore`] method names.
-pub const OPS: [&str; 22] = [
+pub const OPS: [&str; 25] = [
     "update",
     "get",
     "list",
@@ -44,10 +44,13 @@ pub const OPS: [&str; 22] = [
     "replica_alive",
     "replica_gone",
     "context_replica",
+    "link_child",
+    "children",
+    "link_key",
 ];
 
 /// The `op` values of `a2agw_store_errors_total`.
-const ERROR_OPS: [&str; 17] = [
+const ERROR_OPS: [&str; 19] = [
     "update",
     "get",
     "lease_start",
@@ -65,6 +68,8 @@ const ERROR_OPS: [&str; 17] = [
     "outbox_claim",
     "replica_alive",
     "context_replica",
+    "link_child",
+    "children",
 ];
 
 /// From a memory store's microseconds to a Redis call that timed out.
@@ -267,6 +272,18 @@ impl TaskStore for TimedStore {
 
     async fn replica_gone(&self) -> Result<(), StoreError> {
         timed!(self, 20, self.inner.replica_gone())
+    }
+
+    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError> {
+        timed!(self, 22, self.inner.link_child(parent, child))
+    }
+
+    async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError> {
+        timed!(self, 23, self.inner.children(parents))
+    }
+
+    async fn link_key(&self) -> Result<Vec<u8>, StoreError> {
+        timed!(self, 24, self.inner.link_key())
     }
 
     fn clock_ms(&self) -> u64 {

@@ -1,0 +1,429 @@
+//! Delegation trees: how a request through the gateway names itself to the
+//! worker (its reference in the W3C trace context), how a send that carries
+//! such a reference becomes a child of the task that request fed, and what
+//! the end of a parent means for its children.
+//!
+//! The reference travels as the gateway's own `tracestate` list member
+//! ([`MEMBER`]), which OpenTelemetry-instrumented agents propagate unchanged
+//! to the calls they make while serving the request; or as a `baggage`
+//! member of the same name. Its value is minted and checked by the gateway
+//! (a keyed hash: see `gateway/src/link.rs`); this module only formats,
+//! finds and decides.
+
+use crate::TaskState;
+
+/// The gateway's `tracestate` list member key (and `baggage` member name).
+pub const MEMBER: &str = "a2agw";
+
+/// The most `tracestate` list members forwarded (W3C Trace Context: a
+/// vendor may drop members beyond 32, from the end).
+pub const TRACESTATE_MEMBERS: usize = 32;
+
+/// Bytes in a reference and in its tag.
+pub const REF_BYTES: usize = 8;
+
+/// The deepest a tree may grow unless the config says otherwise: a send
+/// whose parent is this deep is not linked.
+pub const DEFAULT_MAX_DEPTH: u8 = 8;
+
+/// A reference as it travels: which request (`reference`, a keyed hash of
+/// its route, tenant and message or task), how deep its task is in its
+/// tree, and the tag that proves the gateway wrote both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wire {
+    pub reference: [u8; REF_BYTES],
+    pub depth: u8,
+    pub tag: [u8; REF_BYTES],
+}
+
+impl Wire {
+    /// The member's value: 34 lowercase hex digits (reference, depth, tag),
+    /// within what `tracestate` and `baggage` values allow unescaped.
+    pub fn encode(&self) -> String {
+        let mut s = String::with_capacity(2 * (2 * REF_BYTES + 1));
+        hex_into(&mut s, &self.reference);
+        hex_into(&mut s, &[self.depth]);
+        hex_into(&mut s, &self.tag);
+        s
+    }
+
+    /// Reads a member's value; anything but exactly [`Wire::encode`]'s
+    /// form is `None` (not the gateway's, or altered).
+    pub fn decode(value: &str) -> Option<Wire> {
+        let b = value.as_bytes();
+        if b.len() != 2 * (2 * REF_BYTES + 1) {
+            return None;
+        }
+        let mut out = [0u8; 2 * REF_BYTES + 1];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = (nibble(b[2 * i])? << 4) | nibble(b[2 * i + 1])?;
+        }
+        let mut reference = [0u8; REF_BYTES];
+        let mut tag = [0u8; REF_BYTES];
+        reference.copy_from_slice(&out[..REF_BYTES]);
+        tag.copy_from_slice(&out[REF_BYTES + 1..]);
+        Some(Wire {
+            reference,
+            depth: out[REF_BYTES],
+            tag,
+        })
+    }
+}
+
+/// Lowercase hex of `bytes`, appended.
+pub fn hex_into(s: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
+    }
+}
+
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+/// The value of list member `key` in a `tracestate` (the header's lines
+/// joined by `,`): members are `key=value`, separated by commas with
+/// optional spaces and tabs; the first member of that key counts.
+pub fn tracestate_member<'a>(tracestate: &'a str, key: &str) -> Option<&'a str> {
+    tracestate.split(',').find_map(|m| {
+        let (k, v) = m.trim_matches([' ', '\t']).split_once('=')?;
+        (k == key).then_some(v)
+    })
+}
+
+/// The value of member `key` in a `baggage` header (`key=value;props`,
+/// comma separated; the value as sent, not percent-decoded: the gateway's
+/// own value needs none).
+pub fn baggage_member<'a>(baggage: &'a str, key: &str) -> Option<&'a str> {
+    baggage.split(',').find_map(|m| {
+        let m = m.split(';').next()?;
+        let (k, v) = m.split_once('=')?;
+        (k.trim_matches([' ', '\t']) == key).then(|| v.trim_matches([' ', '\t']))
+    })
+}
+
+/// The `tracestate` a worker gets: `key=value` first (W3C: a vendor that
+/// updates its member moves it to the front), then the caller's members
+/// in their order, without any other of `key` and without empty ones, at
+/// most [`TRACESTATE_MEMBERS`] in all (the last ones dropped).
+pub fn with_member(tracestate: Option<&str>, key: &str, value: &str) -> String {
+    let mut out =
+        String::with_capacity(key.len() + value.len() + 1 + tracestate.map_or(0, str::len));
+    out.push_str(key);
+    out.push('=');
+    out.push_str(value);
+    let mut members = 1;
+    for m in tracestate.unwrap_or("").split(',') {
+        if members == TRACESTATE_MEMBERS {
+            break;
+        }
+        let m = m.trim_matches([' ', '\t']);
+        if m.is_empty() || m.split_once('=').is_some_and(|(k, _)| k == key) {
+            continue;
+        }
+        out.push(',');
+        out.push_str(m);
+        members += 1;
+    }
+    out
+}
+
+/// Whether a `traceparent` is one the gateway can keep: version `00`
+/// form (`00-<32 hex>-<16 hex>-<2 hex>`, ids not all zero) or a later
+/// version that starts so (W3C: read its first four fields).
+pub fn traceparent_valid(tp: &str) -> bool {
+    let b = tp.trim_matches([' ', '\t']).as_bytes();
+    if b.len() < 55 || (b.len() > 55 && (b[..2] == *b"00" || b[55] != b'-')) {
+        return false;
+    }
+    let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| nibble(*c).is_some());
+    let nonzero = |r: std::ops::Range<usize>| b[r].iter().any(|c| *c != b'0');
+    b[2] == b'-'
+        && b[35] == b'-'
+        && b[52] == b'-'
+        && hex(0..2)
+        && b[..2] != *b"ff"
+        && hex(3..35)
+        && hex(36..52)
+        && hex(53..55)
+        && nonzero(3..35)
+        && nonzero(36..52)
+}
+
+/// What a request's reference makes of the send that carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// The send's new task is a child of the reference's task, at `depth`.
+    Child { depth: u8 },
+    /// No parent: the task is a root (depth 0).
+    Root,
+    /// The parent is [`DEFAULT_MAX_DEPTH`] (or the configured most) deep:
+    /// not linked, counted; the task is a root.
+    TooDeep,
+    /// A send that continues a task: an existing task never gains a parent
+    /// (so that no link can close a cycle), whatever it carries.
+    Continues,
+}
+
+/// Whether a send becomes a child. `parent_depth`: the depth a valid
+/// reference it carries names (`None`: it carries none, or one the gateway
+/// did not write); `new_task`: it names no task (it starts one).
+pub fn link(parent_depth: Option<u8>, new_task: bool, max_depth: u8) -> Link {
+    match (parent_depth, new_task) {
+        (None, _) => Link::Root,
+        (Some(_), false) => Link::Continues,
+        (Some(d), true) if d >= max_depth => Link::TooDeep,
+        (Some(d), true) => Link::Child { depth: d + 1 },
+    }
+}
+
+impl Link {
+    /// The depth of the task the request feeds, which its own reference
+    /// carries on: a child's, else 0 (a continued task's depth is not
+    /// known here; its reference says 0, so a tree under it may grow
+    /// `max_depth` below it: bounded all the same).
+    pub fn depth(self) -> u8 {
+        match self {
+            Link::Child { depth } => depth,
+            _ => 0,
+        }
+    }
+
+    /// Label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Link::Child { .. } => "child",
+            Link::Root => "root",
+            Link::TooDeep => "too_deep",
+            Link::Continues => "continues",
+        }
+    }
+}
+
+/// What a route does with the running children of a parent that ended
+/// well (completed): the parent may have meant them to outlive it (a
+/// background job it started and reported), or may have dropped them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnParentCompleted {
+    /// Left running (the default: cancelling is irreversible, a child kept
+    /// costs what its own budget and lease allow).
+    #[default]
+    Keep,
+    /// Cancelled, as the a2a-rust SDK's `Delegation` cancels a child whose
+    /// handle is dropped before it settled.
+    Cancel,
+}
+
+/// Why a tree's children are cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TreeCause {
+    /// The parent ended CANCELED.
+    ParentCanceled,
+    /// The parent ended FAILED or REJECTED.
+    ParentFailed,
+    /// The parent COMPLETED and the route cancels children left running.
+    ParentCompleted,
+}
+
+impl TreeCause {
+    /// Label for logs and metrics (and the cancel's `cause`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TreeCause::ParentCanceled => "parent_canceled",
+            TreeCause::ParentFailed => "parent_failed",
+            TreeCause::ParentCompleted => "parent_completed",
+        }
+    }
+}
+
+/// Whether a parent's end in `state` cancels its unsettled children.
+/// Interrupted states (input-required, auth-required) hand the parent
+/// back: its children wait with it.
+pub fn on_parent_end(state: TaskState, completed: OnParentCompleted) -> Option<TreeCause> {
+    match state {
+        TaskState::Canceled => Some(TreeCause::ParentCanceled),
+        TaskState::Failed | TaskState::Rejected => Some(TreeCause::ParentFailed),
+        TaskState::Completed => {
+            (completed == OnParentCompleted::Cancel).then_some(TreeCause::ParentCompleted)
+        }
+        TaskState::Unspecified
+        | TaskState::Submitted
+        | TaskState::Working
+        | TaskState::InputRequired
+        | TaskState::AuthRequired => None,
+    }
+}
+
+/// What a tree cancel does to one child, from its state as known (`None`:
+/// not known: the worker is asked first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildAction {
+    /// Ask the worker its state, then decide again.
+    Probe,
+    /// Send `CancelTask`.
+    Cancel,
+    /// Leave it: it ended, or it is handed back (input-required,
+    /// auth-required: as the cascade, never cancelled).
+    Keep,
+}
+
+pub fn child_action(state: Option<TaskState>) -> ChildAction {
+    match state {
+        None => ChildAction::Probe,
+        Some(s) if s.is_settled() => ChildAction::Keep,
+        Some(_) => ChildAction::Cancel,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_round_trips_and_refuses_anything_else() {
+        let w = Wire {
+            reference: [0, 1, 2, 0xab, 0xcd, 0xef, 0x10, 0xff],
+            depth: 3,
+            tag: [9; 8],
+        };
+        let s = w.encode();
+        assert_eq!(s, "000102abcdef10ff030909090909090909");
+        assert_eq!(Wire::decode(&s), Some(w));
+        for bad in [
+            "",
+            "000102abcdef10ff03090909090909090",
+            "000102abcdef10ff0309090909090909090",
+            "000102ABCDEF10ff030909090909090909",
+            "000102abcdef10ff03090909090909090g",
+            " 00102abcdef10ff030909090909090909",
+        ] {
+            assert_eq!(Wire::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tracestate_members_found() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("a2agw=1", Some("1")),
+            ("x=1,a2agw=2", Some("2")),
+            ("x=1 , \ta2agw=2 ,y=3", Some("2")),
+            ("x=1,a2agw=2,a2agw=3", Some("2")),
+            ("xa2agw=1", None),
+            ("a2agw", None),
+            ("", None),
+            ("vendor@a2agw=1", None),
+        ];
+        for (ts, want) in cases {
+            assert_eq!(tracestate_member(ts, MEMBER), *want, "{ts:?}");
+        }
+    }
+
+    #[test]
+    fn baggage_members_found() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("a2agw=1", Some("1")),
+            ("user=x, a2agw = 2 ;prop=1", Some("2")),
+            ("a2agwx=1", None),
+            ("user=a2agw=1", None),
+        ];
+        for (b, want) in cases {
+            assert_eq!(baggage_member(b, MEMBER), *want, "{b:?}");
+        }
+    }
+
+    #[test]
+    fn member_goes_first_and_the_callers_stay() {
+        assert_eq!(with_member(None, MEMBER, "v"), "a2agw=v");
+        assert_eq!(with_member(Some(""), MEMBER, "v"), "a2agw=v");
+        assert_eq!(
+            with_member(Some("x=1, a2agw=old ,y=2,,"), MEMBER, "v"),
+            "a2agw=v,x=1,y=2"
+        );
+        let many: Vec<String> = (0..40).map(|i| format!("k{i}=v")).collect();
+        let out = with_member(Some(&many.join(",")), MEMBER, "v");
+        let members: Vec<&str> = out.split(',').collect();
+        assert_eq!(members.len(), TRACESTATE_MEMBERS);
+        assert_eq!(members[0], "a2agw=v");
+        assert_eq!(members[1], "k0=v");
+        assert_eq!(members[31], "k30=v");
+    }
+
+    #[test]
+    fn traceparents() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(traceparent_valid(ok));
+        assert!(traceparent_valid(&format!("01{}-extra", &ok[2..])));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(!traceparent_valid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn link_table() {
+        let cases = [
+            (None, true, 8, Link::Root),
+            (None, false, 8, Link::Root),
+            (Some(0), true, 8, Link::Child { depth: 1 }),
+            (Some(7), true, 8, Link::Child { depth: 8 }),
+            (Some(8), true, 8, Link::TooDeep),
+            (Some(255), true, 8, Link::TooDeep),
+            (Some(0), false, 8, Link::Continues),
+            (Some(0), true, 0, Link::TooDeep),
+        ];
+        for (parent, new_task, max, want) in cases {
+            assert_eq!(link(parent, new_task, max), want, "{parent:?} {new_task}");
+        }
+        assert_eq!(Link::Child { depth: 3 }.depth(), 3);
+        assert_eq!(Link::TooDeep.depth(), 0);
+    }
+
+    #[test]
+    fn parent_end_table() {
+        use OnParentCompleted::{Cancel, Keep};
+        for s in TaskState::ALL {
+            let want = match s {
+                TaskState::Canceled => Some(TreeCause::ParentCanceled),
+                TaskState::Failed | TaskState::Rejected => Some(TreeCause::ParentFailed),
+                _ => None,
+            };
+            assert_eq!(on_parent_end(s, Keep), want, "{s}");
+        }
+        assert_eq!(
+            on_parent_end(TaskState::Completed, Cancel),
+            Some(TreeCause::ParentCompleted)
+        );
+        assert_eq!(on_parent_end(TaskState::InputRequired, Cancel), None);
+    }
+
+    #[test]
+    fn child_table() {
+        assert_eq!(child_action(None), ChildAction::Probe);
+        for s in TaskState::ALL {
+            let want = if s.is_settled() {
+                ChildAction::Keep
+            } else {
+                ChildAction::Cancel
+            };
+            assert_eq!(child_action(Some(s)), want, "{s}");
+        }
+        assert_eq!(
+            child_action(Some(TaskState::InputRequired)),
+            ChildAction::Keep
+        );
+    }
+}

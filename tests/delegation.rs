@@ -1,0 +1,355 @@
+//! Delegation trees through the gateway, with real agents: the Python
+//! `a2a-sdk` 1.3.0 worker run as parent, child and grandchild agents
+//! (`spawn:`: a background child it starts and never follows), served
+//! inside OpenTelemetry's ASGI middleware with its own httpx
+//! instrumentation (`--otel`), as an instrumented agent is. Nothing in the
+//! agents knows of the gateway: the only link between a parent's task and
+//! its child's is the trace context the parent's instrumented client
+//! propagates. Every assertion is on the agents' own task states and
+//! cancel counts.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::harness::gateway::Gateway;
+use crate::harness::http::{post_json, wait_for_state};
+use crate::harness::python_worker::PythonWorker;
+use crate::harness::redis::RedisServer;
+use crate::harness::{scaled_ms, scaled_secs};
+
+const CANCELED: &str = "TASK_STATE_CANCELED";
+const WORKING: &str = "TASK_STATE_WORKING";
+
+/// Routes `p`, `c` and `d` (path prefixes) to the three agents.
+fn routes(p: &PythonWorker, c: &PythonWorker, d: &PythonWorker, p_extra: &str) -> String {
+    format!(
+        "[[routes]]\nname = \"p\"\npath_prefix = \"/p\"\nworker = \"{}\"\n{p_extra}\n\n\
+         [[routes]]\nname = \"c\"\npath_prefix = \"/c\"\nworker = \"{}\"\n\n\
+         [[routes]]\nname = \"d\"\npath_prefix = \"/d\"\nworker = \"{}\"\n",
+        p.url(),
+        c.url(),
+        d.url()
+    )
+}
+
+async fn agents() -> (PythonWorker, PythonWorker, PythonWorker) {
+    let (p, c, d) = tokio::join!(
+        PythonWorker::start_with_args(&["--otel"]),
+        PythonWorker::start_with_args(&["--otel"]),
+        PythonWorker::start_with_args(&["--otel"]),
+    );
+    (p, c, d)
+}
+
+fn message(text: &str) -> Value {
+    json!({
+        "messageId": format!("root-{}", uuid_like()),
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    })
+}
+
+fn uuid_like() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed) + u64::from(std::process::id()) * 1_000_000
+}
+
+/// A root's trace.
+const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// A non-blocking `SendMessage` to `path` on the gateway; the task's id.
+async fn send_detached(gw: &str, path: &str, text: &str) -> String {
+    send_detached_with(gw, path, &[], text).await
+}
+
+async fn send_detached_with(gw: &str, path: &str, headers: &[(&str, &str)], text: &str) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendMessage",
+        "params": {"message": message(text), "configuration": {"returnImmediately": true}}});
+    let r = post_json(gw, path, headers, &body).await;
+    let v = r.json();
+    v["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task in {v}"))
+        .to_owned()
+}
+
+/// The one child `agent` started (`spawn:`), once its send was answered.
+async fn child_of(agent: &PythonWorker) -> String {
+    for _ in 0..crate::harness::scaled_count(400) {
+        let s = agent.stats().await;
+        if let Some(c) = s["children"].as_array().and_then(|c| c.first()) {
+            if let Some(id) = c["task_id"].as_str() {
+                return id.to_owned();
+            }
+            assert!(c["error"].is_null(), "the child's send failed: {c}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no child started: {}", agent.stats().await);
+}
+
+/// `CancelTask` through the gateway, as a root caller sends it.
+async fn cancel_through(gw: &str, path: &str, id: &str) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": "root-cancel", "method": "CancelTask",
+        "params": {"id": id}});
+    post_json(gw, path, &[], &body).await.json()
+}
+
+async fn cancels(agent: &PythonWorker) -> u64 {
+    agent.stats().await["cancels"].as_u64().unwrap()
+}
+
+/// The tree P → C → D, each started in the background by its parent.
+async fn start_tree(
+    gw: &str,
+    p: &PythonWorker,
+    c: &PythonWorker,
+    d: &PythonWorker,
+) -> (String, String, String) {
+    let text = format!("spawn:60000@{gw}/c@spawn:60000@{gw}/d@work:60000");
+    let p_task = send_detached(gw, "/p", &text).await;
+    let c_task = child_of(p).await;
+    let d_task = child_of(c).await;
+    for (agent, id) in [(p, &p_task), (c, &c_task), (d, &d_task)] {
+        wait_for_state(&agent.url(), None, id, WORKING, scaled_secs(5))
+            .await
+            .unwrap_or_else(|s| panic!("{id} not WORKING: {s:?}"));
+    }
+    (p_task, c_task, d_task)
+}
+
+/// Each hop's cancel lands within this of the one above it.
+fn per_hop() -> Duration {
+    scaled_secs(1)
+}
+
+#[tokio::test]
+async fn root_cancel_cancels_the_detached_child_and_grandchild() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let (p_task, c_task, d_task) = start_tree(&gw.url, &p, &c, &d).await;
+
+    let answer = cancel_through(&gw.url, "/p", &p_task).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    let to_c = wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    let to_d = wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    eprintln!("tree cancel: child after {to_c:?}, grandchild {to_d:?} after that");
+    // One CancelTask each: the root's for P, the gateway's for C and D.
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(
+        (cancels(&p).await, cancels(&c).await, cancels(&d).await),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        gw.counter(
+            "a2agw_tree_links_total",
+            &["route=\"c\"", "outcome=\"child\""]
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        gw.counter(
+            "a2agw_tree_cancels_total",
+            &[
+                "route=\"d\"",
+                "cause=\"parent_canceled\"",
+                "outcome=\"canceled\""
+            ]
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn the_root_leaving_cancels_the_tree() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let text = format!(
+        "spawn:60000@{}/c@spawn:60000@{}/d@work:60000",
+        gw.url, gw.url
+    );
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        "params": {"message": message(&text)}});
+    // The root streams P's task, then leaves once the grandchild runs.
+    let sock = crate::harness::http::open_post_json(&gw.url, "/p", &body).await;
+    let c_task = child_of(&p).await;
+    let d_task = child_of(&c).await;
+    wait_for_state(&d.url(), None, &d_task, WORKING, scaled_secs(5))
+        .await
+        .unwrap();
+    let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
+    crate::harness::http::leave(sock, true).await;
+    wait_for_state(&p.url(), None, &p_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("parent not cancelled: {s:?}\n{}", gw.log_text()));
+    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(
+        (cancels(&p).await, cancels(&c).await, cancels(&d).await),
+        (1, 1, 1)
+    );
+}
+
+/// A child sent with only the caller's `traceparent` (no `tracestate`) is
+/// not linked: the same trace is no proof of parenthood.
+#[tokio::test]
+async fn no_link_without_the_gateways_reference() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let p_task = send_detached(
+        &gw.url,
+        "/p",
+        &format!("spawnbare:60000@{}/c@work:60000", gw.url),
+    )
+    .await;
+    let c_task = child_of(&p).await;
+    let answer = cancel_through(&gw.url, "/p", &p_task).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    tokio::time::sleep(per_hop() + scaled_ms(500)).await;
+    assert_eq!(c.state(None, &c_task).await.as_deref(), Some(WORKING));
+    assert_eq!(cancels(&c).await, 0);
+    assert_eq!(
+        gw.counter("a2agw_tree_links_total", &["route=\"c\""]).await,
+        0.0
+    );
+}
+
+/// A child that settled input-required is handed back, not cancelled; a
+/// task of another tree beside it is not touched.
+#[tokio::test]
+async fn a_handed_back_child_and_another_tree_are_left_alone() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    // Tree 1: P1 → C (asks for input). Tree 2, another root in the same
+    // trace: X (on C's agent) → D (works).
+    let p1 = send_detached_with(
+        &gw.url,
+        "/p",
+        &[("traceparent", TRACE)],
+        &format!("spawn:60000@{}/c@ask", gw.url),
+    )
+    .await;
+    let asked = child_of(&p).await;
+    wait_for_state(
+        &c.url(),
+        None,
+        &asked,
+        "TASK_STATE_INPUT_REQUIRED",
+        scaled_secs(5),
+    )
+    .await
+    .unwrap();
+    let _p2 = send_detached_with(
+        &gw.url,
+        "/c",
+        &[("traceparent", TRACE)],
+        &format!("spawn:60000@{}/d@work:60000", gw.url),
+    )
+    .await;
+    let d_task = child_of(&c).await;
+    let answer = cancel_through(&gw.url, "/p", &p1).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    tokio::time::sleep(per_hop() + scaled_ms(500)).await;
+    assert_eq!(
+        c.state(None, &asked).await.as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED")
+    );
+    assert_eq!(d.state(None, &d_task).await.as_deref(), Some(WORKING));
+    assert_eq!((cancels(&c).await, cancels(&d).await), (0, 0));
+    assert_eq!(
+        gw.counter(
+            "a2agw_tree_cancels_total",
+            &["route=\"c\"", "outcome=\"settled\""]
+        )
+        .await,
+        1.0
+    );
+}
+
+/// A parent that completes leaves its running children by default; a route
+/// with `on_parent_completed = "cancel"` takes them with it.
+#[tokio::test]
+async fn a_completed_parent_keeps_or_cancels_its_children_as_the_route_says() {
+    let (p, c, d) = agents().await;
+    for (extra, want) in [
+        ("", WORKING),
+        ("on_parent_completed = \"cancel\"", CANCELED),
+    ] {
+        let gw = Gateway::start(&routes(&p, &c, &d, extra)).await;
+        let before = c.stats().await["task_ids"].as_array().unwrap().len();
+        let text = format!("spawn:200@{}/c@work:60000", gw.url);
+        // Streamed: the gateway reads the parent's COMPLETED.
+        let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+            "params": {"message": message(&text)}});
+        let r = post_json(&gw.url, "/p", &[], &body).await;
+        assert!(r.text().contains("TASK_STATE_COMPLETED"), "{}", r.text());
+        let ids = c.stats().await["task_ids"].clone();
+        let c_task = ids[before].as_str().unwrap().to_owned();
+        if want == CANCELED {
+            wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+                .await
+                .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+        } else {
+            tokio::time::sleep(per_hop() + scaled_ms(500)).await;
+            assert_eq!(c.state(None, &c_task).await.as_deref(), Some(WORKING));
+        }
+    }
+}
+
+/// The parent's send through gateway replica A, its child's through B, on
+/// one Redis: the link is in the store, and A's cancel of the parent takes
+/// the child with it.
+#[tokio::test]
+async fn a_tree_across_gateway_replicas_on_redis() {
+    let redis = RedisServer::start().await;
+    let (p, c, d) = agents().await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n{}",
+        redis.url(),
+        routes(&p, &c, &d, "")
+    );
+    let a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    let text = format!("spawn:60000@{}/c@spawn:60000@{}/d@work:60000", b.url, a.url);
+    let p_task = send_detached(&a.url, "/p", &text).await;
+    let c_task = child_of(&p).await;
+    let d_task = child_of(&c).await;
+    wait_for_state(&d.url(), None, &d_task, WORKING, scaled_secs(5))
+        .await
+        .unwrap();
+    let answer = cancel_through(&a.url, "/p", &p_task).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "child not cancelled: {s:?}\nA:\n{}\nB:\n{}",
+                a.log_text(),
+                b.log_text()
+            )
+        });
+    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "grandchild not cancelled: {s:?}\nA:\n{}\nB:\n{}",
+                a.log_text(),
+                b.log_text()
+            )
+        });
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!((cancels(&c).await, cancels(&d).await), (1, 1));
+}
