@@ -353,3 +353,166 @@ async fn a_tree_across_gateway_replicas_on_redis() {
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!((cancels(&c).await, cancels(&d).await), (1, 1));
 }
+
+/// P's caller granted a lease on P's task and stopped renewing it, and P's
+/// agent was SIGKILLed: the lapse takes P's children with it, though P's
+/// own cancel finds no worker (the lease's record says which message
+/// started P, so its references are known without asking P).
+#[tokio::test]
+async fn a_parent_whose_lease_lapsed_takes_its_children_with_it() {
+    let (p, c, d) = agents().await;
+    let cfg = format!(
+        "[cancel]\nattempts = 1\ntimeout = \"500ms\"\n\n{}",
+        routes(&p, &c, &d, "worker_leases = \"enforce\"")
+    );
+    let gw = Gateway::start(&cfg).await;
+    let ttl = Duration::from_millis(1500);
+    let mut msg = message(&format!(
+        "spawn:60000@{}/c@spawn:60000@{}/d@work:60000",
+        gw.url, gw.url
+    ));
+    msg["metadata"] = json!({"a2a-rust.com/lease": {"ttlMs": ttl.as_millis() as u64}});
+    msg["extensions"] = json!(["https://a2a-rust.com/extensions/lease/v1"]);
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendMessage",
+        "params": {"message": msg, "configuration": {"returnImmediately": true}}});
+    let sent = tokio::time::Instant::now();
+    let r = post_json(&gw.url, "/p", &[], &body).await;
+    assert!(r.json()["result"]["task"]["id"].is_string(), "{}", r.text());
+    let c_task = child_of(&p).await;
+    let d_task = child_of(&c).await;
+    wait_for_state(&d.url(), None, &d_task, WORKING, scaled_secs(5))
+        .await
+        .unwrap();
+    p.kill().await;
+    // Lapsed at `ttl` after the send (a tick and a refused connect later
+    // the tree starts), then one hop each.
+    let lapse_left = ttl.saturating_sub(sent.elapsed());
+    wait_for_state(&c.url(), None, &c_task, CANCELED, lapse_left + per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!((cancels(&c).await, cancels(&d).await), (1, 1));
+}
+
+/// P's budget deadline passes: the gateway stops P, and P's children with
+/// it.
+#[tokio::test]
+async fn a_parent_past_its_deadline_takes_its_children_with_it() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let deadline = Duration::from_millis(1500);
+    let mut msg = message(&format!(
+        "spawn:60000@{}/c@spawn:60000@{}/d@work:60000",
+        gw.url, gw.url
+    ));
+    msg["metadata"] = json!({"a2a-rust.com/budget": {"remainingMs": deadline.as_millis() as u64}});
+    msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        "params": {"message": msg}});
+    let sent = tokio::time::Instant::now();
+    let sock = crate::harness::http::open_post_json(&gw.url, "/p", &body).await;
+    let c_task = child_of(&p).await;
+    let d_task = child_of(&c).await;
+    let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
+    let left = deadline.saturating_sub(sent.elapsed());
+    wait_for_state(&p.url(), None, &p_task, CANCELED, left + scaled_ms(250))
+        .await
+        .unwrap_or_else(|s| panic!("parent not stopped: {s:?}\n{}", gw.log_text()));
+    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    drop(sock);
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(
+        (cancels(&p).await, cancels(&c).await, cancels(&d).await),
+        (1, 1, 1)
+    );
+}
+
+/// The same tree of a2a-rust 0.15 agents, each call on another binding: the
+/// root reaches P over gRPC, P its child over REST, the child its own over
+/// JSON-RPC, each agent's a2a-rust client carrying on the trace headers its
+/// request arrived with (an interceptor: the client crate propagates none).
+/// The root's gRPC `CancelTask` for P takes both with it.
+#[tokio::test]
+async fn a_tree_of_a2a_rust_agents_over_grpc_rest_and_jsonrpc() {
+    use crate::harness::rust_worker::{RustWorker, RustWorkerOptions};
+    use a2a_protocol_types::message::{Message, Part};
+    use a2a_protocol_types::params::{MessageSendParams, SendMessageConfiguration};
+    use a2a_protocol_types::responses::SendMessageResponse;
+
+    let p = RustWorker::start_with_grpc(RustWorkerOptions::default()).await;
+    let c = RustWorker::start(RustWorkerOptions::default()).await;
+    let d = RustWorker::start(RustWorkerOptions::default()).await;
+    // P's route is the catch-all (gRPC paths are the service's own).
+    let gw = Gateway::start(&format!(
+        "[[routes]]\nname = \"p\"\nworker = \"{}\"\n\n\
+         [[routes]]\nname = \"c\"\npath_prefix = \"/c\"\nworker = \"{}\"\n\n\
+         [[routes]]\nname = \"d\"\npath_prefix = \"/d\"\nworker = \"{}\"\n",
+        p.grpc_url(),
+        c.url(),
+        d.url()
+    ))
+    .await;
+    let root = crate::harness::grpc::client(&gw.url, None, &[]).await;
+    let text = format!(
+        "spawn:60000@rest@{}/c@spawn:60000@jsonrpc@{}/d@work:60000",
+        gw.url, gw.url
+    );
+    let mut params = MessageSendParams::new(Message::user(
+        format!("root-{}", uuid_like()),
+        vec![Part::text(text)],
+    ));
+    params.configuration = Some(SendMessageConfiguration {
+        accepted_output_modes: Vec::new(),
+        task_push_notification_config: None,
+        history_length: None,
+        return_immediately: Some(true),
+    });
+    let p_task = match root.send_message(params).await {
+        Ok(SendMessageResponse::Task(t)) => t.id.0,
+        other => panic!("{other:?}"),
+    };
+    let spawned = |w: &RustWorker| {
+        w.children()
+            .first()
+            .map(|c| c.task.clone().unwrap_or_else(|e| panic!("child send: {e}")))
+    };
+    let mut ids = (None, None);
+    for _ in 0..crate::harness::scaled_count(400) {
+        ids = (spawned(&p), spawned(&c));
+        if ids.1.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let (Some(c_task), Some(d_task)) = ids else {
+        panic!("the tree did not grow: {ids:?}\n{}", gw.log_text());
+    };
+    root.cancel_task(&p_task)
+        .await
+        .unwrap_or_else(|e| panic!("cancel P: {e:?}"));
+    for (w, id, what) in [(&c, &c_task, "child"), (&d, &d_task, "grandchild")] {
+        let start = tokio::time::Instant::now();
+        loop {
+            if w.state(None, id).await.as_deref() == Some(CANCELED) {
+                break;
+            }
+            assert!(
+                start.elapsed() <= per_hop(),
+                "{what} not cancelled: {:?}\n{}",
+                w.state(None, id).await,
+                gw.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!((p.cancels(), c.cancels(), d.cancels()), (1, 1, 1));
+}

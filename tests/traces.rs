@@ -270,8 +270,11 @@ async fn request_span_and_its_cancel_in_the_callers_trace() {
         1,
         "one traceparent, the gateway's: {head}"
     );
+    // The caller's member passed on, after the gateway's delegation
+    // reference (docs/behaviour.md, delegation trees).
     assert!(
-        head.lines().any(|l| l == "tracestate: vendor=abc"),
+        head.lines()
+            .any(|l| l.starts_with("tracestate: a2agw=") && l.ends_with(",vendor=abc")),
         "the caller's tracestate passed on: {head}"
     );
     assert_eq!(named("tracestate:"), 1, "{head}");
@@ -287,8 +290,10 @@ async fn request_span_and_its_cancel_in_the_callers_trace() {
 
 /// Without `[tracing]` nothing is exported (not even with the OTLP
 /// variables of the environment pointing at a receiver) and nothing is
-/// added: a caller's `traceparent` reaches the worker as sent, a request
-/// without one and the gateway's own cancel carry none.
+/// added: a caller's `traceparent` reaches the worker as sent; a send
+/// without one gets a fresh one, not sampled, only to carry the gateway's
+/// delegation reference (`tracestate: a2agw=…`); the gateway's own cancel
+/// carries none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tracing_nothing_is_exported_or_added() {
     let otlp = Receiver::start().await;
@@ -326,7 +331,8 @@ async fn without_tracing_nothing_is_exported_or_added() {
         "the caller's traceparent, unchanged: {head}"
     );
 
-    // No traceparent from the caller: none added, nor on the cancel.
+    // No traceparent from the caller: a fresh unsampled one, for the
+    // reference; none on the cancel.
     let (s, id) = stream(&gw.url, &[], message("work:30000")).await;
     s.close();
     worker
@@ -344,7 +350,23 @@ async fn without_tracing_nothing_is_exported_or_added() {
         .filter(|(_, b)| b.contains("SendStreamingMessage") && b.contains("work:30000"))
         .collect::<Vec<_>>();
     assert_eq!(streamed.len(), 1);
-    assert!(!streamed[0].0.contains("traceparent"), "{}", streamed[0].0);
+    let head = &streamed[0].0;
+    let added: Vec<&str> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("traceparent: "))
+        .collect();
+    assert!(
+        added.len() == 1 && added[0].len() == 55 && added[0].ends_with("-00"),
+        "{head}"
+    );
+    let state: Vec<&str> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("tracestate: "))
+        .collect();
+    assert!(
+        state.len() == 1 && state[0].starts_with("a2agw=") && !state[0].contains(','),
+        "{head}"
+    );
 
     // Twice the export interval a traced gateway has (1 s): nothing arrives.
     tokio::time::sleep(scaled_secs(2)).await;

@@ -658,7 +658,7 @@ impl Admin {
             target,
             headers: crate::cancel::cancel_headers(&route.cfg, &[]),
             cause: "admin",
-            message_id: None,
+            message_id: record.message_id.clone(),
         };
         // A drain waits for it.
         let _work = crate::drain::Work::start();

@@ -381,13 +381,13 @@ pub struct Canceller {
     /// Searches by message, batched per worker, binding, tenant and
     /// headers ([`Canceller::find_by_message`]).
     scans: Arc<Mutex<HashMap<ScanKey, ScanState>>>,
-    /// Told of every task a cancel of the gateway's ended CANCELED (set
-    /// once at start: the delegation tree cancels the task's children).
+    /// Told of every cancel's outcome (set once at start: the delegation
+    /// tree follows the task's end to its children).
     on_canceled: Arc<std::sync::OnceLock<OnCanceled>>,
 }
 
-/// What a [`Canceller`] tells of each task its cancel ended CANCELED.
-pub type OnCanceled = Box<dyn Fn(&CancelJob) + Send + Sync>;
+/// What a [`Canceller`] tells of each cancel it ended: the job and how.
+pub type OnCanceled = Box<dyn Fn(&CancelJob, CancelOutcome) + Send + Sync>;
 
 /// What one batch of searches by message shares: one `ListTasks` scan.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -442,8 +442,8 @@ impl Canceller {
         }
     }
 
-    /// Every clone of this canceller calls `f` with each job whose cancel
-    /// the worker accepted (set once, at start; later calls do nothing).
+    /// Every clone of this canceller calls `f` with each job and how its
+    /// cancel ended (set once, at start; later calls do nothing).
     pub fn on_canceled(&self, f: OnCanceled) {
         let _ = self.on_canceled.set(f);
     }
@@ -623,10 +623,8 @@ impl Canceller {
         metrics::CANCELS
             .with_label_values(&[route, job.cause, outcome.as_str()])
             .inc();
-        if outcome == CancelOutcome::Canceled {
-            if let Some(f) = self.on_canceled.get() {
-                f(job);
-            }
+        if let Some(f) = self.on_canceled.get() {
+            f(job, outcome);
         }
         if outcome.is_done() {
             tracing::info!(task = %job.key, cause = job.cause, outcome = outcome.as_str(), ms = elapsed.as_millis() as u64, "CancelTask sent");

@@ -271,7 +271,7 @@ impl Leases {
                 target,
                 headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: "lease_lapsed",
-                message_id: None,
+                message_id: rec.message_id.clone(),
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
             crate::drain::spawn_work(async move {
@@ -346,11 +346,11 @@ impl Leases {
                 .inc();
             tracing::info!(task = %owed.key, cause = %owed.cause, "claimed an owed cancel (its replica is gone, or its last try failed); sending it");
             // The worker (replica) the task runs on, as its record says.
-            let worker = match self.store.get(&owed.key).await {
+            let (worker, message_id) = match self.store.get(&owed.key).await {
                 Ok(rec) => {
-                    route
-                        .worker_for(rec.and_then(|r| r.replica).as_deref())
-                        .await
+                    let (replica, message_id) =
+                        rec.map_or((None, None), |r| (r.replica, r.message_id));
+                    (route.worker_for(replica.as_deref()).await, message_id)
                 }
                 Err(_) => {
                     // Looked for again at its next claim.
@@ -372,7 +372,7 @@ impl Leases {
                 // stored.
                 headers: crate::cancel::cancel_headers(&route.cfg, &[]),
                 cause: crate::cancel::cause_label(&owed.cause),
-                message_id: None,
+                message_id,
             };
             let (canceller, store) = (self.canceller.clone(), self.store.clone());
             crate::drain::spawn_work(async move {

@@ -81,19 +81,36 @@ impl Tree {
         }
     }
 
-    /// Follows the ends of the tasks `canceller`'s cancels end: whatever
-    /// the cause, a task the gateway cancelled takes its children with it
+    /// Follows the ends of the tasks `canceller`'s cancels end
+    /// ([`policies::delegation::after_cancel`]): whatever the cause, a task
+    /// the gateway cancelled takes its children with it, and so does one
+    /// whose lease lapsed and whose worker lost it or cannot be reached
     /// (the tree's own cancels go on from there, with the child's message
     /// at hand).
     pub fn follow(&self, canceller: &Canceller) {
         let me = self.clone();
-        canceller.on_canceled(Box::new(move |job| {
-            if !is_tree_cause(job.cause) {
-                me.ended(Ended {
-                    job: job.clone(),
-                    state: Some(TaskState::Canceled),
-                });
+        canceller.on_canceled(Box::new(move |job, outcome| {
+            use crate::cancel::CancelOutcome as O;
+            use policies::delegation::{after_cancel, AfterCancel, CancelSeen};
+            if is_tree_cause(job.cause) {
+                return;
             }
+            let seen = match outcome {
+                O::Canceled => CancelSeen::Canceled,
+                O::NotCancelable => CancelSeen::NotCancelable,
+                O::NotFound => CancelSeen::NotFound,
+                O::Failed => CancelSeen::Failed,
+                O::NotOwed => CancelSeen::NotOwed,
+            };
+            let state = match after_cancel(seen, job.cause == "lease_lapsed") {
+                AfterCancel::Ended(s) => Some(s),
+                AfterCancel::Ask => None,
+                AfterCancel::Nothing => return,
+            };
+            me.ended(Ended {
+                job: job.clone(),
+                state,
+            });
         }));
     }
 

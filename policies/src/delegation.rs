@@ -260,6 +260,48 @@ pub fn on_parent_end(state: TaskState, completed: OnParentCompleted) -> Option<T
     }
 }
 
+/// How a cancel of the gateway's for a task ended, as its children care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelSeen {
+    /// The worker accepted it.
+    Canceled,
+    /// The task had ended already.
+    NotCancelable,
+    /// The worker does not know the task.
+    NotFound,
+    /// Every attempt failed (the worker unreachable, or refusing).
+    Failed,
+    /// Another replica carries it now.
+    NotOwed,
+}
+
+/// What follows for a task's children from a cancel of the gateway's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterCancel {
+    /// The task ended so: its children follow ([`on_parent_end`]).
+    Ended(TaskState),
+    /// It ended, how is not known: the worker is asked.
+    Ask,
+    /// Nothing yet.
+    Nothing,
+}
+
+/// A cancelled task ended CANCELED; one that had ended already, as the
+/// worker will say. A task whose lease lapsed (`lapsed`: its caller is gone
+/// for good) takes its children with it even when its own worker lost it or
+/// cannot be reached: a parent SIGKILLed with its worker leaves orphans that
+/// only the gateway can still stop.
+pub fn after_cancel(seen: CancelSeen, lapsed: bool) -> AfterCancel {
+    match seen {
+        CancelSeen::Canceled => AfterCancel::Ended(TaskState::Canceled),
+        CancelSeen::NotCancelable => AfterCancel::Ask,
+        CancelSeen::NotFound | CancelSeen::Failed if lapsed => {
+            AfterCancel::Ended(TaskState::Canceled)
+        }
+        CancelSeen::NotFound | CancelSeen::Failed | CancelSeen::NotOwed => AfterCancel::Nothing,
+    }
+}
+
 /// What a tree cancel does to one child, from its state as known (`None`:
 /// not known: the worker is asked first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -408,6 +450,27 @@ mod tests {
             Some(TreeCause::ParentCompleted)
         );
         assert_eq!(on_parent_end(TaskState::InputRequired, Cancel), None);
+    }
+
+    #[test]
+    fn after_cancel_table() {
+        use AfterCancel::*;
+        use CancelSeen::*;
+        let cases = [
+            (Canceled, false, Ended(TaskState::Canceled)),
+            (Canceled, true, Ended(TaskState::Canceled)),
+            (NotCancelable, false, Ask),
+            (NotCancelable, true, Ask),
+            (NotFound, false, Nothing),
+            (NotFound, true, Ended(TaskState::Canceled)),
+            (Failed, false, Nothing),
+            (Failed, true, Ended(TaskState::Canceled)),
+            (NotOwed, false, Nothing),
+            (NotOwed, true, Nothing),
+        ];
+        for (seen, lapsed, want) in cases {
+            assert_eq!(after_cancel(seen, lapsed), want, "{seen:?} {lapsed}");
+        }
     }
 
     #[test]

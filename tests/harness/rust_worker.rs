@@ -53,6 +53,12 @@
 //! * `trickle:<n>:<ms>`: `WORKING`, then n more `WORKING` updates `<ms>`
 //!   apart, then `COMPLETED` (watching the token): one event per socket write,
 //!   unlike `burst:` whose events leave in batches.
+//! * `spawn:<ms>@<binding>@<url>@<text>`: `WORKING`, then a background
+//!   child: `<text>` sent non-blocking to `<url>` over `<binding>`
+//!   (`jsonrpc`, `rest`, `grpc`) with the a2a-rust client, carrying the
+//!   trace headers the task's request came with (an interceptor, as the
+//!   client crate propagates none itself); then as `work:<ms>`.
+//!   [`RustWorker::children`] lists them.
 //!
 //! Counters: `tasks_started` (executor runs that created a task; a
 //! continuation of the same task id is not counted, see `executions`),
@@ -127,6 +133,7 @@
 //!   `WebSocketDispatcher::serve_with_shutdown(listener, ..)` return futures
 //!   this harness spawns and aborts.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -207,6 +214,8 @@ struct Observed {
     extension_calls: Mutex<Vec<(String, String)>>,
     /// Every cancel-hook run, in order.
     cancel_log: Mutex<Vec<CancelRecord>>,
+    /// The background children `spawn:` started, in order.
+    children: Mutex<Vec<SpawnedChild>>,
 }
 
 /// A running a2a-rust 0.15 agent. Stops accepting when dropped.
@@ -388,6 +397,11 @@ impl RustWorker {
         self.observed.cancels.load(Ordering::SeqCst)
     }
 
+    /// The background children `spawn:` turns started, in order.
+    pub fn children(&self) -> Vec<SpawnedChild> {
+        self.observed.children.lock().unwrap().clone()
+    }
+
     /// Cancel-hook runs not caused by `CancelTask`: a lease lapse (or halt)
     /// stopping a task.
     pub fn lease_stops(&self) -> usize {
@@ -462,10 +476,39 @@ enum Behaviour {
     /// the spend on each). It keeps going past its grant: stopping it is
     /// left to whoever enforces the budget.
     Spend(Duration, String, u64),
+    /// `spawn:<ms>@<binding>@<url>@<text>`: WORKING, then a non-blocking
+    /// `SendMessage` of `<text>` to the agent at `<url>` over `<binding>`
+    /// (`jsonrpc`, `rest` or `grpc`) with the a2a-rust client, never
+    /// followed (a background child), carrying the `traceparent`,
+    /// `tracestate` and `baggage` the task's request arrived with (an
+    /// interceptor propagating them, as an instrumented agent's does: the
+    /// client crate has no trace propagation of its own); then as
+    /// `work:<ms>`.
+    Spawn {
+        work: Duration,
+        binding: String,
+        url: String,
+        text: String,
+    },
 }
 
 fn behaviour(text: &str) -> Behaviour {
     let text = text.trim();
+    if let Some(rest) = text.strip_prefix("spawn:") {
+        let mut parts = rest.splitn(4, '@');
+        if let (Some(ms), Some(binding), Some(url), Some(child)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        {
+            if let Ok(ms) = ms.parse::<u64>() {
+                return Behaviour::Spawn {
+                    work: Duration::from_millis(ms),
+                    binding: binding.to_owned(),
+                    url: url.to_owned(),
+                    text: child.to_owned(),
+                };
+            }
+        }
+    }
     if let Some(ms) = text.strip_prefix("work:") {
         if let Ok(ms) = ms.trim().parse::<u64>() {
             return Behaviour::Work(Duration::from_millis(ms));
@@ -535,6 +578,27 @@ async fn run(
     };
     charge();
     emit.status(TaskState::Working).await?;
+    if let Behaviour::Spawn {
+        binding, url, text, ..
+    } = &behaviour
+    {
+        let headers: HashMap<String, String> = ctx
+            .call_context
+            .as_ref()
+            .map(|c| {
+                ["traceparent", "tracestate", "baggage"]
+                    .iter()
+                    .filter_map(|h| {
+                        c.http_headers()
+                            .get(*h)
+                            .map(|v| ((*h).to_owned(), v.clone()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let child = spawn_child(binding, url, text, headers).await;
+        observed.children.lock().unwrap().push(child);
+    }
     match &behaviour {
         Behaviour::Quick => emit.status(TaskState::Completed).await,
         Behaviour::Burst(n) => {
@@ -582,7 +646,9 @@ async fn run(
                 }))
                 .await
         }
-        Behaviour::Work(total) | Behaviour::Spend(total, ..) => {
+        Behaviour::Work(total)
+        | Behaviour::Spend(total, ..)
+        | Behaviour::Spawn { work: total, .. } => {
             let total = *total;
             let deadline = tokio::time::Instant::now() + total;
             loop {
@@ -665,6 +731,75 @@ impl AgentExecutor for WorkerExecutor {
             Ok(())
         })
     }
+}
+
+/// A background child started by `spawn:`: its message id, and its task id
+/// or why there is none.
+#[derive(Debug, Clone)]
+pub struct SpawnedChild {
+    pub message_id: String,
+    pub task: Result<String, String>,
+}
+
+/// Adds the parent request's trace headers to every call of a client.
+struct Propagate(HashMap<String, String>);
+
+impl a2a_protocol_client::interceptor::CallInterceptor for Propagate {
+    #[allow(clippy::manual_async_fn)]
+    fn before<'a>(
+        &'a self,
+        req: &'a mut a2a_protocol_client::interceptor::ClientRequest,
+    ) -> impl Future<Output = a2a_protocol_client::error::ClientResult<()>> + Send + 'a {
+        async move {
+            req.extra_headers
+                .extend(self.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+            Ok(())
+        }
+    }
+
+    #[allow(clippy::manual_async_fn)]
+    fn after<'a>(
+        &'a self,
+        _resp: &'a a2a_protocol_client::interceptor::ClientResponse,
+    ) -> impl Future<Output = a2a_protocol_client::error::ClientResult<()>> + Send + 'a {
+        async move { Ok(()) }
+    }
+}
+
+/// `spawn:`'s send: the a2a-rust client over `binding`, non-blocking.
+async fn spawn_child(
+    binding: &str,
+    url: &str,
+    text: &str,
+    headers: HashMap<String, String>,
+) -> SpawnedChild {
+    use a2a_protocol_client::ClientBuilder;
+    use a2a_protocol_types::params::MessageSendParams;
+    use a2a_protocol_types::responses::SendMessageResponse;
+    let message_id = format!("rust-child-{}", next_message_id());
+    let builder = ClientBuilder::new(url)
+        .with_interceptor(Propagate(headers))
+        .with_return_immediately(true);
+    let client = match binding {
+        "grpc" => builder.with_protocol_binding("GRPC").build_grpc().await,
+        "rest" => builder.with_protocol_binding("HTTP+JSON").build(),
+        _ => builder.build(),
+    };
+    let task = match client {
+        Err(e) => Err(format!("client: {e:?}")),
+        Ok(client) => {
+            let params = MessageSendParams::new(Message::user(
+                message_id.clone(),
+                vec![Part::text(text.to_owned())],
+            ));
+            match client.send_message(params).await {
+                Ok(SendMessageResponse::Task(t)) => Ok(t.id.0),
+                Ok(other) => Err(format!("not a task: {other:?}")),
+                Err(e) => Err(format!("send: {e:?}")),
+            }
+        }
+    };
+    SpawnedChild { message_id, task }
 }
 
 // ── Interceptor recording A2A-Extensions ────────────────────────────────────

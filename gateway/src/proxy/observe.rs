@@ -51,6 +51,8 @@ pub(super) struct By {
     pub replica: Option<String>,
     /// Where a cancel of the task goes.
     pub target: Option<CancelTarget>,
+    /// The sent message, for a send that started the task.
+    pub message_id: Option<String>,
 }
 
 impl Gateway {
@@ -83,6 +85,7 @@ impl Gateway {
                     asker: by.asker.clone(),
                     replica: by.replica,
                     pin_context: route.replicas.is_some(),
+                    message_id: by.message_id,
                 },
             );
         }
@@ -358,6 +361,7 @@ impl Gateway {
                         asker: ctx.asker(&route),
                         replica: ctx.replica_name(),
                         target: target.clone(),
+                        message_id: ctx.req.message_id.clone(),
                     },
                 );
                 if sight.hold_ms.is_some() {

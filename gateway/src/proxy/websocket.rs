@@ -352,6 +352,8 @@ impl Gateway {
                 asker: ctx.asker(&route),
                 replica: ctx.replica_name(),
                 target: Some(target),
+                // A socket's sends are not linked (delegation trees).
+                message_id: None,
             },
         );
         if !sight.keep {

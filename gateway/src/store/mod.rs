@@ -115,6 +115,11 @@ pub struct TaskRecord {
     /// `workers` every later call and cancel for the task goes there, and
     /// a task recorded on a worker its route no longer names is lost.
     pub replica: Option<String>,
+    /// The message of the send that started the task, as the gateway saw
+    /// it: what the task's delegation reference was made of
+    /// ([`crate::link`]), so that its children are found when it lapses,
+    /// even when its worker can no longer be asked.
+    pub message_id: Option<String>,
 }
 
 /// A lease the gateway enforces: who holds it and until when.
@@ -149,6 +154,9 @@ pub struct TaskUpdate {
     /// in a context wins), when the update names the context and comes
     /// from the record's tenant.
     pub pin_context: bool,
+    /// The message of the send that started the task; recorded if the
+    /// record has none.
+    pub message_id: Option<String>,
 }
 
 /// Who an update is for, as [`policies::owner::Asker`] names it, owned.
@@ -574,6 +582,7 @@ impl TaskRecord {
             updated_ms: now_ms,
             owner: None,
             replica: None,
+            message_id: None,
         }
     }
 
@@ -609,6 +618,9 @@ impl TaskRecord {
         }
         if self.replica.is_none() {
             self.replica = u.replica;
+        }
+        if self.message_id.is_none() {
+            self.message_id = u.message_id;
         }
         if policies::owner::moves_state(
             self.owner.as_deref(),

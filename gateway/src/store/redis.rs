@@ -13,12 +13,16 @@
 //! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
 //! | `{ns}:accounts` | sorted set | every live account hash (member: its key), score = when it expires: bounds them at `limits.max_accounts` |
 //! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
+//! | `{ns}:ctx:{route}:{context}` | string | the replica of a context's first pinned task (routes with several workers) |
+//! | `{ns}:kids:{reference}` | list | the delegation links under a request's reference (JSON each, at most [`super::MAX_CHILDREN`]); expires a day after its last link |
+//! | `{ns}:link-key` | string | the key every replica mints delegation references with (hex), made by the first replica to start |
 //!
 //! Route and task id are percent-encoded (everything but
 //! `A-Z a-z 0-9 - . _ ~`), so a `:` in any of them cannot make two tasks
 //! share a key. The hash has one field per record field: `route`, `tenant`,
 //! `task_id`, `context_id`, `state` (the wire name, `TASK_STATE_*`),
-//! `binding` (`jsonrpc`/`rest`) and `target_path`, `updated_ms`,
+//! `binding` (`jsonrpc`/`rest`) and `target_path`, `updated_ms`, `owner`,
+//! `replica`, `message_id` (the send that started the task),
 //! `lease_ttl`, `lease_deadline`, `lease_holder`, the owed cancel's
 //! `ob_owner` (the replica process holding it, `""` once handed back),
 //! `ob_token`, `ob_binding`, `ob_path` and `ob_cause`, and `w:{replica}`: the
@@ -753,7 +757,8 @@ impl TaskStore for RedisStore {
             .arg(asker_kind(&update.asker))
             .arg(asker_id(&update.asker))
             .arg(update.replica.as_deref().unwrap_or(""))
-            .arg(u8::from(pin));
+            .arg(u8::from(pin))
+            .arg(update.message_id.as_deref().unwrap_or(""));
         let v: Value = self
             .call(
                 "update",
@@ -1493,6 +1498,7 @@ fn record_from(f: &HashMap<String, String>, key: Option<&TaskKey>) -> TaskRecord
         updated_ms: u64_of(f.get("updated_ms")).unwrap_or(0),
         owner: f.get("owner").cloned(),
         replica: f.get("replica").cloned(),
+        message_id: f.get("message_id").cloned(),
     }
 }
 
