@@ -516,3 +516,109 @@ async fn a_tree_of_a2a_rust_agents_over_grpc_rest_and_jsonrpc() {
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!((p.cancels(), c.cancels(), d.cancels()), (1, 1, 1));
 }
+
+/// P awaits its child as a stream in its executor: cancelling P stops the
+/// executor, which closes the child's stream (a caller leaving, the
+/// cascade's), and P's end reaches the child through its link too: the
+/// child is cancelled once.
+#[tokio::test]
+async fn an_awaited_child_is_cancelled_once() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let p_task = send_detached(
+        &gw.url,
+        "/p",
+        &format!("await:60000@{}/c@work:60000", gw.url),
+    )
+    .await;
+    let c_task = child_of(&p).await;
+    wait_for_state(&c.url(), None, &c_task, WORKING, scaled_secs(5))
+        .await
+        .unwrap();
+    let answer = cancel_through(&gw.url, "/p", &p_task).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    tokio::time::sleep(scaled_ms(500)).await;
+    assert_eq!(cancels(&c).await, 1);
+}
+
+/// `/tasks/{id}` shows a task's place in its tree: a parent streamed by
+/// its root lists the child it awaits (by its message), and the child,
+/// streamed by the parent, names the parent's reference (the one it was
+/// given in its `tracestate`) and its depth.
+#[tokio::test]
+async fn the_admin_endpoint_shows_parent_and_children() {
+    let (_, c, d) = agents().await;
+    let p = PythonWorker::start_with_args(&["--otel", "--record-requests"]).await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let text = format!("await:60000@{}/c@work:60000", gw.url);
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        "params": {"message": message(&text)}});
+    let _open = crate::harness::http::open_post_json(&gw.url, "/p", &body).await;
+    let c_task = child_of(&p).await;
+    let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
+    let c_message = p.stats().await["children"][0]["message_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let view = |id: String| {
+        let admin = gw.admin.clone();
+        async move {
+            crate::harness::http::request("GET", &admin, &format!("/tasks/{id}"), &[], b"")
+                .await
+                .json()
+        }
+    };
+    let mut parent = Value::Null;
+    for _ in 0..crate::harness::scaled_count(100) {
+        parent = view(p_task.clone()).await;
+        if parent["tree"]["children"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let kids = parent["tree"]["children"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(kids.len(), 1, "{parent}");
+    assert_eq!(kids[0]["messageId"], c_message.as_str(), "{parent}");
+    assert_eq!(
+        (kids[0]["route"].as_str(), kids[0]["depth"].as_u64()),
+        (Some("c"), Some(1))
+    );
+    assert!(parent["tree"]["parent"].is_null(), "{parent}");
+
+    let child = view(c_task.clone()).await;
+    let given = p
+        .requests_seen()
+        .await
+        .into_iter()
+        .find_map(|r| {
+            r.tracestate
+                .as_deref()
+                .and_then(|t| t.strip_prefix("a2agw="))
+                .map(|v| v[..16].to_owned())
+        })
+        .expect("P's request carried the gateway's member");
+    // The child's send came from P's request: P's reference.
+    assert_eq!(child["tree"]["parent"]["depth"], 1, "{child}");
+    assert!(
+        parent["tree"]["references"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == &child["tree"]["parent"]["reference"]),
+        "{parent}\n{child}"
+    );
+    // The one P was given (and passed on).
+    assert!(
+        given == child["tree"]["parent"]["reference"].as_str().unwrap(),
+        "given {given}, {child}"
+    );
+}

@@ -47,6 +47,9 @@ pub struct Admin {
     pub tasks: Option<TaskAdmin>,
     /// The background services `/healthz` answers for.
     pub services: Arc<crate::health::Services>,
+    /// Recomputes a task's delegation references, for `/tasks/{id}`'s
+    /// `tree`; `None`: not shown.
+    pub linker: Option<Arc<crate::link::Linker>>,
 }
 
 /// What the admin endpoint needs to find a task by its routes and to
@@ -92,6 +95,7 @@ impl Admin {
             reload: None,
             tasks: None,
             services: Arc::default(),
+            linker: None,
         }
     }
 
@@ -108,6 +112,12 @@ impl Admin {
             routes,
             canceller,
         });
+        self
+    }
+
+    /// `/tasks/{id}` shows the task's place in its delegation tree.
+    pub fn with_linker(mut self, linker: Arc<crate::link::Linker>) -> Admin {
+        self.linker = Some(linker);
         self
     }
 
@@ -613,11 +623,44 @@ impl Admin {
             "budget": budget,
             "cancelOwed": owed,
             "updatedMs": record.updated_ms,
+            "tree": self.tree_view(record).await,
         });
         if let (Some(view), Some(fields)) = (view.as_object_mut(), fields.as_object()) {
             view.extend(fields.clone());
         }
         view
+    }
+
+    /// The task's delegation tree as the store has it: the children linked
+    /// under its references (its id, and its first message as recorded),
+    /// and, for a linked child, its parent's reference and its depth.
+    async fn tree_view(&self, record: &TaskRecord) -> serde_json::Value {
+        let Some(linker) = &self.linker else {
+            return serde_json::Value::Null;
+        };
+        let key = &record.key;
+        let messages: Vec<String> = record.message_id.iter().cloned().collect();
+        let refs = linker.task_refs(&key.route, &key.tenant, &key.task_id, &messages);
+        let children = match self.store.children(&refs).await {
+            Ok(kids) => json!(kids
+                .iter()
+                .map(|c| json!({
+                    "route": &*c.route,
+                    "tenant": &*c.tenant,
+                    "messageId": c.message_id,
+                    "binding": c.target.binding.as_str(),
+                    "replica": c.replica,
+                    "depth": c.depth,
+                }))
+                .collect::<Vec<_>>()),
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        let parent = match self.store.parent_of(&refs).await {
+            Ok(Some((reference, depth))) => json!({"reference": reference, "depth": depth}),
+            Ok(None) => serde_json::Value::Null,
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        json!({"references": refs, "parent": parent, "children": children})
     }
 
     /// `POST /tasks/{id}:cancel`: one `CancelTask` through the gateway's

@@ -26,6 +26,7 @@ enum Op {
     /// A send linked under a parent's reference (delegation trees).
     Link {
         parent: String,
+        child_ref: String,
         child: Box<crate::store::ChildLink>,
     },
     /// Answered once every op sent before it has been applied.
@@ -96,8 +97,12 @@ impl Tracker {
                         tracing::warn!(task = %key, error = %e, "could not start a lease");
                     }
                 }
-                Op::Link { parent, child } => {
-                    let outcome = match store.link_child(&parent, &child).await {
+                Op::Link {
+                    parent,
+                    child_ref,
+                    child,
+                } => {
+                    let outcome = match store.link_child(&parent, &child_ref, &child).await {
                         Ok(true) => "child",
                         Ok(false) => "dropped",
                         Err(e) => {
@@ -130,7 +135,7 @@ impl Tracker {
 
     /// Queues a child's link under `parent` (a reference, hex) without
     /// waiting: written before the child's send is answered, off its path.
-    pub fn link(&self, parent: String, child: crate::store::ChildLink) {
+    pub fn link(&self, parent: String, child_ref: String, child: crate::store::ChildLink) {
         use std::hash::BuildHasher as _;
         let h =
             std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
@@ -139,6 +144,7 @@ impl Tracker {
         let route = child.route.clone();
         if q.try_send(Op::Link {
             parent,
+            child_ref,
             child: Box::new(child),
         })
         .is_err()

@@ -179,11 +179,12 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         .map_err(|e| format!("a runtime to read the delegation key: {e}"))?
         .block_on(store.link_key())
         .map_err(|e| format!("the delegation key: {e}"))?;
+    let linker = Arc::new(crate::link::Linker::new(&link_key, &cfg.delegation));
     let tree = crate::tree::Tree::new(
         store.clone(),
         canceller.clone(),
         routes.clone(),
-        Arc::new(crate::link::Linker::new(&link_key, &cfg.delegation)),
+        linker.clone(),
     );
     tree.follow(&canceller);
     let cascade = Arc::new(Cascade::new(
@@ -317,6 +318,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
                 )
                 .with_reload(reloader)
                 .with_tasks(addr, routes, canceller)
+                .with_linker(linker)
                 .with_health(services),
             ),
         );

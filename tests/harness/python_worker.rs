@@ -336,6 +336,11 @@ pub struct SeenRequest {
     pub path: String,
     /// The `Content-Type` header, if any.
     pub content_type: Option<String>,
+    /// The `traceparent` and `tracestate` headers (lines joined), if any.
+    #[serde(default)]
+    pub traceparent: Option<String>,
+    #[serde(default)]
+    pub tracestate: Option<String>,
 }
 
 /// Whether `GET /.well-known/agent-card.json` answers 200. Connects first,

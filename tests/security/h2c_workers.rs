@@ -66,7 +66,23 @@ fn seen(path: &str, content_type: &str) -> SeenRequest {
         method: "POST".into(),
         path: path.into(),
         content_type: Some(content_type.into()),
+        traceparent: None,
+        tracestate: None,
     }
+}
+
+/// What the worker saw, without the trace headers (a send through the
+/// gateway carries its delegation reference).
+async fn requests_seen(w: &PythonWorker) -> Vec<SeenRequest> {
+    w.requests_seen()
+        .await
+        .into_iter()
+        .map(|r| SeenRequest {
+            traceparent: None,
+            tracestate: None,
+            ..r
+        })
+        .collect()
 }
 
 /// Hypercorn-served Python worker: a REST `POST /message:send` over h2c
@@ -107,7 +123,7 @@ async fn hypercorn_python_runs_grpc_typed_rest_sends() {
     );
     let listed = list_task_ids(&w.url()).await;
     assert!(ids.iter().all(|id| listed.contains(id)), "{listed:?}");
-    let requests = w.requests_seen().await;
+    let requests = requests_seen(&w).await;
     for ct in [GRPC, GRPC_JSON] {
         assert!(
             requests.contains(&seen("/message:send", ct)),
@@ -169,7 +185,7 @@ async fn hypercorn_python_runs_grpc_typed_jsonrpc_sends() {
     );
     let listed = list_task_ids(&w.url()).await;
     assert!(ids.iter().all(|id| listed.contains(id)), "{listed:?}");
-    let requests = w.requests_seen().await;
+    let requests = requests_seen(&w).await;
     for ct in [GRPC_JSON, GRPC] {
         assert!(requests.contains(&seen("/", ct)), "{ct}: {requests:?}");
     }

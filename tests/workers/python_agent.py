@@ -56,6 +56,12 @@ What the agent does is chosen by the first text part of the user message:
                carries the W3C trace context of the request being served
                (OpenTelemetry's own httpx instrumentation), as any
                instrumented agent's calls do; without, none.
+- `await:<ms>@<url>@<text>`  delegates and waits: once WORKING, streams
+               <text> to the agent at <url> (`SendStreamingMessage`) and
+               reads the child's stream to its end (the child's task id is
+               listed in `children` from its first event), then works as
+               `work:<ms>`. A cancel of this task stops the executor, which
+               closes the child's stream.
 - `spawnbare:<ms>@<url>@<text>`  the same, the send carrying only the
                `traceparent` of the request being served (no `tracestate`,
                no `baggage`): an agent that propagates trace ids only.
@@ -78,6 +84,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import socket
 import sys
@@ -238,6 +245,34 @@ class TestAgentExecutor(AgentExecutor):
         self.http = httpx.AsyncClient(timeout=10)
         self.bare_http = httpx.AsyncClient(timeout=10)
 
+    async def _await_child(self, url: str, text: str) -> None:
+        """Streams a child at `url` and reads it to its end (see `await:`)."""
+        message_id = f'child-{uuid.uuid4()}'
+        body = {
+            'jsonrpc': '2.0',
+            'id': message_id,
+            'method': 'SendStreamingMessage',
+            'params': {
+                'message': {
+                    'messageId': message_id,
+                    'role': 'ROLE_USER',
+                    'parts': [{'text': text}],
+                }
+            },
+        }
+        entry = {'url': url, 'message_id': message_id, 'task_id': None, 'error': None}
+        self.stats.children.append(entry)
+        headers = {'A2A-Version': '1.0', 'Accept': 'text/event-stream'}
+        async with self.http.stream(
+            'POST', url, json=body, headers=headers, timeout=None
+        ) as r:
+            async for line in r.aiter_lines():
+                if entry['task_id'] is None and line.startswith('data:'):
+                    result = json.loads(line[5:]).get('result', {})
+                    task = result.get('task') or {}
+                    update = result.get('statusUpdate') or {}
+                    entry['task_id'] = task.get('id') or update.get('taskId')
+
     async def _spawn(self, url: str, text: str, bare: bool) -> None:
         """Starts a background child at `url` (see `spawn:`)."""
         message_id = f'child-{uuid.uuid4()}'
@@ -304,11 +339,11 @@ class TestAgentExecutor(AgentExecutor):
             )
 
         spawn = None
-        if text.startswith(('spawn:', 'spawnbare:')):
+        if text.startswith(('spawn:', 'spawnbare:', 'await:')):
             directive, _, rest = text.partition(':')
             ms, _, rest = rest.partition('@')
             url, _, child_text = rest.partition('@')
-            spawn = (url, child_text, directive == 'spawnbare')
+            spawn = (url, child_text, directive)
             text = f'work:{ms}'
         guard = self._guards.setdefault(task_id, _Guard())
         updater = TaskUpdater(event_queue, task_id, context_id)
@@ -333,7 +368,11 @@ class TestAgentExecutor(AgentExecutor):
         try:
             await status(TaskState.TASK_STATE_WORKING)
             if spawn is not None:
-                await self._spawn(*spawn)
+                url, child_text, directive = spawn
+                if directive == 'await':
+                    await self._await_child(url, child_text)
+                else:
+                    await self._spawn(url, child_text, directive == 'spawnbare')
             if kind == 'ask':
                 question = 'need more input'
                 question += '.' * max(0, int(n) - len(question))

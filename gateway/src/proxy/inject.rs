@@ -165,6 +165,7 @@ impl super::Gateway {
         };
         self.cascade.tracker().link(
             crate::link::hex(&parent.reference),
+            crate::link::hex(&own),
             crate::store::ChildLink {
                 route: route.name.clone(),
                 tenant: tenant.into(),

@@ -54,9 +54,9 @@ async fn links(store: &dyn TaskStore) {
     assert!(store.children(&[]).await.unwrap().is_empty());
     assert!(store.children(&["p0".into()]).await.unwrap().is_empty());
     let (a, b, c) = (child("m-a", 1), child("m-b", 2), child("m \"c\"/é", 3));
-    assert!(store.link_child("p1", &a).await.unwrap());
-    assert!(store.link_child("p1", &b).await.unwrap());
-    assert!(store.link_child("p2", &c).await.unwrap());
+    assert!(store.link_child("p1", "ra", &a).await.unwrap());
+    assert!(store.link_child("p1", "rb", &b).await.unwrap());
+    assert!(store.link_child("p2", "rc", &c).await.unwrap());
     assert_eq!(
         store.children(&["p1".into()]).await.unwrap(),
         vec![a.clone(), b.clone()]
@@ -70,19 +70,28 @@ async fn links(store: &dyn TaskStore) {
     );
     for i in 2..MAX_CHILDREN {
         assert!(store
-            .link_child("full", &child(&format!("m{i}"), 1))
+            .link_child("full", &format!("r{i}"), &child(&format!("m{i}"), 1))
             .await
             .unwrap());
     }
-    assert!(store.link_child("full", &a).await.unwrap());
-    assert!(store.link_child("full", &a).await.unwrap());
+    assert!(store.link_child("full", "rfull", &a).await.unwrap());
+    assert!(store.link_child("full", "rfull", &a).await.unwrap());
     assert!(
-        !store.link_child("full", &a).await.unwrap(),
+        !store.link_child("full", "rfull", &a).await.unwrap(),
         "past MAX_CHILDREN"
     );
     assert_eq!(
         store.children(&["full".into()]).await.unwrap().len(),
         MAX_CHILDREN
+    );
+    assert_eq!(store.parent_of(&[]).await.unwrap(), None);
+    assert_eq!(store.parent_of(&["nobody".into()]).await.unwrap(), None);
+    assert_eq!(
+        store
+            .parent_of(&["nobody".into(), "rb".into(), "rc".into()])
+            .await
+            .unwrap(),
+        Some(("p1".to_string(), 2))
     );
     let k = store.link_key().await.unwrap();
     assert!(k.len() >= 16);

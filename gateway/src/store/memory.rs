@@ -115,6 +115,8 @@ pub struct MemoryStore {
     outbox: Mutex<Outbox>,
     /// Delegation links: a reference (hex) → the children linked under it.
     links: Cache<String, Arc<Mutex<Vec<ChildLink>>>>,
+    /// A child's reference (hex) → its parent's reference and its depth.
+    parents: Cache<String, (Arc<str>, u8)>,
     /// The key references are minted with, made at start.
     link_key: Vec<u8>,
 }
@@ -220,6 +222,10 @@ impl MemoryStore {
             tombstones: Mutex::new(Tombstones::default()),
             outbox: Mutex::new(Outbox::default()),
             links: Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(super::LINK_RETENTION)
+                .build(),
+            parents: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(super::LINK_RETENTION)
                 .build(),
@@ -465,7 +471,12 @@ impl TaskStore for MemoryStore {
         Ok(self.tasks.iter().take(limit).map(|(_, v)| v).collect())
     }
 
-    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError> {
+    async fn link_child(
+        &self,
+        parent: &str,
+        child_ref: &str,
+        child: &ChildLink,
+    ) -> Result<bool, StoreError> {
         let kids = self
             .links
             .get_with_by_ref(parent, || Arc::new(Mutex::new(Vec::new())));
@@ -474,7 +485,16 @@ impl TaskStore for MemoryStore {
             return Ok(false);
         }
         kids.push(child.clone());
+        self.parents
+            .insert(child_ref.to_owned(), (parent.into(), child.depth));
         Ok(true)
+    }
+
+    async fn parent_of(&self, refs: &[String]) -> Result<Option<(String, u8)>, StoreError> {
+        Ok(refs
+            .iter()
+            .find_map(|r| self.parents.get(r))
+            .map(|(p, d)| (p.to_string(), d)))
     }
 
     async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError> {

@@ -505,10 +505,22 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// The task's owed cancel, if the outbox holds one (tests, admin).
     async fn outbox_get(&self, key: &TaskKey) -> Result<Option<OwedCancel>, StoreError>;
 
-    /// Records `child` under the reference `parent` (hex): one round trip,
-    /// at most [`MAX_CHILDREN`] per reference (returns `false` when the
-    /// reference holds that many already), kept [`LINK_RETENTION`].
-    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError>;
+    /// Records `child` under the reference `parent` (hex), and `parent`
+    /// as the parent of the child's own reference `child_ref` (what
+    /// [`TaskStore::parent_of`] reads): one round trip, at most
+    /// [`MAX_CHILDREN`] per reference (returns `false`, recording nothing,
+    /// when the reference holds that many already), kept
+    /// [`LINK_RETENTION`].
+    async fn link_child(
+        &self,
+        parent: &str,
+        child_ref: &str,
+        child: &ChildLink,
+    ) -> Result<bool, StoreError>;
+
+    /// The parent reference (hex) and depth recorded for the first of
+    /// `refs` that has one (the admin endpoint's `/tasks/{id}`).
+    async fn parent_of(&self, refs: &[String]) -> Result<Option<(String, u8)>, StoreError>;
 
     /// The children linked under any of `parents` (references, hex), in
     /// the order they were linked. One round trip.

@@ -15,6 +15,7 @@
 //! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
 //! | `{ns}:ctx:{route}:{context}` | string | the replica of a context's first pinned task (routes with several workers) |
 //! | `{ns}:kids:{reference}` | list | the delegation links under a request's reference (JSON each, at most [`super::MAX_CHILDREN`]); expires a day after its last link |
+//! | `{ns}:parent:{reference}` | string | a linked child's parent reference and depth (`"{hex} {depth}"`), for `/tasks/{id}`; expires a day after it was linked |
 //! | `{ns}:link-key` | string | the key every replica mints delegation references with (hex), made by the first replica to start |
 //!
 //! Route and task id are percent-encoded (everything but
@@ -534,6 +535,11 @@ impl RedisStore {
     /// continuing the context goes, on a route with several workers.
     pub fn context_key(&self, route: &str, context_id: &str) -> String {
         format!("{}:ctx:{}:{}", self.namespace, pct(route), pct(context_id))
+    }
+
+    /// The Redis key of a child's parent reference and depth.
+    pub fn parent_key(&self, reference: &str) -> String {
+        format!("{}:parent:{}", self.namespace, pct(reference))
     }
 
     /// The Redis key of a reference's children (a list of JSON links).
@@ -1265,12 +1271,19 @@ impl TaskStore for RedisStore {
         .await
     }
 
-    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError> {
+    async fn link_child(
+        &self,
+        parent: &str,
+        child_ref: &str,
+        child: &ChildLink,
+    ) -> Result<bool, StoreError> {
         let mut inv = self.scripts.link_child.prepare_invoke();
         inv.key(self.kids_key(parent))
+            .key(self.parent_key(child_ref))
             .arg(link_json(child))
             .arg(super::MAX_CHILDREN)
-            .arg(super::LINK_RETENTION.as_millis() as u64);
+            .arg(super::LINK_RETENTION.as_millis() as u64)
+            .arg(format!("{parent} {}", child.depth));
         let linked: i64 = self
             .call("link_child", |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -1303,6 +1316,22 @@ impl TaskStore for RedisStore {
             }
         }
         Ok(out)
+    }
+
+    async fn parent_of(&self, refs: &[String]) -> Result<Option<(String, u8)>, StoreError> {
+        if refs.is_empty() {
+            return Ok(None);
+        }
+        let keys: Vec<String> = refs.iter().map(|r| self.parent_key(r)).collect();
+        let found: Vec<Option<String>> = self
+            .call("parent_of", |mut c| async move {
+                redis::cmd("MGET").arg(&keys).query_async(&mut c).await
+            })
+            .await?;
+        Ok(found.into_iter().flatten().find_map(|v| {
+            let (p, d) = v.split_once(' ')?;
+            Some((p.to_owned(), d.parse().ok()?))
+        }))
     }
 
     async fn link_key(&self) -> Result<Vec<u8>, StoreError> {

@@ -21,7 +21,7 @@ use super::{
 };
 
 /// The `op` label values: the [`TaskStore`] method names.
-pub const OPS: [&str; 25] = [
+pub const OPS: [&str; 26] = [
     "update",
     "get",
     "list",
@@ -47,6 +47,7 @@ pub const OPS: [&str; 25] = [
     "link_child",
     "children",
     "link_key",
+    "parent_of",
 ];
 
 /// The `op` values of `a2agw_store_errors_total`.
@@ -274,8 +275,17 @@ impl TaskStore for TimedStore {
         timed!(self, 20, self.inner.replica_gone())
     }
 
-    async fn link_child(&self, parent: &str, child: &ChildLink) -> Result<bool, StoreError> {
-        timed!(self, 22, self.inner.link_child(parent, child))
+    async fn link_child(
+        &self,
+        parent: &str,
+        child_ref: &str,
+        child: &ChildLink,
+    ) -> Result<bool, StoreError> {
+        timed!(self, 22, self.inner.link_child(parent, child_ref, child))
+    }
+
+    async fn parent_of(&self, refs: &[String]) -> Result<Option<(String, u8)>, StoreError> {
+        timed!(self, 25, self.inner.parent_of(refs))
     }
 
     async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError> {
