@@ -222,7 +222,7 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         println!(
-            "trees bench: {TREES} trees of depth 3 (P -> C -> D, background children), {} UTC, {}, load {}",
+            "trees bench: {TREES} trees of depth 3 (P -> C -> D, background children), {}, {}, load {}",
             machine::utc_now(),
             machine::cpus(),
             machine::loadavg()

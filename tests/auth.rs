@@ -35,7 +35,7 @@ fn files(test: &str, signers: &[&Signer]) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let keys: Vec<&Value> = signers.iter().map(|s| &s.jwk).collect();
     std::fs::write(dir.join("jwks.json"), json!({ "keys": keys }).to_string()).unwrap();
-    let hex = |key: &str| a2a_gateway::budget::sha256_hex(key.as_bytes());
+    let hex = |key: &str| a2a_gateway::digest::sha256_hex(key.as_bytes());
     std::fs::write(
         dir.join("keys"),
         format!(

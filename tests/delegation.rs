@@ -622,3 +622,67 @@ async fn the_admin_endpoint_shows_parent_and_children() {
         "given {given}, {child}"
     );
 }
+
+/// With `[tracing]`, the trace the gateway exports shows the tree: the
+/// tree's `CancelTask` for P's background child is a child of the span of
+/// the child's send, in the trace P's own request started (P's agent
+/// propagated it), with the cause `parent_canceled`.
+#[tokio::test]
+async fn the_exported_trace_holds_the_tree_cancel() {
+    use crate::harness::otlp::{Receiver, CLIENT, SERVER};
+    let otlp = Receiver::start().await;
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&format!(
+        "[tracing]\notlp_endpoint = \"{}\"\nservice_name = \"gw-tree\"\n\n{}",
+        otlp.url,
+        routes(&p, &c, &d, "")
+    ))
+    .await;
+    let p_task = send_detached(
+        &gw.url,
+        "/p",
+        &format!("spawn:60000@{}/c@work:60000", gw.url),
+    )
+    .await;
+    let c_task = child_of(&p).await;
+    let answer = cancel_through(&gw.url, "/p", &p_task).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    let within = scaled_secs(5);
+    let cancel = otlp
+        .wait_span(within, |s| {
+            s.kind == CLIENT
+                && s.name == "CancelTask"
+                && s.attr("a2a.route") == Some("c")
+                && s.attr("a2a.cause") == Some("parent_canceled")
+        })
+        .await
+        .unwrap_or_else(|| panic!("no tree cancel span: {:?}", otlp.spans()));
+    assert_eq!(cancel.attr("a2a.task_id"), Some(c_task.as_str()));
+    let send = |route: &'static str| {
+        move |s: &crate::harness::otlp::Span| {
+            s.kind == SERVER
+                && s.attr("a2a.route") == Some(route)
+                && s.attr("a2a.method") == Some("SendMessage")
+        }
+    };
+    let p_send = otlp
+        .wait_span(within, send("p"))
+        .await
+        .expect("P's send span");
+    let c_send = otlp
+        .wait_span(within, send("c"))
+        .await
+        .expect("C's send span");
+    assert_eq!(
+        cancel.parent_span_id, c_send.span_id,
+        "{cancel:?}\n{c_send:?}"
+    );
+    assert_eq!(cancel.trace_id, p_send.trace_id);
+    assert_eq!(
+        c_send.trace_id, p_send.trace_id,
+        "P's agent carried the trace on"
+    );
+}

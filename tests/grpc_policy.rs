@@ -542,7 +542,7 @@ const OTHER_KEY: &str = "ak-grpc-other-9876543210";
 async fn another_identitys_grpc_subscription_keeps_no_child_alive() {
     let worker = Worker::start_with_grpc(Kind::Rust).await;
     let dir = crate::harness::gateway::scratch_dir("grpc-auth");
-    let hex = |key: &str| a2a_gateway::budget::sha256_hex(key.as_bytes());
+    let hex = |key: &str| a2a_gateway::digest::sha256_hex(key.as_bytes());
     let keys = dir.join("keys");
     std::fs::write(
         &keys,

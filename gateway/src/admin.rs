@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::a2a::classify::percent_decode;
 use crate::cancel::{CancelJob, CancelOutcome, Canceller};
 use crate::metrics;
-use crate::reload::LiveRoutes;
+use crate::route::LiveRoutes;
 use crate::store::{StoreError, TaskKey, TaskRecord, TaskStore};
 
 /// Serves the admin paths.

@@ -326,7 +326,7 @@ pub fn check_keys(routes: &[config::Route]) -> Result<(), Vec<String>> {
 /// compared, in constant time, so the time taken does not say how close a
 /// guess came.
 fn api_key(keys: &config::ApiKeys, value: &[u8]) -> Option<String> {
-    let hex = crate::budget::sha256_hex(value);
+    let hex = crate::digest::sha256_hex(value);
     let mut found = None;
     for (hash, name) in &keys.keys {
         if ct_eq(hash.as_bytes(), hex.as_bytes()) {

@@ -720,19 +720,10 @@ pub fn caller_identity(value: &str) -> Caller {
 
 /// `sha256:` and the first 16 hex digits of the SHA-256 of `secret`.
 pub fn fingerprint(secret: &str) -> String {
-    format!("sha256:{}", &sha256_hex(secret.as_bytes())[..16])
-}
-
-/// The SHA-256 of `bytes`, in 64 lowercase hex digits (as `sha256sum`
-/// prints it, and `[routes.auth] api_keys_file` lists keys).
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = String::with_capacity(64);
-    for b in digest.as_ref() {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    format!(
+        "sha256:{}",
+        &crate::digest::sha256_hex(secret.as_bytes())[..16]
+    )
 }
 
 /// A grant as the extension writes it: integers, empty parts omitted.
@@ -797,7 +788,7 @@ fn ticket_prefix() -> String {
     let nonce = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    format!("{}-{nonce:016x}", crate::lease::default_replica_id())
+    format!("{}-{nonce:016x}", crate::store::default_replica_id())
 }
 
 /// When a settlement the store did not take is sent again, after the first

@@ -226,6 +226,10 @@ pub fn cause_label(cause: &str) -> &'static str {
     .unwrap_or("outbox")
 }
 
+/// When a cancel whose every attempt failed is tried again: a lapsed
+/// lease claimed again, an owed cancel handed back to the outbox.
+pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
+
 /// How a cancel ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelOutcome {
@@ -496,7 +500,7 @@ impl Canceller {
     /// that it is not sent from two places. Then the outbox follows the
     /// outcome: the worker answered, the entry is removed and the task's
     /// lease ended with it; every attempt failed, it is handed back to be
-    /// claimed [`crate::lease::RETRY_FAILED_CANCEL`] later by any replica
+    /// claimed [`RETRY_FAILED_CANCEL`] later by any replica
     /// with the route. Without a token a failed cancel leaves the task's
     /// lease, if it has one, to the reaper, as before the outbox.
     ///
@@ -532,10 +536,10 @@ impl Canceller {
                 tracing::warn!(task = %job.key, error = %e, "could not remove a delivered cancel from the outbox; a replica that claims it sends it again (answered as not cancelable)");
             }
         } else if let (CancelOutcome::Failed, Some(token)) = (outcome, token) {
-            let at = store.clock_ms() + crate::lease::RETRY_FAILED_CANCEL.as_millis() as u64;
+            let at = store.clock_ms() + RETRY_FAILED_CANCEL.as_millis() as u64;
             match store.outbox_retry(&job.key, token, at).await {
                 Ok(true) => {
-                    tracing::info!(task = %job.key, "owed cancel handed back; it is tried again in {:?}", crate::lease::RETRY_FAILED_CANCEL);
+                    tracing::info!(task = %job.key, "owed cancel handed back; it is tried again in {:?}", RETRY_FAILED_CANCEL);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -578,7 +582,13 @@ impl Canceller {
     {
         let started = Instant::now();
         let route = &*job.key.route;
-        let mut span = crate::trace::client("CancelTask", &job.key, false, job.cause, &job.worker);
+        let mut span = crate::trace::client_for(
+            "CancelTask",
+            &job.key,
+            job.message_id.as_deref(),
+            job.cause,
+            &job.worker,
+        );
         let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
         let trace = trace.as_deref().unwrap_or_default();
         let mut attempts = 0;
@@ -648,7 +658,13 @@ impl Canceller {
     /// already finished is left alone. Logged and counted.
     pub async fn task_state(&self, job: &CancelJob) -> Probed {
         let route = &*job.key.route;
-        let mut span = crate::trace::client("GetTask", &job.key, false, job.cause, &job.worker);
+        let mut span = crate::trace::client_for(
+            "GetTask",
+            &job.key,
+            job.message_id.as_deref(),
+            job.cause,
+            &job.worker,
+        );
         let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
         let trace = trace.as_deref().unwrap_or_default();
         let res = tokio::time::timeout(self.cfg.timeout, self.send(job, Call::Get, trace)).await;
@@ -697,7 +713,13 @@ impl Canceller {
     /// delegation tree needs of a parent it saw end without the request
     /// that started it ([`crate::tree`]).
     pub async fn history(&self, job: &CancelJob) -> (Probed, Vec<String>) {
-        let mut span = crate::trace::client("GetTask", &job.key, false, job.cause, &job.worker);
+        let mut span = crate::trace::client_for(
+            "GetTask",
+            &job.key,
+            job.message_id.as_deref(),
+            job.cause,
+            &job.worker,
+        );
         let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
         let trace = trace.as_deref().unwrap_or_default();
         let res =

@@ -26,8 +26,8 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::cascade::Tracker;
 use crate::store::TaskStore;
+use crate::tracker::Tracker;
 
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static WORK: AtomicUsize = AtomicUsize::new(0);

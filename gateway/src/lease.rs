@@ -21,7 +21,7 @@
 //!
 //! Routes are looked up by name in the running config; after a reload, a
 //! route it removed is still found (with its last config) for its leases
-//! and owed cancels, and claimed for ([`crate::reload::LiveRoutes`]).
+//! and owed cancels, and claimed for ([`crate::route::LiveRoutes`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,8 +34,8 @@ use policies::lease::{self, AtLapse};
 
 use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
-use crate::reload::LiveRoutes;
-use crate::store::{now_ms, Asker, StoreHealth, TaskKey, TaskStore, TaskUpdate};
+use crate::route::LiveRoutes;
+use crate::store::{Asker, StoreHealth, TaskKey, TaskStore, TaskUpdate};
 
 /// How many lapsed leases one tick claims at most (the rest wait a tick).
 pub const CLAIM_BATCH: usize = 1000;
@@ -46,9 +46,6 @@ pub const CLAIM_BATCH: usize = 1000;
 /// own answer and the `lease_end` after the cancel, each up to the Redis
 /// call timeout (2 s), and a tick.
 pub const CLAIM_HOLD_MARGIN: Duration = Duration::from_secs(5);
-
-/// When a lapsed lease whose cancel failed (every attempt) is claimed again.
-pub const RETRY_FAILED_CANCEL: Duration = Duration::from_secs(30);
 
 /// Gateway-held leases of this replica: when each is next due for renewal,
 /// and how many of this replica's streams hold it (a stream and a
@@ -296,7 +293,8 @@ impl Leases {
                         tracing::warn!(task = %job.key, error = %e, "could not end a lapsed lease after its cancel; it is claimed again after its hold");
                     }
                 } else {
-                    let at = store.clock_ms() + RETRY_FAILED_CANCEL.as_millis() as u64;
+                    let at =
+                        store.clock_ms() + crate::cancel::RETRY_FAILED_CANCEL.as_millis() as u64;
                     if let Err(e) = store.lease_retry(&job.key, at).await {
                         tracing::warn!(task = %job.key, error = %e, "could not hand back a lapsed lease whose cancel failed");
                     }
@@ -487,16 +485,6 @@ async fn probe_says_cancel(
         tracing::warn!(task = %job.key, error = %e, "could not end a lapsed poll lease; it is claimed again after its hold");
     }
     false
-}
-
-/// A default replica id: host name, process id, start time.
-pub fn default_replica_id() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "gateway".to_string());
-    format!("{host}-{}-{}", std::process::id(), now_ms())
 }
 
 #[cfg(test)]

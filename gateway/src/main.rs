@@ -170,7 +170,7 @@ fn main() -> ExitCode {
         return match config::load(file) {
             // The TLS key pairs are checked as at start-up: a key that is not
             // its certificate's would stop the gateway, so it fails the check.
-            Ok(cfg) => match a2a_gateway::server::check_tls(&cfg)
+            Ok(cfg) => match a2a_gateway::tls::check(&cfg)
                 .and_then(|()| a2a_gateway::auth::check_keys(&cfg.routes).map_err(|e| e.join("\n")))
             {
                 Err(e) => {

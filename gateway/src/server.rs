@@ -12,25 +12,16 @@ use pingora::services::background::{background_service, BackgroundService};
 
 use crate::admin::Admin;
 use crate::cancel::Canceller;
-use crate::cascade::{Cascade, Tracker};
-use crate::lease::{default_replica_id, Leases};
-use crate::proxy::route::Routes;
+use crate::cascade::Cascade;
+use crate::lease::Leases;
 use crate::proxy::Gateway;
-use crate::reload::{ConfigSource, LiveRoutes, Reloader, ServerCert, SignalReload};
+use crate::reload::{ConfigSource, Reloader, ServerCert, SignalReload};
+use crate::route::LiveRoutes;
+use crate::route::Routes;
+use crate::store::default_replica_id;
 use crate::store::memory::MemoryStore;
 use crate::store::TaskStore;
-
-/// How long the memory store keeps a task nobody has touched, at least.
-pub const MEMORY_RETENTION: Duration = Duration::from_secs(3600);
-
-/// How long the memory store keeps an untouched task: [`MEMORY_RETENTION`],
-/// or longer than the longest lease a route allows plus a margin, so that a
-/// lease whose caller died (nothing touches its task any more) lapses while
-/// its task is still there to be cancelled.
-pub fn memory_retention(cfg: &config::Config) -> Duration {
-    let longest = cfg.routes.iter().map(|r| r.lease.max_ttl).max();
-    MEMORY_RETENTION.max(longest.unwrap_or_default() + Duration::from_secs(300))
-}
+use crate::tracker::Tracker;
 
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
@@ -96,8 +87,11 @@ pub const REDIS_NAMESPACE: &str = "a2agw";
 pub fn build_store(cfg: &config::Config, replica: &str) -> Result<Arc<dyn TaskStore>, String> {
     match &cfg.store.kind {
         config::StoreKind::Memory => Ok(crate::store::timed::TimedStore::wrap(Arc::new(
-            MemoryStore::new(cfg.limits.max_tracked_tasks, memory_retention(cfg))
-                .with_max_accounts(cfg.limits.max_accounts),
+            MemoryStore::new(
+                cfg.limits.max_tracked_tasks,
+                crate::store::memory::retention(cfg),
+            )
+            .with_max_accounts(cfg.limits.max_accounts),
         ))),
         config::StoreKind::Redis { url } => {
             let rt = STORE_RUNTIME.get_or_init(|| {
@@ -145,7 +139,7 @@ pub fn server_conf(threads: usize, drain: Duration) -> ServerConf {
 /// `POST /reload` (`None`: started without one).
 pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), String> {
     crate::reload::ignore_sighup_until_listening()?;
-    check_tls(&cfg)?;
+    crate::tls::check(&cfg)?;
     crate::auth::check_keys(&cfg.routes).map_err(|e| e.join("\n"))?;
     if let Some(a) = cfg.server.admin {
         if config::admin_needs_token(a) && cfg.server.admin_token.is_none() {
@@ -248,8 +242,8 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         None => None,
     };
     if let (Some(tls), Some(server_cert)) = (&cfg.server.tls, &server_cert) {
-        // Loaded and checked by `check_tls` above.
-        let (cert, key) = tls_paths(tls)?;
+        // Loaded and checked by `tls::check` above.
+        let (cert, key) = crate::tls::paths(tls)?;
         for addr in &tls.listen {
             let mut settings = TlsSettings::intermediate(cert, key)
                 .map_err(|e| format!("server.tls listener {addr}: {e}"))?;
@@ -381,84 +375,4 @@ pub fn check_binds(cfg: &config::Config) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The TLS checks the config cannot make alone (they need rustls): that
-/// each key is its certificate's, for `[server.tls]` and for every route's
-/// `worker_client_cert`. Run at start-up and by `check-config`.
-pub fn check_tls(cfg: &config::Config) -> Result<(), String> {
-    use pingora::tls::{CertificateDer, ClientConfig, PrivateKeyDer, RootCertStore, RusTlsError};
-    pingora::tls::install_default_crypto_provider();
-    if let Some(tls) = &cfg.server.tls {
-        check_tls_files(tls)?;
-    }
-    for (i, r) in cfg.routes.iter().enumerate() {
-        let Some(c) = &r.worker_client_cert else {
-            continue;
-        };
-        let chain = c
-            .certs
-            .iter()
-            .map(|d| CertificateDer::from(d.clone()))
-            .collect();
-        let key = PrivateKeyDer::try_from(c.key.clone())
-            .map_err(|e| format!("routes[{i}].worker_client_key: {e}"))?;
-        let (cert_path, key_path) = (c.cert_path.display(), c.key_path.display());
-        match ClientConfig::builder()
-            .with_root_certificates(RootCertStore::empty())
-            .with_client_auth_cert(chain, key)
-        {
-            Ok(_) => {}
-            Err(RusTlsError::InconsistentKeys(e)) => {
-                return Err(format!(
-                    "routes[{i}].worker_client_key: {key_path} is not the key of {cert_path}'s certificate ({e:?})"
-                ))
-            }
-            Err(e) => {
-                return Err(format!(
-                    "routes[{i}].worker_client_cert: cannot present {cert_path} with {key_path}: {e}"
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `[server.tls]`'s certificate and key paths as pingora takes them.
-fn tls_paths(tls: &config::ServerTls) -> Result<(&str, &str), String> {
-    fn utf8(p: &std::path::Path) -> Result<&str, String> {
-        p.to_str()
-            .ok_or_else(|| format!("server.tls: {} is not a UTF-8 path", p.display()))
-    }
-    Ok((utf8(&tls.cert)?, utf8(&tls.key)?))
-}
-
-/// Loads `[server.tls]`'s files as pingora will when its listeners start
-/// (where a bad pair panics a proxy thread and the process hangs): a
-/// certificate chain and a key that belong together, or a message naming
-/// both files.
-fn check_tls_files(tls: &config::ServerTls) -> Result<(), String> {
-    use pingora::tls::{load_certs_and_key_files, RusTlsError, ServerConfig};
-    let (cert, key) = tls_paths(tls)?;
-    let (chain, key_der) = match load_certs_and_key_files(cert, key) {
-        Ok(Some(pair)) => pair,
-        Ok(None) => {
-            return Err(format!(
-                "server.tls: {cert} holds no certificate or {key} no private key"
-            ))
-        }
-        Err(e) => return Err(format!("server.tls: cannot load {cert} and {key}: {e}")),
-    };
-    match ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(chain, key_der)
-    {
-        Ok(_) => Ok(()),
-        Err(RusTlsError::InconsistentKeys(e)) => Err(format!(
-            "server.tls: {key} is not the key of {cert}'s certificate ({e:?})"
-        )),
-        Err(e) => Err(format!(
-            "server.tls: cannot serve TLS with {cert} and {key}: {e}"
-        )),
-    }
 }

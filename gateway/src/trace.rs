@@ -28,7 +28,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::ToSocketAddrs as _;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -44,7 +44,6 @@ use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 use pingora::Error;
 
-use crate::proxy::Ctx;
 use crate::store::TaskKey;
 
 /// How many request span contexts are remembered for the gateway's later
@@ -178,9 +177,25 @@ impl Injector for HeadOut<'_> {
     }
 }
 
+/// What a request's span is told of the request, from the proxy's
+/// context (`crate::proxy` builds it).
+#[derive(Debug, Default)]
+pub struct Facts<'a> {
+    pub route: Option<&'a Arc<str>>,
+    pub method: Option<&'static str>,
+    pub binding: Option<&'static str>,
+    pub tenant: Option<&'a str>,
+    /// The task an answer named.
+    pub task_id: Option<&'a Arc<str>>,
+    /// The task the request itself names.
+    pub request_task: Option<&'a str>,
+    /// The sent message of a send that starts a task.
+    pub message_id: Option<&'a str>,
+}
+
 /// `request_filter`: starts the request's span (child of the caller's
-/// `traceparent`, if any). Nothing when traces are off.
-pub fn start(session: &Session, ctx: &mut Ctx) {
+/// `traceparent`, if any) in `slot`. Nothing when traces are off.
+pub fn start(session: &Session, slot: &mut Option<Box<RequestSpan>>) {
     let Some(t) = TRACING.get() else { return };
     let head = session.req_header();
     let parent = t.propagator.extract(&HeadersIn(&head.headers));
@@ -193,7 +208,7 @@ pub fn start(session: &Session, ctx: &mut Ctx) {
             KeyValue::new("url.path", head.uri.path().to_owned()),
         ])
         .start_with_context(&t.tracer, &parent);
-    ctx.trace = Some(Box::new(RequestSpan {
+    *slot = Some(Box::new(RequestSpan {
         span,
         remembered: None,
     }));
@@ -202,8 +217,8 @@ pub fn start(session: &Session, ctx: &mut Ctx) {
 /// `upstream_request_filter`: the worker's request names the gateway's
 /// span as its parent (`traceparent`, `tracestate`), in place of the
 /// caller's.
-pub fn upstream(head: &mut RequestHeader, ctx: &Ctx) {
-    let (Some(t), Some(rs)) = (TRACING.get(), ctx.trace.as_deref()) else {
+pub fn upstream(head: &mut RequestHeader, span: Option<&RequestSpan>) {
+    let (Some(t), Some(rs)) = (TRACING.get(), span) else {
         return;
     };
     use opentelemetry::trace::Span as _;
@@ -216,73 +231,70 @@ pub fn upstream(head: &mut RequestHeader, ctx: &Ctx) {
 /// remembered under it, so that a cancel sent while the request is still
 /// open (a spent budget) is its child.
 #[inline]
-pub fn task_known(ctx: &mut Ctx) {
-    let Some(rs) = ctx.trace.as_deref() else {
+pub fn task_known(slot: &mut Option<Box<RequestSpan>>, facts: &Facts<'_>) {
+    let Some(rs) = slot.as_deref_mut() else {
         return;
     };
-    if ctx.track.task_id.is_some() && rs.remembered != ctx.track.task_id {
-        remember(ctx);
+    if facts.task_id.is_some() && rs.remembered.as_ref() != facts.task_id {
+        remember(rs, facts);
     }
 }
 
 /// Remembers the request span under its task (and message) key.
-fn remember(ctx: &mut Ctx) {
-    let (Some(t), Some(route)) = (TRACING.get(), ctx.route.as_ref()) else {
-        return;
-    };
-    let Some(rs) = ctx.trace.as_deref_mut() else {
+fn remember(rs: &mut RequestSpan, facts: &Facts<'_>) {
+    let (Some(t), Some(route)) = (TRACING.get(), facts.route) else {
         return;
     };
     use opentelemetry::trace::Span as _;
     let sc = rs.span.span_context().clone();
-    let tenant = ctx.req.tenant.as_deref();
-    let task = ctx
-        .track
+    let task = facts
         .task_id
-        .clone()
-        .or_else(|| ctx.req.task_id.as_deref().map(std::sync::Arc::<str>::from));
+        .cloned()
+        .or_else(|| facts.request_task.map(Arc::<str>::from));
     if let Some(task) = &task {
         if rs.remembered.as_ref() != Some(task) {
             t.spans.insert(
-                (false, TaskKey::new(&route.name, tenant, task.clone())),
+                (false, TaskKey::new(route, facts.tenant, task.clone())),
                 sc.clone(),
             );
             rs.remembered = Some(task.clone());
         }
     }
-    if let Some(m) = ctx.req.message_id.as_deref() {
+    if let Some(m) = facts.message_id {
         t.spans
-            .insert((true, TaskKey::new(&route.name, tenant, m)), sc);
+            .insert((true, TaskKey::new(route, facts.tenant, m)), sc);
     }
 }
 
 /// `logging`: the request's attributes and status, and the span's end.
 /// Before the cascade is handed the request, so that its calls find the
 /// span.
-pub fn end(session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
-    if ctx.trace.is_none() {
-        return;
-    }
-    remember(ctx);
-    let Some(mut rs) = ctx.trace.take() else {
+pub fn end(
+    session: &Session,
+    e: Option<&Error>,
+    slot: &mut Option<Box<RequestSpan>>,
+    facts: &Facts<'_>,
+) {
+    let Some(mut rs) = slot.take() else {
         return;
     };
+    remember(&mut rs, facts);
     use opentelemetry::trace::Span as _;
     let span = &mut rs.span;
-    if let Some(m) = ctx.req.method {
-        span.update_name(m.as_str());
-        span.set_attribute(KeyValue::new("a2a.method", m.as_str()));
+    if let Some(m) = facts.method {
+        span.update_name(m);
+        span.set_attribute(KeyValue::new("a2a.method", m));
     }
-    if let Some(r) = &ctx.route {
-        span.set_attribute(KeyValue::new("a2a.route", r.name.to_string()));
+    if let Some(r) = facts.route {
+        span.set_attribute(KeyValue::new("a2a.route", r.to_string()));
     }
-    if let Some(b) = ctx.req.binding {
-        span.set_attribute(KeyValue::new("a2a.binding", b.as_str()));
+    if let Some(b) = facts.binding {
+        span.set_attribute(KeyValue::new("a2a.binding", b));
     }
-    if let Some(tenant) = &ctx.req.tenant {
-        span.set_attribute(KeyValue::new("a2a.tenant", tenant.clone()));
+    if let Some(tenant) = facts.tenant {
+        span.set_attribute(KeyValue::new("a2a.tenant", tenant.to_owned()));
     }
-    let task = ctx.track.task_id.as_deref().or(ctx.req.task_id.as_deref());
+    let task = facts.task_id.map(|t| &**t).or(facts.request_task);
     if let Some(task) = task {
         span.set_attribute(KeyValue::new("a2a.task_id", task.to_owned()));
     }
@@ -310,6 +322,37 @@ pub fn end(session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
         )));
     }
     span.end();
+}
+
+/// [`client`] for a job's call about its task: the request that sent the
+/// task's first message (`message_id`) stands in for one remembered under
+/// the task (a passed send's answer is never read, so its task is only
+/// remembered by its message): a tree's cancel of a background child is a
+/// child of the span of the send that started it, in the parent's trace.
+pub fn client_for(
+    call: &'static str,
+    key: &TaskKey,
+    message_id: Option<&str>,
+    cause: &'static str,
+    worker: &config::WorkerUrl,
+) -> Option<ClientSpan> {
+    let t = TRACING.get()?;
+    match message_id {
+        Some(m) if !t.spans.contains_key(&(false, key.clone())) => client(
+            call,
+            &TaskKey::new(&key.route, key.tenant(), m),
+            true,
+            cause,
+            worker,
+        )
+        .map(|mut s| {
+            use opentelemetry::trace::Span as _;
+            s.span
+                .set_attribute(KeyValue::new("a2a.task_id", key.task_id.to_string()));
+            s
+        }),
+        _ => client(call, key, false, cause, worker),
+    }
 }
 
 /// A call the gateway makes to a worker on its own.

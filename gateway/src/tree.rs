@@ -27,7 +27,7 @@ use policies::TaskState;
 use crate::cancel::{CancelJob, Canceller, LookupError, Probed};
 use crate::link::Linker;
 use crate::metrics;
-use crate::reload::LiveRoutes;
+use crate::route::LiveRoutes;
 use crate::store::{ChildLink, TaskKey, TaskStore};
 
 /// How long a child is looked for by its message: its send may still be

@@ -254,7 +254,7 @@ pub fn api_keys_file(tag: &str, keys: &[(&str, &str)]) -> std::path::PathBuf {
         .map(|(key, name)| {
             format!(
                 "{} {name}\n",
-                a2a_gateway::budget::sha256_hex(key.as_bytes())
+                a2a_gateway::digest::sha256_hex(key.as_bytes())
             )
         })
         .collect();

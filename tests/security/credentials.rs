@@ -28,7 +28,7 @@ fn files(signer: &Signer) -> PathBuf {
         json!({"keys": [signer.jwk]}).to_string(),
     )
     .unwrap();
-    let hex = |key: &str| a2a_gateway::budget::sha256_hex(key.as_bytes());
+    let hex = |key: &str| a2a_gateway::digest::sha256_hex(key.as_bytes());
     std::fs::write(
         dir.join("keys"),
         format!("{} billing\n{} ops\n", hex(BILLING_KEY), hex(OPS_KEY)),

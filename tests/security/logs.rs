@@ -61,7 +61,7 @@ fn config(worker: &RustWorker, dir: &Path, jwt_pem: &str, json: bool) -> String 
         dir.join("keys"),
         format!(
             "{} billing\n",
-            a2a_gateway::budget::sha256_hex(API_KEY.as_bytes())
+            a2a_gateway::digest::sha256_hex(API_KEY.as_bytes())
         ),
     )
     .unwrap();

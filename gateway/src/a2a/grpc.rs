@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 use policies::TaskState;
 use prost::Message as _;
 
-use super::observe::Observation;
 use super::request::{budget_grant, lease_grant, RequestFacts, BUDGET_KEY, LEASE_KEY};
 use super::A2aMethod;
+use super::Observation;
 
 /// The path every A2A gRPC method sits under.
 pub const SERVICE_PREFIX: &str = "/lf.a2a.v1.A2AService/";

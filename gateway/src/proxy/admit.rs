@@ -95,7 +95,7 @@ impl Gateway {
     async fn admit_budget(
         &self,
         ctx: &mut Ctx,
-        route: &super::route::Route,
+        route: &crate::route::Route,
         grants: Grants,
         body: &[u8],
     ) {

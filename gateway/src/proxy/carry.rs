@@ -41,12 +41,12 @@ use serde_json::Value;
 
 use super::ctx::Ctx;
 use super::refusal::Refusal;
-use super::route::Route;
 use super::{inject, Gateway};
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{observe, A2aMethod, Binding};
 use crate::metrics::{self, Untracked};
+use crate::route::Route;
 
 /// How long what a worker's card says of streaming is believed.
 const CARD_FRESH: Duration = Duration::from_secs(60);
@@ -364,8 +364,9 @@ impl Gateway {
         }
 
         let mut head = session.req_header().clone();
-        crate::trace::upstream(&mut head, ctx);
+        crate::trace::upstream(&mut head, ctx.trace.as_deref());
         inject::upstream_head(&mut head, ctx)?;
+        self.delegation(&mut head, ctx)?;
         head.set_version(http::Version::HTTP_11);
         head.set_uri(
             plan.path

@@ -13,10 +13,10 @@ use super::ctx::Ctx;
 use super::http1;
 use super::inject::activates_lease;
 use super::refusal::Refusal;
-use super::route::{host_without_port, Matched};
 use super::Gateway;
 use crate::a2a::{classify, A2aMethod, Binding, Call};
 use crate::cancel::caller_headers;
+use crate::route::{host_without_port, Matched};
 use crate::store::now_ms;
 
 /// What classifying the head decided about the body.

@@ -13,13 +13,13 @@ use policies::cascade::Seen;
 use policies::track::Shape;
 
 use super::refusal::Refusal;
-use super::route::Route;
 use super::timing::ProxyTimes;
-use super::websocket::WsSession;
+use super::ws_session::WsSession;
 use crate::a2a::grpc::GrpcFrames;
 use crate::a2a::sse::SseParser;
 use crate::a2a::{A2aMethod, Binding, Call};
 use crate::budget::{Caller, ChildBudget};
+use crate::route::Route;
 use crate::store::TaskKey;
 
 /// Per-request state.
@@ -139,6 +139,25 @@ pub fn shape_of(method: A2aMethod) -> Option<Shape> {
     })
 }
 
+/// What the request's span is told ([`crate::trace`]), from the parts of
+/// its context (field by field, so that the span itself can be borrowed
+/// beside them).
+pub fn trace_facts<'a>(
+    route: &'a Option<Arc<Route>>,
+    req: &'a Request,
+    track: &'a Tracking,
+) -> crate::trace::Facts<'a> {
+    crate::trace::Facts {
+        route: route.as_ref().map(|r| &r.name),
+        method: req.method.map(A2aMethod::as_str),
+        binding: req.binding.map(Binding::as_str),
+        tenant: req.tenant.as_deref(),
+        task_id: track.task_id.as_ref(),
+        request_task: req.task_id.as_deref(),
+        message_id: req.message_id.as_deref(),
+    }
+}
+
 impl Ctx {
     /// The worker (replica) the request went to, as the store records it
     /// with the task: recorded on every route, so that a reload that
@@ -163,7 +182,7 @@ impl Ctx {
 
     /// Who is asking, for ownership ([`policies::owner`]): on a route with
     /// `[routes.auth]`, the verified identity or anonymous; else unverified.
-    pub fn asker(&self, route: &super::route::Route) -> crate::store::Asker {
+    pub fn asker(&self, route: &crate::route::Route) -> crate::store::Asker {
         match (&route.auth, &self.req.caller) {
             (None, _) => crate::store::Asker::Unverified,
             (Some(_), Some(c)) => crate::store::Asker::Identity(c.shown.as_str().into()),

@@ -9,10 +9,10 @@ use pingora::http::RequestHeader;
 use pingora::{Error, ErrorType, Result};
 
 use super::ctx::{Ctx, RequestBody};
-use super::route::Route;
 use crate::a2a::extensions::A2A_EXTENSIONS;
 use crate::a2a::{A2aMethod, Call};
 use crate::metrics::Untracked;
+use crate::route::Route;
 
 /// Rewrites `upstream` for the worker.
 pub fn upstream_head(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {

@@ -29,9 +29,9 @@ mod inject;
 mod inspect;
 mod observe;
 pub mod refusal;
-pub mod route;
 pub mod timing;
 mod websocket;
+mod ws_session;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,7 +51,7 @@ use crate::a2a::{A2aMethod, Call};
 use crate::budget::Budgets;
 use crate::cascade::Cascade;
 use crate::lease::Leases;
-use crate::reload::LiveRoutes;
+use crate::route::LiveRoutes;
 use crate::store::{StoreHealth, TaskStore};
 
 /// The gateway's proxy service.
@@ -159,7 +159,7 @@ impl Gateway {
     pub(super) async fn replica_for(
         &self,
         ctx: &Ctx,
-        route: &route::Route,
+        route: &crate::route::Route,
         replicas: &crate::replicas::Replicas,
     ) -> Option<Arc<crate::replicas::Replica>> {
         match self.affinity(ctx, route, replicas).await {
@@ -182,7 +182,7 @@ impl Gateway {
     async fn affinity(
         &self,
         ctx: &Ctx,
-        route: &route::Route,
+        route: &crate::route::Route,
         replicas: &crate::replicas::Replicas,
     ) -> Affinity {
         if let Some(id) = &ctx.req.task_id {
@@ -246,7 +246,7 @@ impl ProxyHttp for Gateway {
     /// asked.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         ctx.times.head();
-        crate::trace::start(session, ctx);
+        crate::trace::start(session, &mut ctx.trace);
         let mut pre_read = None;
         match self.classify(session, ctx) {
             Err(r) => ctx.refuse(r),
@@ -328,7 +328,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.times.upstream();
-        crate::trace::upstream(upstream, ctx);
+        crate::trace::upstream(upstream, ctx.trace.as_deref());
         inject::upstream_head(upstream, ctx)?;
         self.delegation(upstream, ctx)
     }
@@ -391,7 +391,10 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<Option<Duration>> {
         self.read_answer(session, body, end_of_stream, ctx);
-        crate::trace::task_known(ctx);
+        crate::trace::task_known(
+            &mut ctx.trace,
+            &ctx::trace_facts(&ctx.route, &ctx.req, &ctx.track),
+        );
         Ok(None)
     }
 
@@ -411,7 +414,12 @@ impl ProxyHttp for Gateway {
 
     /// End: every request ends here.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
-        crate::trace::end(session, e, ctx);
+        crate::trace::end(
+            session,
+            e,
+            &mut ctx.trace,
+            &ctx::trace_facts(&ctx.route, &ctx.req, &ctx.track),
+        );
         self.end(session, e, ctx);
     }
 

@@ -20,14 +20,14 @@ use policies::track::{FirstSight, LeaseRules, LeaseStart, Shape};
 use policies::TaskState;
 
 use super::ctx::{Answer, Ctx};
-use super::route::Route;
-use super::websocket::WsSession;
+use super::ws_session::WsSession;
 use super::{stop_awaiting_id, Gateway};
 use crate::a2a::grpc::{self, GrpcFrames, GrpcItem};
 use crate::a2a::sse::{SseItem, SseParser};
 use crate::a2a::{observe, Binding, Call, Observation};
 use crate::cancel::{cancel_headers, CancelJob};
 use crate::metrics::{self, Untracked};
+use crate::route::Route;
 use crate::store::{Asker, CancelTarget, TaskKey, TaskUpdate};
 
 /// A route's lease rules, as `policies::track` reads them.
@@ -528,7 +528,7 @@ fn hold(
 }
 
 pub(super) fn is_sse(resp: &ResponseHeader) -> bool {
-    header_starts_with(resp, &http::header::CONTENT_TYPE, "text/event-stream")
+    crate::a2a::sse::is_event_stream(&resp.headers)
 }
 
 fn is_json(resp: &ResponseHeader) -> bool {

@@ -56,7 +56,7 @@ impl ProxyTimes {
             self.ttfb = self.upstream.map(|u| now.saturating_duration_since(u));
         }
         self.worker_status = Some(status);
-        if status != 101 && !super::observe::is_sse(resp) {
+        if status != 101 && !crate::a2a::sse::is_event_stream(&resp.headers) {
             self.answer = Some(now);
         }
     }

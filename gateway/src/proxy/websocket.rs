@@ -12,7 +12,6 @@
 //! child is found as an HTTP caller's is, by the task it names or by its
 //! message in the worker's `ListTasks`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use policies::cascade::Seen;
@@ -20,9 +19,10 @@ use serde::Deserialize;
 
 use super::ctx::{shape_of, Ctx};
 use super::observe::{endpoint, lease_rules};
+use super::ws_session::{Pending, SocketTask, WsSession};
 use super::Gateway;
 use crate::a2a::request::jsonrpc_facts;
-use crate::a2a::ws::{WsItem, WsParser};
+use crate::a2a::ws::WsItem;
 use crate::a2a::{observe, A2aMethod, Binding, Observation};
 use crate::metrics::Untracked;
 use crate::store::{CancelTarget, TaskKey};
@@ -32,66 +32,6 @@ use crate::store::{CancelTarget, TaskKey};
 const MAX_PENDING: usize = 1024;
 /// Tasks tracked per socket, at most.
 const MAX_TASKS: usize = 4096;
-
-/// A request whose answer may name a task.
-#[derive(Debug, Clone)]
-struct Pending {
-    method: A2aMethod,
-    tenant: Option<String>,
-    lease_grant: Option<u64>,
-    /// A send: the task it continues (`message.taskId`), else its
-    /// message's `messageId`, by which its child is found if the socket
-    /// ends before an answer names it.
-    task_id: Option<String>,
-    message_id: Option<String>,
-    /// A non-blocking send: its caller does not wait on the socket.
-    return_immediately: bool,
-    /// An answer or event named the call's task.
-    named: bool,
-}
-
-/// A task seen on this socket.
-#[derive(Debug)]
-pub struct SocketTask {
-    pub seen: Seen,
-    pub tenant: Option<String>,
-    /// Counted as a watcher in the store (a stream on this socket).
-    pub watching: bool,
-    /// This socket holds an imposed lease on it.
-    pub held: bool,
-}
-
-/// Per-socket state, created at the `101`.
-#[derive(Debug)]
-pub struct WsSession {
-    client: WsParser,
-    worker: WsParser,
-    pending: HashMap<String, Pending>,
-    pub tasks: HashMap<Arc<str>, SocketTask>,
-}
-
-impl WsSession {
-    pub fn new(max_message: usize) -> Self {
-        WsSession {
-            client: WsParser::new(max_message),
-            worker: WsParser::new(max_message),
-            pending: HashMap::new(),
-            tasks: HashMap::new(),
-        }
-    }
-}
-
-impl WsSession {
-    /// A send on this socket still awaits the answer that names its task.
-    pub fn awaits_a_task(&self) -> bool {
-        self.pending.values().any(|p| {
-            matches!(
-                p.method,
-                A2aMethod::SendMessage | A2aMethod::SendStreamingMessage
-            ) && !p.named
-        })
-    }
-}
 
 #[derive(Deserialize)]
 struct IdOnly {
@@ -418,7 +358,7 @@ impl Gateway {
     fn ws_send_ended(
         &self,
         ctx: &Ctx,
-        route: &std::sync::Arc<super::route::Route>,
+        route: &std::sync::Arc<crate::route::Route>,
         p: Pending,
         event: policies::cascade::Event,
     ) {
@@ -439,7 +379,7 @@ impl Gateway {
     fn ws_task_ended(
         &self,
         ctx: &Ctx,
-        route: &std::sync::Arc<super::route::Route>,
+        route: &std::sync::Arc<crate::route::Route>,
         task_id: std::sync::Arc<str>,
         t: SocketTask,
         event: policies::cascade::Event,
@@ -465,7 +405,7 @@ impl Gateway {
 /// caller upgraded on; task, message, watcher and lease unset.
 fn socket_end(
     ctx: &Ctx,
-    route: &super::route::Route,
+    route: &crate::route::Route,
     tenant: Option<String>,
     seen: Seen,
     event: policies::cascade::Event,

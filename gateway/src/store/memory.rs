@@ -95,6 +95,18 @@ impl Outbox {
     }
 }
 
+/// How long the memory store keeps a task nobody has touched, at least.
+pub const RETENTION: Duration = Duration::from_secs(3600);
+
+/// How long the memory store keeps an untouched task: [`RETENTION`],
+/// or longer than the longest lease a route allows plus a margin, so that a
+/// lease whose caller died (nothing touches its task any more) lapses while
+/// its task is still there to be cancelled.
+pub fn retention(cfg: &config::Config) -> Duration {
+    let longest = cfg.routes.iter().map(|r| r.lease.max_ttl).max();
+    RETENTION.max(longest.unwrap_or_default() + Duration::from_secs(300))
+}
+
 #[derive(Debug)]
 pub struct MemoryStore {
     tasks: Cache<TaskKey, TaskRecord>,

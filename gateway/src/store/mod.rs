@@ -330,6 +330,16 @@ pub enum Owing {
     Settled,
 }
 
+/// A default replica id: host name, process id, start time.
+pub fn default_replica_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "gateway".to_string());
+    format!("{host}-{}-{}", std::process::id(), now_ms())
+}
+
 /// The claim-token owner a store only this process uses writes.
 pub const LOCAL_OWNER: &str = "local";
 
@@ -572,7 +582,7 @@ pub const TICKET_TOMBSTONE: std::time::Duration = std::time::Duration::from_secs
 
 /// How long an owed cancel is kept at most ([`TaskStore::outbox_put`]),
 /// handed back and claimed again every
-/// [`crate::lease::RETRY_FAILED_CANCEL`] while its every attempt fails:
+/// [`crate::cancel::RETRY_FAILED_CANCEL`] while its every attempt fails:
 /// Redis keeps it in the task's hash, which expires this long after the
 /// task's last write ([`redis::LIVE_TTL`]); the memory store drops it then.
 pub const OUTBOX_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);

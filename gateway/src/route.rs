@@ -1,7 +1,12 @@
-//! Choosing a route by host and path prefix.
+//! The configured routes: choosing one by host and path prefix for a
+//! request, finding one by name for a task's later calls and cancels, and
+//! the live set a reload swaps ([`LiveRoutes`]).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use crate::resolve::{WorkerAddr, WorkerAddrs};
 
@@ -217,6 +222,121 @@ pub fn host_without_port(host: &str) -> &str {
         return host.find(']').map_or(host, |i| &host[..=i]);
     }
     host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// The routes new requests are matched against, swapped whole by a reload,
+/// and the routes a reload removed, kept for the leases and owed cancels
+/// that name them.
+#[derive(Debug)]
+pub struct LiveRoutes {
+    current: ArcSwap<Routes>,
+    /// Removed by a reload and not configured again since, by name: their
+    /// lapsed leases and owed cancels are still claimed and sent with this
+    /// config. One entry per route name ever removed (a name configured
+    /// again leaves it), so it is bounded by the config files' routes.
+    retired: Mutex<HashMap<Arc<str>, Arc<Route>>>,
+    /// The current and retired routes' names, for the store's claims.
+    names: ArcSwap<Vec<Arc<str>>>,
+    addrs: Arc<WorkerAddrs>,
+}
+
+/// What a reload changed in the routes, by name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RouteChanges {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+impl LiveRoutes {
+    pub fn new(routes: Routes) -> Self {
+        let names = routes.iter().map(|r| r.name.clone()).collect();
+        LiveRoutes {
+            addrs: routes.worker_addrs(),
+            current: ArcSwap::from_pointee(routes),
+            retired: Mutex::new(HashMap::new()),
+            names: ArcSwap::from_pointee(names),
+        }
+    }
+
+    /// The routes for a new request: one atomic load. The request keeps the
+    /// `Arc<Route>` it matched, so a reload after this changes nothing for it.
+    #[inline]
+    pub fn load(&self) -> arc_swap::Guard<Arc<Routes>> {
+        self.current.load()
+    }
+
+    /// The route named `name` (as stored with a task): the configured one,
+    /// else the one of that name a reload removed (its lapsed leases and owed
+    /// cancels are still sent as it said), else `None`.
+    pub fn by_name(&self, name: &str) -> Option<Arc<Route>> {
+        if let Some(r) = self.current.load().by_name(name) {
+            return Some(r.clone());
+        }
+        self.retired().get(name).cloned()
+    }
+
+    /// The names of the routes this replica claims lapsed leases and owed
+    /// cancels for: the configured ones and the removed ones.
+    pub fn claim_names(&self) -> Arc<Vec<Arc<str>>> {
+        self.names.load_full()
+    }
+
+    /// The workers' addresses, shared with the gateway's own cancels.
+    pub fn worker_addrs(&self) -> Arc<WorkerAddrs> {
+        self.addrs.clone()
+    }
+
+    fn retired(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Route>>> {
+        self.retired.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Builds the routes of `cfg` (new workers' addresses added to the
+    /// shared ones and looked up in the background) and makes them the ones
+    /// new requests match. A route whose worker is unchanged keeps what it
+    /// learnt from the worker's agent card. Reloads are serialized by their
+    /// caller ([`Reloader`]).
+    pub fn replace(&self, cfg: &[config::Route]) -> RouteChanges {
+        let added_addrs = self.addrs.update(cfg);
+        if !added_addrs.is_empty() {
+            tokio::spawn(async move { WorkerAddrs::warm(&added_addrs).await });
+        }
+        let new = Routes::with_addrs(cfg, self.addrs.clone());
+        let old = self.current.load_full();
+        let mut changes = RouteChanges::default();
+        for r in new.iter() {
+            match old.by_name(&r.name) {
+                None => changes.added.push(r.name.to_string()),
+                Some(o) => {
+                    if o.cfg != r.cfg {
+                        changes.changed.push(r.name.to_string());
+                    }
+                    if o.cfg.worker == r.cfg.worker {
+                        let seen = o
+                            .card_declares_lease
+                            .load(std::sync::atomic::Ordering::Relaxed);
+                        r.card_declares_lease
+                            .store(seen, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        let mut retired = self.retired();
+        for o in old.iter() {
+            if new.by_name(&o.name).is_none() {
+                changes.removed.push(o.name.to_string());
+                retired.insert(o.name.clone(), o.clone());
+            }
+        }
+        for r in new.iter() {
+            retired.remove(&r.name);
+        }
+        let mut names: Vec<Arc<str>> = new.iter().map(|r| r.name.clone()).collect();
+        names.extend(retired.keys().cloned());
+        self.names.store(Arc::new(names));
+        self.current.store(Arc::new(new));
+        changes
+    }
 }
 
 #[cfg(test)]
