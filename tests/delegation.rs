@@ -120,6 +120,20 @@ async fn start_tree(
     (p_task, c_task, d_task)
 }
 
+/// Waits until `agent` holds task `id` CANCELED, for at most `within`;
+/// panics naming `what` with the gateway's log otherwise. How long it took.
+async fn cancelled(
+    agent: &PythonWorker,
+    id: &str,
+    within: Duration,
+    what: &str,
+    gw: &Gateway,
+) -> Duration {
+    wait_for_state(&agent.url(), None, id, CANCELED, within)
+        .await
+        .unwrap_or_else(|s| panic!("{what} not cancelled: {s:?}\n{}", gw.log_text()))
+}
+
 /// Each hop's cancel lands within this of the one above it.
 fn per_hop() -> Duration {
     scaled_secs(1)
@@ -133,12 +147,8 @@ async fn root_cancel_cancels_the_detached_child_and_grandchild() {
 
     let answer = cancel_through(&gw.url, "/p", &p_task).await;
     assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
-    let to_c = wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
-    let to_d = wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    let to_c = cancelled(&c, &c_task, per_hop(), "child", &gw).await;
+    let to_d = cancelled(&d, &d_task, per_hop(), "grandchild", &gw).await;
     eprintln!("tree cancel: child after {to_c:?}, grandchild {to_d:?} after that");
     // One CancelTask each: the root's for P, the gateway's for C and D.
     tokio::time::sleep(scaled_ms(300)).await;
@@ -187,15 +197,9 @@ async fn the_root_leaving_cancels_the_tree() {
         .unwrap();
     let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
     crate::harness::http::leave(sock, true).await;
-    wait_for_state(&p.url(), None, &p_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("parent not cancelled: {s:?}\n{}", gw.log_text()));
-    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
-    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    cancelled(&p, &p_task, per_hop(), "parent", &gw).await;
+    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
+    cancelled(&d, &d_task, per_hop(), "grandchild", &gw).await;
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(
         (cancels(&p).await, cancels(&c).await, cancels(&d).await),
@@ -299,9 +303,7 @@ async fn a_completed_parent_keeps_or_cancels_its_children_as_the_route_says() {
         let ids = c.stats().await["task_ids"].clone();
         let c_task = ids[before].as_str().unwrap().to_owned();
         if want == CANCELED {
-            wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-                .await
-                .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+            cancelled(&c, &c_task, per_hop(), "child", &gw).await;
         } else {
             tokio::time::sleep(per_hop() + scaled_ms(500)).await;
             assert_eq!(c.state(None, &c_task).await.as_deref(), Some(WORKING));
@@ -387,12 +389,8 @@ async fn a_parent_whose_lease_lapsed_takes_its_children_with_it() {
     // Lapsed at `ttl` after the send (a tick and a refused connect later
     // the tree starts), then one hop each.
     let lapse_left = ttl.saturating_sub(sent.elapsed());
-    wait_for_state(&c.url(), None, &c_task, CANCELED, lapse_left + per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
-    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    cancelled(&c, &c_task, lapse_left + per_hop(), "child", &gw).await;
+    cancelled(&d, &d_task, per_hop(), "grandchild", &gw).await;
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!((cancels(&c).await, cancels(&d).await), (1, 1));
 }
@@ -418,15 +416,9 @@ async fn a_parent_past_its_deadline_takes_its_children_with_it() {
     let d_task = child_of(&c).await;
     let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
     let left = deadline.saturating_sub(sent.elapsed());
-    wait_for_state(&p.url(), None, &p_task, CANCELED, left + scaled_ms(250))
-        .await
-        .unwrap_or_else(|s| panic!("parent not stopped: {s:?}\n{}", gw.log_text()));
-    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
-    wait_for_state(&d.url(), None, &d_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("grandchild not cancelled: {s:?}\n{}", gw.log_text()));
+    cancelled(&p, &p_task, left + scaled_ms(250), "parent", &gw).await;
+    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
+    cancelled(&d, &d_task, per_hop(), "grandchild", &gw).await;
     drop(sock);
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(
@@ -537,9 +529,7 @@ async fn an_awaited_child_is_cancelled_once() {
         .unwrap();
     let answer = cancel_through(&gw.url, "/p", &p_task).await;
     assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
-    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
     tokio::time::sleep(scaled_ms(500)).await;
     assert_eq!(cancels(&c).await, 1);
 }
@@ -647,9 +637,7 @@ async fn the_exported_trace_holds_the_tree_cancel() {
     let c_task = child_of(&p).await;
     let answer = cancel_through(&gw.url, "/p", &p_task).await;
     assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
-    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\n{}", gw.log_text()));
+    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
     let within = scaled_secs(5);
     let cancel = otlp
         .wait_span(within, |s| {

@@ -651,13 +651,12 @@ impl Canceller {
         (outcome, last_err)
     }
 
-    /// Asks the worker for the job's task state (`GetTask`, one attempt
-    /// within the cancel timeout, in the cancel's binding, tenant and
-    /// headers): before cancelling a task whose state the gateway could not
-    /// see, so that one handed back (input-required, auth-required) or
-    /// already finished is left alone. Logged and counted.
-    pub async fn task_state(&self, job: &CancelJob) -> Probed {
-        let route = &*job.key.route;
+    /// One `GetTask` for the job's task (`call`: [`Call::Get`], or
+    /// [`Call::History`] with its whole history), one attempt within the
+    /// cancel timeout, in the cancel's binding, tenant and headers, in its
+    /// own client span: what it found, the answer (empty when none came)
+    /// and why no state was read.
+    async fn get_task(&self, job: &CancelJob, call: Call<'_>) -> (Probed, Vec<u8>, String) {
         let mut span = crate::trace::client_for(
             "GetTask",
             &job.key,
@@ -667,67 +666,11 @@ impl Canceller {
         );
         let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
         let trace = trace.as_deref().unwrap_or_default();
-        let res = tokio::time::timeout(self.cfg.timeout, self.send(job, Call::Get, trace)).await;
-        let (probed, why) = match res {
-            Ok(Ok((status, body))) => read_task_state(job.target.binding, status, &body),
-            Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => (Probed::Unknown, e),
-            Ok(Err(Attempt::Final(_))) => (Probed::Unknown, String::new()),
-            Err(_) => (
-                Probed::Unknown,
-                format!("timed out after {:?}", self.cfg.timeout),
-            ),
-        };
-        let label = match probed {
-            Probed::State(s) if s.is_settled() => "settled",
-            Probed::State(_) => "unsettled",
-            Probed::NotFound => "not_found",
-            Probed::Unknown => "failed",
-        };
-        metrics::CANCEL_PROBES
-            .with_label_values(&[route, label])
-            .inc();
-        if let Some(span) = &mut span {
-            match probed {
-                Probed::State(s) => span.outcome(s.as_wire(), None),
-                Probed::NotFound => span.outcome(label, None),
-                Probed::Unknown => span.outcome(label, Some(&why)),
-            }
-        }
-        match probed {
-            Probed::State(s) => {
-                tracing::debug!(task = %job.key, state = s.as_wire(), "GetTask before CancelTask");
-            }
-            Probed::NotFound => {
-                tracing::debug!(task = %job.key, "GetTask before CancelTask: the worker does not know the task");
-            }
-            Probed::Unknown => {
-                tracing::warn!(task = %job.key, error = %why, "GetTask before CancelTask failed; cancelling");
-            }
-        }
-        probed
-    }
-
-    /// The task's state and the ids of the messages in its history (at
-    /// most [`HISTORY_READ`], the first): one `GetTask`, in the job's
-    /// binding, tenant and headers, within the cancel timeout. What a
-    /// delegation tree needs of a parent it saw end without the request
-    /// that started it ([`crate::tree`]).
-    pub async fn history(&self, job: &CancelJob) -> (Probed, Vec<String>) {
-        let mut span = crate::trace::client_for(
-            "GetTask",
-            &job.key,
-            job.message_id.as_deref(),
-            job.cause,
-            &job.worker,
-        );
-        let trace = span.as_ref().map(crate::trace::ClientSpan::headers);
-        let trace = trace.as_deref().unwrap_or_default();
-        let res =
-            tokio::time::timeout(self.cfg.timeout, self.send(job, Call::History, trace)).await;
-        let (probed, messages, why) = match res {
+        let res = tokio::time::timeout(self.cfg.timeout, self.send(job, call, trace)).await;
+        let (probed, body, why) = match res {
             Ok(Ok((status, body))) => {
                 let (probed, why) = read_task_state(job.target.binding, status, &body);
-                (probed, read_history(job.target.binding, &body), why)
+                (probed, body, why)
             }
             Ok(Err(Attempt::Retry(e) | Attempt::Refused(e))) => (Probed::Unknown, Vec::new(), e),
             Ok(Err(Attempt::Final(_))) => (Probed::Unknown, Vec::new(), String::new()),
@@ -744,10 +687,48 @@ impl Canceller {
                 Probed::Unknown => span.outcome("failed", Some(&why)),
             }
         }
+        (probed, body, why)
+    }
+
+    /// Asks the worker for the job's task state (`GetTask`): before
+    /// cancelling a task whose state the gateway could not see, so that one
+    /// handed back (input-required, auth-required) or already finished is
+    /// left alone. Logged and counted.
+    pub async fn task_state(&self, job: &CancelJob) -> Probed {
+        let (probed, _, why) = self.get_task(job, Call::Get).await;
+        let label = match probed {
+            Probed::State(s) if s.is_settled() => "settled",
+            Probed::State(_) => "unsettled",
+            Probed::NotFound => "not_found",
+            Probed::Unknown => "failed",
+        };
+        metrics::CANCEL_PROBES
+            .with_label_values(&[&*job.key.route, label])
+            .inc();
+        match probed {
+            Probed::State(s) => {
+                tracing::debug!(task = %job.key, state = s.as_wire(), "GetTask before CancelTask");
+            }
+            Probed::NotFound => {
+                tracing::debug!(task = %job.key, "GetTask before CancelTask: the worker does not know the task");
+            }
+            Probed::Unknown => {
+                tracing::warn!(task = %job.key, error = %why, "GetTask before CancelTask failed; cancelling");
+            }
+        }
+        probed
+    }
+
+    /// The task's state and the ids of the messages in its history (at
+    /// most [`HISTORY_READ`], the first): one `GetTask` with the whole
+    /// history. What a delegation tree needs of a parent it saw end
+    /// without the request that started it ([`crate::tree`]).
+    pub async fn history(&self, job: &CancelJob) -> (Probed, Vec<String>) {
+        let (probed, body, why) = self.get_task(job, Call::History).await;
         if probed == Probed::Unknown {
             tracing::warn!(task = %job.key, error = %why, "GetTask for a task's history failed");
         }
-        (probed, messages)
+        (probed, read_history(job.target.binding, &body))
     }
 
     /// The task a send started, found by its message: `ListTasks` of the
