@@ -674,3 +674,43 @@ async fn the_exported_trace_holds_the_tree_cancel() {
         "P's agent carried the trace on"
     );
 }
+
+/// A caller that names its send's parent itself (`A2A-Parent-Task`) links
+/// it there, over any reference its trace context carries.
+#[tokio::test]
+async fn an_explicit_parent_wins_over_the_trace_context() {
+    let (_, c, d) = agents().await;
+    let p = PythonWorker::start_with_args(&["--otel", "--record-requests"]).await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let p1 = send_detached(&gw.url, "/p", "work:60000").await;
+    let p2 = send_detached(&gw.url, "/p", "work:60000").await;
+    // The reference P2's request was given (the second send P saw).
+    let p2_member = p
+        .requests_seen()
+        .await
+        .into_iter()
+        .filter_map(|r| {
+            r.tracestate?
+                .strip_prefix("a2agw=")
+                .map(|v| v[..34].to_owned())
+        })
+        .nth(1)
+        .expect("P2's request carried the gateway's member");
+    let named = format!("route=p;task={p1}");
+    let baggage = format!("a2agw={p2_member}");
+    let child = send_detached_with(
+        &gw.url,
+        "/c",
+        &[("a2a-parent-task", &named), ("baggage", &baggage)],
+        "work:60000",
+    )
+    .await;
+    let answer = cancel_through(&gw.url, "/p", &p2).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    tokio::time::sleep(per_hop() + scaled_ms(500)).await;
+    assert_eq!(c.state(None, &child).await.as_deref(), Some(WORKING));
+    let answer = cancel_through(&gw.url, "/p", &p1).await;
+    assert_eq!(answer["result"]["status"]["state"], CANCELED, "{answer}");
+    cancelled(&c, &child, per_hop(), "explicit child", &gw).await;
+    assert_eq!(cancels(&c).await, 1);
+}

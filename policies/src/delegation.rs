@@ -156,6 +156,48 @@ pub fn traceparent_valid(tp: &str) -> bool {
         && nonzero(36..52)
 }
 
+/// The request header by which a caller names its send's parent task
+/// itself: `route=<route>;task=<task id>[;tenant=<tenant>]` (the route as
+/// the gateway's config names it; values as they are, no quoting). It
+/// wins over a reference in the trace context.
+pub const PARENT_HEADER: &str = "a2a-parent-task";
+
+/// A parent named by [`PARENT_HEADER`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExplicitParent<'a> {
+    pub route: &'a str,
+    pub task: &'a str,
+    /// `""`: none.
+    pub tenant: &'a str,
+}
+
+/// Reads [`PARENT_HEADER`]'s value; `None` unless it names a route and a
+/// task, each once, and nothing else.
+pub fn explicit_parent(value: &str) -> Option<ExplicitParent<'_>> {
+    let (mut route, mut task, mut tenant) = (None, None, None);
+    for part in value.split(';') {
+        let (k, v) = part.trim_matches([' ', '\t']).split_once('=')?;
+        let slot = match k.trim_matches([' ', '\t']) {
+            "route" => &mut route,
+            "task" => &mut task,
+            "tenant" => &mut tenant,
+            _ => return None,
+        };
+        if slot.replace(v.trim_matches([' ', '\t'])).is_some() {
+            return None;
+        }
+    }
+    let (route, task) = (
+        route.filter(|r| !r.is_empty())?,
+        task.filter(|t| !t.is_empty())?,
+    );
+    Some(ExplicitParent {
+        route,
+        task,
+        tenant: tenant.unwrap_or(""),
+    })
+}
+
 /// What a request's reference makes of the send that carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Link {
@@ -412,6 +454,32 @@ mod tests {
             "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         ] {
             assert!(!traceparent_valid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn explicit_parents() {
+        let p = |route, task, tenant| {
+            Some(ExplicitParent {
+                route,
+                task,
+                tenant,
+            })
+        };
+        let cases: &[(&str, Option<ExplicitParent<'_>>)] = &[
+            ("route=p;task=t-1", p("p", "t-1", "")),
+            (" task = t-1 ; route=p ;tenant=acme", p("p", "t-1", "acme")),
+            ("route=p;task=a=b", p("p", "a=b", "")),
+            ("route=p", None),
+            ("task=t", None),
+            ("route=;task=t", None),
+            ("route=p;task=t;route=q", None),
+            ("route=p;task=t;other=x", None),
+            ("route=p;task=t;", None),
+            ("", None),
+        ];
+        for (v, want) in cases {
+            assert_eq!(explicit_parent(v), *want, "{v:?}");
         }
     }
 

@@ -84,7 +84,9 @@ impl super::Gateway {
     /// member (first, the caller's members kept; a `traceparent` added
     /// when the caller sent none, or none valid); a send that starts a task
     /// and carries a parent's reference (the caller's `tracestate` member,
-    /// else its `baggage` member) is linked as that task's child, once,
+    /// else its `baggage` member; or the task the caller names itself in
+    /// `A2A-Parent-Task`, which wins and is not forwarded: counted at
+    /// depth 0) is linked as that task's child, once,
     /// through the tracker (off the request's path). Sends over a WebSocket
     /// are not: the upgrade's headers are the socket's, not a send's.
     pub(super) fn delegation(&self, upstream: &mut RequestHeader, ctx: &mut Ctx) -> Result<()> {
@@ -107,20 +109,31 @@ impl super::Gateway {
         };
         let tenant = ctx.req.tenant.as_deref().unwrap_or("");
         let tracestate = joined(upstream, "tracestate");
-        let parent = tracestate
-            .as_deref()
-            .and_then(|ts| d::tracestate_member(ts, d::MEMBER))
-            .or_else(|| {
-                upstream
-                    .headers
-                    .get_all("baggage")
-                    .iter()
-                    .filter_map(|v| v.to_str().ok())
-                    .find_map(|b| d::baggage_member(b, d::MEMBER))
-            })
-            .and_then(|v| linker.verify(v));
+        // A parent the caller names itself wins; the header is the
+        // gateway's, not the worker's.
+        let named = joined(upstream, d::PARENT_HEADER);
+        upstream.remove_header(d::PARENT_HEADER);
+        let parent = match named.as_deref().and_then(d::explicit_parent) {
+            Some(p) => Some((
+                linker.reference(p.route, p.tenant, crate::link::Names::Task(p.task)),
+                0,
+            )),
+            None => tracestate
+                .as_deref()
+                .and_then(|ts| d::tracestate_member(ts, d::MEMBER))
+                .or_else(|| {
+                    upstream
+                        .headers
+                        .get_all("baggage")
+                        .iter()
+                        .filter_map(|v| v.to_str().ok())
+                        .find_map(|b| d::baggage_member(b, d::MEMBER))
+                })
+                .and_then(|v| linker.verify(v))
+                .map(|w| (w.reference, w.depth)),
+        };
         let link = d::link(
-            parent.map(|w| w.depth),
+            parent.map(|(_, depth)| depth),
             ctx.req.task_id.is_none(),
             linker.max_depth,
         );
@@ -146,7 +159,7 @@ impl super::Gateway {
         if std::mem::replace(&mut ctx.req.linked, true) {
             return Ok(());
         }
-        let Some(parent) = parent else {
+        let Some((parent, _)) = parent else {
             return Ok(());
         };
         let Link::Child { depth } = link else {
@@ -164,7 +177,7 @@ impl super::Gateway {
             return Ok(());
         };
         self.cascade.tracker().link(
-            crate::link::hex(&parent.reference),
+            crate::link::hex(&parent),
             crate::link::hex(&own),
             crate::store::ChildLink {
                 route: route.name.clone(),
