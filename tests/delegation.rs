@@ -714,3 +714,56 @@ async fn an_explicit_parent_wins_over_the_trace_context() {
     cancelled(&c, &child, per_hop(), "explicit child", &gw).await;
     assert_eq!(cancels(&c).await, 1);
 }
+
+/// A child inherits its parent's deadline: P's budget ends 2 s after its
+/// send, P completes at once leaving its background child running (kept, by
+/// default), and the child, whose own send carried no grant, is stopped at
+/// P's deadline all the same: the gateway wrote P's remaining time into the
+/// child's message as its grant and enforces it.
+#[tokio::test]
+async fn a_child_cannot_outlive_its_parents_deadline() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let deadline = Duration::from_millis(2000);
+    let mut msg = message(&format!("spawn:100@{}/c@work:60000", gw.url));
+    msg["metadata"] = json!({"a2a-rust.com/budget": {"remainingMs": deadline.as_millis() as u64}});
+    msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        "params": {"message": msg}});
+    let sent = tokio::time::Instant::now();
+    let r = post_json(&gw.url, "/p", &[], &body).await;
+    assert!(r.text().contains("TASK_STATE_COMPLETED"), "{}", r.text());
+    let c_task = child_of(&p).await;
+    assert_eq!(c.state(None, &c_task).await.as_deref(), Some(WORKING));
+    // The grant the child's worker got: at most what P had left.
+    let got = post_json(
+        &c.url(),
+        "/",
+        &[],
+        &json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
+            "params": {"id": c_task, "historyLength": 10}}),
+    )
+    .await
+    .json();
+    let granted = got["result"]["history"][0]["metadata"]["a2a-rust.com/budget"]["remainingMs"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no grant on the child's message: {got}"));
+    assert!(
+        granted > 0.0 && granted <= deadline.as_millis() as f64,
+        "{granted}"
+    );
+    let left = deadline.saturating_sub(sent.elapsed());
+    cancelled(
+        &c,
+        &c_task,
+        left + scaled_ms(250),
+        "child past its parent's deadline",
+        &gw,
+    )
+    .await;
+    assert!(
+        sent.elapsed() + scaled_ms(300) >= deadline,
+        "cancelled before the parent's deadline: {:?}",
+        sent.elapsed()
+    );
+}

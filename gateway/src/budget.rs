@@ -225,10 +225,11 @@ impl Budgets {
         caller: Option<&Caller>,
         sent: Option<Result<SentGrant, BudgetRefusal>>,
         received_ms: u64,
+        parent_deadline_ms: Option<u64>,
     ) -> Result<Option<ChildBudget>, BudgetError> {
         // Nothing sent and nothing to impose: what the caps below would
         // conclude, without building them (every plain send comes here).
-        if sent.is_none() && !policy.is_active() {
+        if sent.is_none() && !policy.is_active() && parent_deadline_ms.is_none() {
             return Ok(None);
         }
         let sent = match sent {
@@ -239,6 +240,12 @@ impl Budgets {
         let caps = caps_for(policy, tenant, caller.map(|c| c.name.as_str()));
         let admitted = apply_caps(sent.as_ref().map(|s| &s.grant), &caps, policy.over_cap)
             .map_err(BudgetError::Refused)?;
+        // A linked child's deadline is at most its parent's (delegation
+        // trees): what the parent has left as the send arrives.
+        let admitted = policies::budget::inherit_deadline(
+            admitted,
+            parent_deadline_ms.map(|d| d.saturating_sub(received_ms)),
+        );
         let Some(Admitted {
             grant,
             clamped,
@@ -525,6 +532,12 @@ impl Shared {
 
 impl ChildBudget {
     /// The grant the child's message carries.
+    /// When the child's budget ends (Unix ms), if its grant has a
+    /// deadline: what its own children inherit.
+    pub fn deadline_ms(&self) -> Option<u64> {
+        self.shared.deadline_ms
+    }
+
     pub fn grant(&self) -> &Grant {
         &self.shared.grant
     }

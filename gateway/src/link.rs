@@ -107,23 +107,33 @@ impl Linker {
         r
     }
 
-    fn tag(&self, reference: &[u8; REF_BYTES], depth: u8) -> [u8; REF_BYTES] {
+    fn tag(
+        &self,
+        reference: &[u8; REF_BYTES],
+        depth: u8,
+        deadline_ms: Option<u64>,
+    ) -> [u8; REF_BYTES] {
         let mut ctx = hmac::Context::with_key(&self.key);
         ctx.update(b"tag");
         ctx.update(reference);
         ctx.update(&[depth]);
+        if let Some(d) = deadline_ms {
+            ctx.update(&d.to_be_bytes());
+        }
         let mut t = [0u8; REF_BYTES];
         t.copy_from_slice(&ctx.sign().as_ref()[..REF_BYTES]);
         t
     }
 
     /// The `tracestate` member value of a request with `reference`, whose
-    /// task is `depth` deep.
-    pub fn wire(&self, reference: [u8; REF_BYTES], depth: u8) -> String {
+    /// task is `depth` deep and whose budget ends at `deadline_ms` (Unix
+    /// ms), if it has one.
+    pub fn wire(&self, reference: [u8; REF_BYTES], depth: u8, deadline_ms: Option<u64>) -> String {
         Wire {
             reference,
             depth,
-            tag: self.tag(&reference, depth),
+            deadline_ms,
+            tag: self.tag(&reference, depth, deadline_ms),
         }
         .encode()
     }
@@ -133,7 +143,7 @@ impl Linker {
     pub fn verify(&self, value: &str) -> Option<Wire> {
         let w = Wire::decode(value)?;
         // Compared in constant time, as a tag should be.
-        let want = self.tag(&w.reference, w.depth);
+        let want = self.tag(&w.reference, w.depth, w.deadline_ms);
         let diff = want
             .iter()
             .zip(&w.tag)
@@ -199,12 +209,20 @@ mod tests {
     fn a_wire_value_is_checked() {
         let l = linker(b"k");
         let r = l.reference("r", "", Names::Message("m"));
-        let v = l.wire(r, 2);
+        let v = l.wire(r, 2, None);
         let w = l.verify(&v).expect("its own value");
-        assert_eq!((w.reference, w.depth), (r, 2));
+        assert_eq!((w.reference, w.depth, w.deadline_ms), (r, 2, None));
         // Another depth with the same tag: refused.
         let mut forged = Wire::decode(&v).unwrap();
         forged.depth = 0;
+        assert!(l.verify(&forged.encode()).is_none());
+        // A deadline, and another one or none with its tag: refused.
+        let v = l.wire(r, 2, Some(1_700_000_000_000));
+        assert_eq!(l.verify(&v).unwrap().deadline_ms, Some(1_700_000_000_000));
+        let mut forged = Wire::decode(&v).unwrap();
+        forged.deadline_ms = Some(1_800_000_000_000);
+        assert!(l.verify(&forged.encode()).is_none());
+        forged.deadline_ms = None;
         assert!(l.verify(&forged.encode()).is_none());
         // Another key's value: refused.
         assert!(linker(b"other").verify(&v).is_none());

@@ -371,6 +371,42 @@ pub struct Admitted {
 /// take the child past [`MAX_METERS`] (the SDK's client would drop the
 /// grant's own meters there; the gateway refuses rather than forward a
 /// grant looser than the caller's).
+/// A linked child's grant bounded by its parent's deadline (`parent_ms`:
+/// what the parent has left when the child's send arrives): a child
+/// cannot outlive its parent's budget. A deadline beyond it, or none, is
+/// lowered to it (never refused: the caller did not choose the parent's
+/// deadline); a send with no grant at all gets one with that deadline
+/// alone. `None` parent: the admission as it was.
+pub fn inherit_deadline(admitted: Option<Admitted>, parent_ms: Option<u64>) -> Option<Admitted> {
+    let Some(parent_ms) = parent_ms else {
+        return admitted;
+    };
+    // An injected 0 would be refused by the worker.
+    let parent_ms = parent_ms.max(1);
+    let mut a = admitted.unwrap_or(Admitted {
+        grant: Grant::default(),
+        clamped: Vec::new(),
+        filled: Vec::new(),
+        injected: true,
+    });
+    match a.grant.remaining_ms {
+        Some(ms) if ms <= parent_ms => {}
+        Some(_) => {
+            a.grant.remaining_ms = Some(parent_ms);
+            if !a.injected && !a.clamped.iter().any(|f| f == REMAINING_MS) {
+                a.clamped.push(REMAINING_MS.to_owned());
+            }
+        }
+        None => {
+            a.grant.remaining_ms = Some(parent_ms);
+            if !a.injected {
+                a.filled.push(REMAINING_MS.to_owned());
+            }
+        }
+    }
+    Some(a)
+}
+
 pub fn apply_caps(
     grant: Option<&Grant>,
     caps: &Caps,
@@ -638,6 +674,57 @@ pub fn exhausted_text(by: &Exhaustion) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parents_deadline_bounds_its_child() {
+        let admitted = |ms: Option<u64>, injected: bool| Admitted {
+            grant: Grant {
+                remaining_ms: ms,
+                meters: BTreeMap::from([("tokens".to_owned(), 5)]),
+            },
+            clamped: Vec::new(),
+            filled: Vec::new(),
+            injected,
+        };
+        // No parent: unchanged, none made.
+        assert_eq!(inherit_deadline(None, None), None);
+        assert_eq!(
+            inherit_deadline(Some(admitted(Some(9), false)), None),
+            Some(admitted(Some(9), false))
+        );
+        // No grant: one with the parent's deadline alone.
+        let made = inherit_deadline(None, Some(700)).unwrap();
+        assert_eq!(
+            (
+                made.grant.remaining_ms,
+                made.grant.meters.len(),
+                made.injected
+            ),
+            (Some(700), 0, true)
+        );
+        // A longer deadline is lowered, a shorter one kept, none filled.
+        let lowered = inherit_deadline(Some(admitted(Some(9000), false)), Some(700)).unwrap();
+        assert_eq!(
+            (lowered.grant.remaining_ms, lowered.clamped.clone()),
+            (Some(700), vec![REMAINING_MS.to_owned()])
+        );
+        assert_eq!(lowered.grant.meters.get("tokens"), Some(&5));
+        let kept = inherit_deadline(Some(admitted(Some(300), false)), Some(700)).unwrap();
+        assert_eq!(
+            (kept.grant.remaining_ms, kept.clamped.len()),
+            (Some(300), 0)
+        );
+        let filled = inherit_deadline(Some(admitted(None, false)), Some(700)).unwrap();
+        assert_eq!(
+            (filled.grant.remaining_ms, filled.filled.clone()),
+            (Some(700), vec![REMAINING_MS.to_owned()])
+        );
+        // A parent already past its deadline leaves 1 ms, not 0.
+        assert_eq!(
+            inherit_deadline(None, Some(0)).unwrap().grant.remaining_ms,
+            Some(1)
+        );
+    }
 
     #[test]
     fn unknown_tenants_share_the_untenanted_account() {

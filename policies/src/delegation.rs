@@ -28,43 +28,60 @@ pub const DEFAULT_MAX_DEPTH: u8 = 8;
 
 /// A reference as it travels: which request (`reference`, a keyed hash of
 /// its route, tenant and message or task), how deep its task is in its
-/// tree, and the tag that proves the gateway wrote both.
+/// tree, the deadline of its budget if it has one (Unix ms: its children
+/// inherit it), and the tag that proves the gateway wrote them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wire {
     pub reference: [u8; REF_BYTES],
     pub depth: u8,
+    pub deadline_ms: Option<u64>,
     pub tag: [u8; REF_BYTES],
 }
 
+/// Hex digits of a value without, and with, a deadline.
+const SHORT: usize = 2 * (2 * REF_BYTES + 1);
+const LONG: usize = SHORT + 16;
+
 impl Wire {
     /// The member's value: 34 lowercase hex digits (reference, depth, tag),
-    /// within what `tracestate` and `baggage` values allow unescaped.
+    /// or 50 with a deadline (reference, depth, deadline, tag), within
+    /// what `tracestate` and `baggage` values allow unescaped.
     pub fn encode(&self) -> String {
-        let mut s = String::with_capacity(2 * (2 * REF_BYTES + 1));
+        let mut s = String::with_capacity(LONG);
         hex_into(&mut s, &self.reference);
         hex_into(&mut s, &[self.depth]);
+        if let Some(d) = self.deadline_ms {
+            hex_into(&mut s, &d.to_be_bytes());
+        }
         hex_into(&mut s, &self.tag);
         s
     }
 
     /// Reads a member's value; anything but exactly [`Wire::encode`]'s
-    /// form is `None` (not the gateway's, or altered).
+    /// forms is `None` (not the gateway's, or altered).
     pub fn decode(value: &str) -> Option<Wire> {
         let b = value.as_bytes();
-        if b.len() != 2 * (2 * REF_BYTES + 1) {
+        if b.len() != SHORT && b.len() != LONG {
             return None;
         }
-        let mut out = [0u8; 2 * REF_BYTES + 1];
+        let mut out = [0u8; LONG / 2];
+        let out = &mut out[..b.len() / 2];
         for (i, o) in out.iter_mut().enumerate() {
             *o = (nibble(b[2 * i])? << 4) | nibble(b[2 * i + 1])?;
         }
         let mut reference = [0u8; REF_BYTES];
         let mut tag = [0u8; REF_BYTES];
         reference.copy_from_slice(&out[..REF_BYTES]);
-        tag.copy_from_slice(&out[REF_BYTES + 1..]);
+        tag.copy_from_slice(&out[out.len() - REF_BYTES..]);
+        let deadline_ms = (b.len() == LONG).then(|| {
+            let mut d = [0u8; 8];
+            d.copy_from_slice(&out[REF_BYTES + 1..REF_BYTES + 9]);
+            u64::from_be_bytes(d)
+        });
         Some(Wire {
             reference,
             depth: out[REF_BYTES],
+            deadline_ms,
             tag,
         })
     }
@@ -374,11 +391,20 @@ mod tests {
         let w = Wire {
             reference: [0, 1, 2, 0xab, 0xcd, 0xef, 0x10, 0xff],
             depth: 3,
+            deadline_ms: None,
             tag: [9; 8],
         };
         let s = w.encode();
         assert_eq!(s, "000102abcdef10ff030909090909090909");
         assert_eq!(Wire::decode(&s), Some(w));
+        let with = Wire {
+            deadline_ms: Some(0x0102_0304_0506_0708),
+            ..w
+        };
+        let s = with.encode();
+        assert_eq!(s, "000102abcdef10ff0301020304050607080909090909090909");
+        assert_eq!(Wire::decode(&s), Some(with));
+        assert_eq!(Wire::decode(&s[..49]), None);
         for bad in [
             "",
             "000102abcdef10ff03090909090909090",

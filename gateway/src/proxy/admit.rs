@@ -120,6 +120,7 @@ impl Gateway {
                 ctx.req.caller.as_deref(),
                 grants.budget,
                 ctx.req.received_ms,
+                ctx.req.parent_deadline_ms,
             )
             .await;
         let child = match admitted {

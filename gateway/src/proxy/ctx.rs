@@ -112,6 +112,9 @@ pub struct Request {
     /// The send's delegation link was judged (on the first attempt to the
     /// worker; a retry only names the request again).
     pub linked: bool,
+    /// A send that starts a task under a parent whose budget has a
+    /// deadline: that deadline (Unix ms), which its own grant inherits.
+    pub parent_deadline_ms: Option<u64>,
 }
 
 impl Request {

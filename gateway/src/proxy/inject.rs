@@ -108,37 +108,18 @@ impl super::Gateway {
             (None, None) => return Ok(()),
         };
         let tenant = ctx.req.tenant.as_deref().unwrap_or("");
-        let tracestate = joined(upstream, "tracestate");
-        // A parent the caller names itself wins; the header is the
-        // gateway's, not the worker's.
-        let named = joined(upstream, d::PARENT_HEADER);
+        let tracestate = joined(&upstream.headers, "tracestate");
+        let parent = self.parent_of(&upstream.headers);
+        // The header is the gateway's, not the worker's.
         upstream.remove_header(d::PARENT_HEADER);
-        let parent = match named.as_deref().and_then(d::explicit_parent) {
-            Some(p) => Some((
-                linker.reference(p.route, p.tenant, crate::link::Names::Task(p.task)),
-                0,
-            )),
-            None => tracestate
-                .as_deref()
-                .and_then(|ts| d::tracestate_member(ts, d::MEMBER))
-                .or_else(|| {
-                    upstream
-                        .headers
-                        .get_all("baggage")
-                        .iter()
-                        .filter_map(|v| v.to_str().ok())
-                        .find_map(|b| d::baggage_member(b, d::MEMBER))
-                })
-                .and_then(|v| linker.verify(v))
-                .map(|w| (w.reference, w.depth)),
-        };
         let link = d::link(
-            parent.map(|(_, depth)| depth),
+            parent.as_ref().map(|p| p.depth),
             ctx.req.task_id.is_none(),
             linker.max_depth,
         );
         let own = linker.reference(&route.name, tenant, names);
-        let value = linker.wire(own, link.depth());
+        let deadline = ctx.budget.as_ref().and_then(|b| b.child.deadline_ms());
+        let value = linker.wire(own, link.depth(), deadline);
         let mut parents = upstream.headers.get_all("traceparent").iter();
         let traced = match (parents.next(), parents.next()) {
             (Some(tp), None) => tp.to_str().is_ok_and(d::traceparent_valid),
@@ -159,7 +140,7 @@ impl super::Gateway {
         if std::mem::replace(&mut ctx.req.linked, true) {
             return Ok(());
         }
-        let Some((parent, _)) = parent else {
+        let Some(parent) = parent else {
             return Ok(());
         };
         let Link::Child { depth } = link else {
@@ -177,7 +158,7 @@ impl super::Gateway {
             return Ok(());
         };
         self.cascade.tracker().link(
-            crate::link::hex(&parent),
+            crate::link::hex(&parent.reference),
             crate::link::hex(&own),
             crate::store::ChildLink {
                 route: route.name.clone(),
@@ -193,11 +174,61 @@ impl super::Gateway {
     }
 }
 
+/// A send's parent, as its request names it.
+#[derive(Debug)]
+pub(super) struct Parent {
+    pub reference: [u8; policies::delegation::REF_BYTES],
+    pub depth: u8,
+    /// When the parent's budget ends (Unix ms), if it has a deadline.
+    pub deadline_ms: Option<u64>,
+}
+
+impl super::Gateway {
+    /// The parent a request's headers name: the task its caller names in
+    /// `A2A-Parent-Task` (depth 0, no deadline known), else the reference
+    /// the gateway gave in its `tracestate` member, else in its `baggage`
+    /// member, if the tag holds.
+    pub(super) fn parent_of(&self, headers: &http::HeaderMap) -> Option<Parent> {
+        use policies::delegation as d;
+        let linker = self.cascade.tree().linker();
+        if !linker.on {
+            return None;
+        }
+        if let Some(p) = joined(headers, d::PARENT_HEADER)
+            .as_deref()
+            .and_then(d::explicit_parent)
+        {
+            return Some(Parent {
+                reference: linker.reference(p.route, p.tenant, crate::link::Names::Task(p.task)),
+                depth: 0,
+                deadline_ms: None,
+            });
+        }
+        let tracestate = joined(headers, "tracestate");
+        let w = tracestate
+            .as_deref()
+            .and_then(|ts| d::tracestate_member(ts, d::MEMBER))
+            .or_else(|| {
+                headers
+                    .get_all("baggage")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .find_map(|b| d::baggage_member(b, d::MEMBER))
+            })
+            .and_then(|v| linker.verify(v))?;
+        Some(Parent {
+            reference: w.reference,
+            depth: w.depth,
+            deadline_ms: w.deadline_ms,
+        })
+    }
+}
+
 /// A header's lines joined by `,` (a list header sent in several lines is
 /// one list); `None` when absent.
-fn joined(req: &RequestHeader, name: &str) -> Option<String> {
+fn joined(headers: &http::HeaderMap, name: &str) -> Option<String> {
     let mut out: Option<String> = None;
-    for v in req.headers.get_all(name) {
+    for v in headers.get_all(name) {
         let Ok(v) = v.to_str() else { continue };
         match &mut out {
             Some(s) => {

@@ -178,6 +178,12 @@ impl Gateway {
         match inspect(ctx, buf) {
             Err(r) => ctx.refuse(r),
             Ok(grants) => {
+                // A linked child's budget cannot outlive its parent's.
+                if ctx.req.is_send() && ctx.req.task_id.is_none() {
+                    ctx.req.parent_deadline_ms = self
+                        .parent_of(&session.req_header().headers)
+                        .and_then(|p| p.deadline_ms);
+                }
                 self.admit(ctx, grants.unwrap_or_default(), rewritable.then_some(buf))
                     .await;
             }
