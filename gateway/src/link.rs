@@ -35,14 +35,16 @@ pub fn random_key() -> Vec<u8> {
 
 /// A fresh `traceparent` (version 00, not sampled), for a request that
 /// came without one: a worker discards a `tracestate` that has no valid
-/// `traceparent` beside it.
+/// `traceparent` beside it. Its ids come from a per-thread generator
+/// seeded once from the system's random source (W3C asks for random ids,
+/// not secret ones; a system call per request would cost more than the
+/// rest of this).
 pub fn new_traceparent() -> String {
-    use ring::rand::SecureRandom as _;
     let mut ids = [0u8; 24];
-    ring::rand::SystemRandom::new()
-        .fill(&mut ids)
-        .expect("the system's random source");
-    // All-zero ids are invalid; one random bit set keeps them random enough.
+    for chunk in ids.chunks_mut(8) {
+        chunk.copy_from_slice(&next_random().to_le_bytes());
+    }
+    // All-zero ids are invalid; one bit set keeps them random enough.
     ids[0] |= 1;
     ids[16] |= 1;
     let mut s = String::with_capacity(55);
@@ -52,6 +54,29 @@ pub fn new_traceparent() -> String {
     policies::delegation::hex_into(&mut s, &ids[16..]);
     s.push_str("-00");
     s
+}
+
+/// The next number of this thread's SplitMix64 generator.
+fn next_random() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            use ring::rand::SecureRandom as _;
+            let mut seed = [0u8; 8];
+            ring::rand::SystemRandom::new()
+                .fill(&mut seed)
+                .expect("the system's random source");
+            u64::from_le_bytes(seed)
+        });
+    }
+    STATE.with(|s| {
+        let x = s.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        s.set(x);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    })
 }
 
 /// What a request names, which its reference is made of.
