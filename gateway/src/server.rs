@@ -176,6 +176,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
     let linker = Arc::new(crate::link::Linker::new(&link_key, &cfg.delegation));
     let tree = crate::tree::Tree::new(
         store.clone(),
+        tracker.clone(),
         canceller.clone(),
         routes.clone(),
         linker.clone(),

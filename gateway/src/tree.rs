@@ -29,6 +29,7 @@ use crate::link::Linker;
 use crate::metrics;
 use crate::route::LiveRoutes;
 use crate::store::{ChildLink, TaskKey, TaskStore};
+use crate::tracker::Tracker;
 
 /// How long a child is looked for by its message: its send may still be
 /// on its way to the worker when its parent is cancelled.
@@ -59,6 +60,8 @@ pub struct Tree {
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn TaskStore>,
+    /// This replica's queued store writes, links among them.
+    tracker: Tracker,
     canceller: Canceller,
     routes: Arc<LiveRoutes>,
     linker: Arc<Linker>,
@@ -67,6 +70,7 @@ struct Inner {
 impl Tree {
     pub fn new(
         store: Arc<dyn TaskStore>,
+        tracker: Tracker,
         canceller: Canceller,
         routes: Arc<LiveRoutes>,
         linker: Arc<Linker>,
@@ -74,6 +78,7 @@ impl Tree {
         Tree {
             inner: Arc::new(Inner {
                 store,
+                tracker,
                 canceller,
                 routes,
                 linker,
@@ -153,6 +158,9 @@ impl Tree {
             .inner
             .linker
             .task_refs(&key.route, &key.tenant, &key.task_id, &messages);
+        // A child's link is written off its send's path: one this replica
+        // still has queued is applied before the children are read.
+        self.inner.tracker.flush().await;
         let kids = match self.inner.store.children(&refs).await {
             Ok(k) => k,
             Err(e) => {
