@@ -13,8 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
-use pingora::connectors::TransportConnector;
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::HttpPeer;
 use policies::TaskState;
@@ -25,6 +23,7 @@ use crate::a2a::{observe, Binding};
 use crate::metrics;
 use crate::resolve::{WorkerAddr, WorkerAddrs};
 use crate::store::{CancelTarget, Owing, TaskKey, TaskStore};
+use crate::worker_client::WorkerClient;
 
 /// One owed cancel.
 #[derive(Clone, Debug)]
@@ -373,9 +372,8 @@ pub enum Probed {
 /// Sends cancels. Cheap to clone; connections to workers are pooled.
 #[derive(Clone)]
 pub struct Canceller {
-    connector: Arc<Connector>,
-    /// For WebSocket cancels, which need the bare (TLS) stream.
-    transport: Arc<TransportConnector>,
+    /// The gateway's connections to workers, shared with the carrier.
+    client: Arc<WorkerClient>,
     cfg: config::Cancel,
     connect_timeout: Duration,
     seq: Arc<AtomicU64>,
@@ -434,8 +432,7 @@ impl Canceller {
     /// `addrs`: the workers' addresses, shared with the proxy.
     pub fn new(cfg: config::Cancel, connect_timeout: Duration, addrs: Arc<WorkerAddrs>) -> Self {
         Canceller {
-            connector: Arc::new(Connector::new(None)),
-            transport: Arc::new(TransportConnector::new(None)),
+            client: Arc::default(),
             cfg,
             connect_timeout,
             seq: Arc::new(AtomicU64::new(1)),
@@ -444,6 +441,11 @@ impl Canceller {
             scans: Arc::default(),
             on_canceled: Arc::default(),
         }
+    }
+
+    /// The gateway's connections to workers (the carrier shares them).
+    pub fn client(&self) -> Arc<WorkerClient> {
+        self.client.clone()
     }
 
     /// Every clone of this canceller calls `f` with each job and how its
@@ -1067,8 +1069,8 @@ impl Canceller {
                 Err(e) => return Err(Attempt::Retry(format!("read body: {e}"))),
             }
         }
-        self.connector
-            .release_http_session(session, &peer, Some(Duration::from_secs(30)))
+        self.client
+            .release(session, &peer, Duration::from_secs(30))
             .await;
         if !whole {
             return match call {
@@ -1118,8 +1120,8 @@ impl Canceller {
             let _ = req.insert_header(k.clone(), v.as_str());
         }
         let (mut session, _reused) = self
-            .connector
-            .get_http_session(peer)
+            .client
+            .session(peer)
             .await
             .map_err(|e| Attempt::Retry(format!("connect: {e}")))?;
         session
@@ -1236,8 +1238,8 @@ impl Canceller {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        self.connector
-            .release_http_session(session, &peer, Some(Duration::from_secs(30)))
+        self.client
+            .release(session, &peer, Duration::from_secs(30))
             .await;
         match status {
             Some(0) => Ok((200, resp)),
@@ -1298,7 +1300,8 @@ impl Canceller {
         };
         let connect = async {
             let stream = self
-                .transport
+                .client
+                .transport()
                 .new_stream(&peer)
                 .await
                 .map_err(|e| format!("connect: {e}"))?;

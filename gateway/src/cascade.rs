@@ -89,6 +89,11 @@ impl Cascade {
         &self.tracker
     }
 
+    /// The gateway's connections to workers, for the proxy's carrier.
+    pub fn worker_client(&self) -> Arc<crate::worker_client::WorkerClient> {
+        self.canceller.client()
+    }
+
     pub fn tree(&self) -> &crate::tree::Tree {
         &self.tree
     }

@@ -29,3 +29,4 @@ pub mod tls;
 pub mod trace;
 pub mod tracker;
 pub mod tree;
+pub mod worker_client;

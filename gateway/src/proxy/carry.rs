@@ -29,7 +29,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pingora::connectors::http::Connector;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::client::HttpSession;
 use pingora::proxy::Session;
@@ -59,7 +58,8 @@ const ANSWER_CAP: usize = crate::cancel::ANSWER_CAP;
 /// card said of streaming.
 #[derive(Default)]
 pub struct Carrier {
-    connector: Option<Arc<Connector>>,
+    /// The gateway's connections to workers (the canceller's).
+    client: Arc<crate::worker_client::WorkerClient>,
     cards: Mutex<HashMap<Arc<str>, (WorkerStreams, Instant)>>,
 }
 
@@ -70,15 +70,11 @@ impl std::fmt::Debug for Carrier {
 }
 
 impl Carrier {
-    pub fn new() -> Self {
+    pub fn new(client: Arc<crate::worker_client::WorkerClient>) -> Self {
         Carrier {
-            connector: Some(Arc::new(Connector::new(None))),
+            client,
             cards: Mutex::default(),
         }
-    }
-
-    fn connector(&self) -> &Connector {
-        self.connector.as_deref().expect("Carrier::new")
     }
 }
 
@@ -295,12 +291,13 @@ impl Gateway {
         peer.options.connection_timeout = Some(self.timeouts.connect);
         peer.options.read_timeout = self.timeouts.upstream_idle;
         peer.options.write_timeout = self.timeouts.upstream_idle;
-        let connector = self.carrier.connector();
         let mut tries = 0;
         loop {
             tries += 1;
-            let (mut session, reused) = connector
-                .get_http_session(&peer)
+            let (mut session, reused) = self
+                .carrier
+                .client
+                .session(&peer)
                 .await
                 .map_err(|e| e.into_up())?;
             // The connector leaves these to its user (the proxy sets them
@@ -336,8 +333,8 @@ impl Gateway {
     /// Pools a connection whose answer was read to its end.
     async fn carrier_release(&self, up: Upstream) {
         self.carrier
-            .connector()
-            .release_http_session(up.session, &up.peer, Some(Duration::from_secs(60)))
+            .client
+            .release(up.session, &up.peer, Duration::from_secs(60))
             .await;
     }
 

@@ -89,6 +89,7 @@ impl Gateway {
         health: Arc<StoreHealth>,
         budgets: Arc<Budgets>,
     ) -> Self {
+        let carrier = carry::Carrier::new(cascade.worker_client());
         Gateway {
             routes,
             limits: cfg.limits.clone(),
@@ -100,7 +101,7 @@ impl Gateway {
             health,
             on_store_error: cfg.store.on_store_error,
             budgets,
-            carrier: carry::Carrier::new(),
+            carrier,
             access_log: cfg.server.access_log,
         }
     }
