@@ -767,3 +767,52 @@ async fn a_child_cannot_outlive_its_parents_deadline() {
         sent.elapsed()
     );
 }
+
+/// A child whose send carries no grant spends from its parent's budget:
+/// it is granted what the parent has left (100 tokens), and what it
+/// reports spending is charged to the parent, whose grant it exhausts: the
+/// gateway stops the parent (which spent nothing itself) for it.
+#[tokio::test]
+async fn a_childs_spend_is_charged_to_its_parent() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    let mut msg = message(&format!("await:60000@{}/c@spend:60000:tokens=30", gw.url));
+    msg["metadata"] = json!({"a2a-rust.com/budget": {"meters": {"tokens": 100}}});
+    msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        "params": {"message": msg}});
+    let _open = crate::harness::http::open_post_json(&gw.url, "/p", &body).await;
+    let c_task = child_of(&p).await;
+    let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
+    let got = post_json(
+        &c.url(),
+        "/",
+        &[],
+        &json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
+            "params": {"id": c_task, "historyLength": 10}}),
+    )
+    .await
+    .json();
+    let granted = &got["result"]["history"][0]["metadata"]["a2a-rust.com/budget"];
+    assert_eq!(granted["meters"]["tokens"].as_f64(), Some(100.0), "{got}");
+    // 30 tokens every 100 ms: past 100 at the fourth report.
+    cancelled(
+        &p,
+        &p_task,
+        scaled_secs(3),
+        "parent charged past its grant",
+        &gw,
+    )
+    .await;
+    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
+    assert!(
+        gw.counter(
+            "a2agw_budget_exhausted_total",
+            &["route=\"p\"", "by=\"meter\""]
+        )
+        .await
+            >= 1.0,
+        "{}",
+        gw.metrics().await
+    );
+}

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use policies::budget::{
-    apply_caps, exhausted_text, over_cap, window_end, window_start, Admitted, BudgetRefusal, Caps,
+    apply_caps, exhausted_text, window_end, window_start, Admitted, BudgetRefusal, Caps,
     Exhaustion, Grant, BUDGET_EXHAUSTED_CLASS, BUDGET_EXTENSION_URI, BUDGET_METADATA_KEY,
     FAILURE_EXTENSION_URI, FAILURE_METADATA_KEY,
 };
@@ -113,6 +113,19 @@ pub struct Budgets {
     /// ([`ticket_prefix`]): tickets stay unique across replicas and
     /// restarts.
     tickets: String,
+    /// Live budgets by the delegation reference of the request that holds
+    /// them (hex): a linked child's send on this replica finds its
+    /// parent's, is granted what it has left and charges it what it spends.
+    by_reference: Mutex<HashMap<String, std::sync::Weak<Shared>>>,
+}
+
+/// What a send that starts a task knows of its parent (delegation trees).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParentHint {
+    /// The parent request's reference (hex).
+    pub reference: Option<String>,
+    /// When the parent's budget ends (Unix ms), as its reference says.
+    pub deadline_ms: Option<u64>,
 }
 
 /// What one child's budget looks like right now, shared between its
@@ -134,6 +147,11 @@ pub struct Shared {
     /// checked against the store's view of the task when it comes.
     after_end: Mutex<Option<crate::store::TaskKey>>,
     ended: tokio::sync::Notify,
+    /// A linked child's parent budget (on this replica): what this child
+    /// spends is charged to it too.
+    parent: Option<Arc<Shared>>,
+    /// The delegation reference this budget is found by, once registered.
+    reference: Mutex<Option<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -146,6 +164,8 @@ struct SharedState {
     /// The first event naming the child showed it settled: nothing to stop.
     settled_when_named: bool,
     spent: BTreeMap<String, u64>,
+    /// What its linked children reported spending, summed per meter.
+    children_spent: BTreeMap<String, u64>,
 }
 
 /// A child's budget, held in the request's context from admission until
@@ -206,6 +226,7 @@ impl Budgets {
             live: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(1),
             tickets: ticket_prefix(),
+            by_reference: Mutex::new(HashMap::new()),
         }
     }
 
@@ -225,11 +246,21 @@ impl Budgets {
         caller: Option<&Caller>,
         sent: Option<Result<SentGrant, BudgetRefusal>>,
         received_ms: u64,
-        parent_deadline_ms: Option<u64>,
+        parent: &ParentHint,
     ) -> Result<Option<ChildBudget>, BudgetError> {
+        // A linked child's parent budget, when it is held on this replica.
+        let parent_budget = parent.reference.as_deref().and_then(|r| {
+            lock(&self.by_reference)
+                .get(r)
+                .and_then(std::sync::Weak::upgrade)
+        });
         // Nothing sent and nothing to impose: what the caps below would
         // conclude, without building them (every plain send comes here).
-        if sent.is_none() && !policy.is_active() && parent_deadline_ms.is_none() {
+        if sent.is_none()
+            && !policy.is_active()
+            && parent.deadline_ms.is_none()
+            && parent_budget.is_none()
+        {
             return Ok(None);
         }
         let sent = match sent {
@@ -241,11 +272,23 @@ impl Budgets {
         let admitted = apply_caps(sent.as_ref().map(|s| &s.grant), &caps, policy.over_cap)
             .map_err(BudgetError::Refused)?;
         // A linked child's deadline is at most its parent's (delegation
-        // trees): what the parent has left as the send arrives.
+        // trees): what the parent has left as the send arrives; and one
+        // that carries no grant is granted what its parent (on this
+        // replica) has left of each meter.
         let admitted = policies::budget::inherit_deadline(
             admitted,
-            parent_deadline_ms.map(|d| d.saturating_sub(received_ms)),
+            parent.deadline_ms.map(|d| d.saturating_sub(received_ms)),
         );
+        let parent_left = parent_budget.as_ref().map(|p| {
+            let st = lock(&p.state);
+            let mut spent = st.spent.clone();
+            for (m, n) in &st.children_spent {
+                *spent.entry(m.clone()).or_insert(0) += n;
+            }
+            policies::budget::remaining_meters(&p.grant, &spent)
+        });
+        let admitted =
+            policies::budget::inherit_meters(admitted, parent_left.as_ref(), sent.is_some());
         let Some(Admitted {
             grant,
             clamped,
@@ -290,6 +333,8 @@ impl Budgets {
             done: AtomicBool::new(false),
             after_end: Mutex::new(None),
             ended: tokio::sync::Notify::new(),
+            parent: parent_budget,
+            reference: Mutex::new(None),
         });
         let id = self.seq.fetch_add(1, Ordering::Relaxed);
         lock(&self.live).insert(id, shared.clone());
@@ -532,6 +577,16 @@ impl Shared {
 
 impl ChildBudget {
     /// The grant the child's message carries.
+    /// Makes this budget findable by the delegation reference of its
+    /// request (hex), for the children it starts on this replica.
+    pub fn register_reference(&self, budgets: &Budgets, reference: String) {
+        let mut mine = lock(&self.shared.reference);
+        if mine.is_none() {
+            lock(&budgets.by_reference).insert(reference.clone(), Arc::downgrade(&self.shared));
+            *mine = Some(reference);
+        }
+    }
+
     /// When the child's budget ends (Unix ms), if its grant has a
     /// deadline: what its own children inherit.
     pub fn deadline_ms(&self) -> Option<u64> {
@@ -582,14 +637,35 @@ impl ChildBudget {
         spent: BTreeMap<String, u64>,
         settles: bool,
     ) -> Verdict {
-        let over = {
+        let (over, grew) = {
             let mut st = lock(&self.shared.state);
+            let mut grew = BTreeMap::new();
             for (meter, &n) in &spent {
                 let e = st.spent.entry(meter.clone()).or_insert(0);
-                *e = (*e).max(n);
+                if n > *e {
+                    grew.insert(meter.clone(), n - *e);
+                    *e = n;
+                }
             }
-            over_cap(&st.spent, &self.shared.grant)
+            (
+                policies::budget::over_grant(&st.spent, &st.children_spent, &self.shared.grant),
+                grew,
+            )
         };
+        // A linked child's spend is its parent's too: a parent it takes
+        // past its grant is stopped (and its children with it).
+        if let (Some(parent), false) = (&self.shared.parent, grew.is_empty()) {
+            let over_parent = {
+                let mut st = lock(&parent.state);
+                for (m, n) in grew {
+                    *st.children_spent.entry(m).or_insert(0) += n;
+                }
+                policies::budget::over_grant(&st.spent, &st.children_spent, &parent.grant)
+            };
+            if let Some(meter) = over_parent {
+                budgets.exhaust(parent, Exhaustion::Meter(meter));
+            }
+        }
         if settles {
             self.settled_spent = Some(spent);
         }
@@ -621,6 +697,9 @@ impl ChildBudget {
             self.shared.ended.notify_one();
         }
         lock(&budgets.live).remove(&self.id);
+        if let Some(r) = lock(&self.shared.reference).take() {
+            lock(&budgets.by_reference).remove(&r);
+        }
         if self.shared.reservations.is_empty() {
             return;
         }

@@ -407,6 +407,60 @@ pub fn inherit_deadline(admitted: Option<Admitted>, parent_ms: Option<u64>) -> O
     Some(a)
 }
 
+/// What a parent's grant has left of each meter it limits: its grant less
+/// what it and its children spent.
+pub fn remaining_meters(grant: &Grant, spent: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    grant
+        .meters
+        .iter()
+        .map(|(m, &g)| {
+            (
+                m.clone(),
+                g.saturating_sub(spent.get(m).copied().unwrap_or(0)),
+            )
+        })
+        .collect()
+}
+
+/// A linked child whose own send carries no grant is granted what its
+/// parent has left of each meter (`parent_left`; the route's caps, if any,
+/// still bound it): its spend is its parent's. A send that carries a grant
+/// keeps its own meters (its caller chose them; the parent is charged what
+/// it spends all the same).
+pub fn inherit_meters(
+    admitted: Option<Admitted>,
+    parent_left: Option<&BTreeMap<String, u64>>,
+    sent_grant: bool,
+) -> Option<Admitted> {
+    let Some(left) = parent_left.filter(|l| !l.is_empty() && !sent_grant) else {
+        return admitted;
+    };
+    let mut a = admitted.unwrap_or(Admitted {
+        grant: Grant::default(),
+        clamped: Vec::new(),
+        filled: Vec::new(),
+        injected: true,
+    });
+    for (meter, &n) in left {
+        let e = a.grant.meters.entry(meter.clone()).or_insert(n);
+        *e = (*e).min(n);
+    }
+    Some(a)
+}
+
+/// Spend past the grant: the first meter whose `spent` (a task's own and
+/// its children's) exceeds it.
+pub fn over_grant(
+    own: &BTreeMap<String, u64>,
+    children: &BTreeMap<String, u64>,
+    grant: &Grant,
+) -> Option<String> {
+    grant.meters.iter().find_map(|(m, &g)| {
+        let s = own.get(m).copied().unwrap_or(0) + children.get(m).copied().unwrap_or(0);
+        (s > g).then(|| m.clone())
+    })
+}
+
 pub fn apply_caps(
     grant: Option<&Grant>,
     caps: &Caps,
@@ -674,6 +728,56 @@ pub fn exhausted_text(by: &Exhaustion) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parents_meters_bound_its_child() {
+        let grant = Grant {
+            remaining_ms: None,
+            meters: BTreeMap::from([("tokens".to_owned(), 100), ("calls".to_owned(), 3)]),
+        };
+        let left = remaining_meters(
+            &grant,
+            &BTreeMap::from([("tokens".to_owned(), 40), ("x".to_owned(), 9)]),
+        );
+        assert_eq!(
+            left,
+            BTreeMap::from([("tokens".to_owned(), 60), ("calls".to_owned(), 3)])
+        );
+        // No grant of its own: the parent's left, within the route's caps.
+        let made = inherit_meters(None, Some(&left), false).unwrap();
+        assert_eq!(made.grant.meters, left);
+        assert!(made.injected);
+        let capped = Admitted {
+            grant: Grant {
+                remaining_ms: Some(5000),
+                meters: BTreeMap::from([("tokens".to_owned(), 50)]),
+            },
+            clamped: Vec::new(),
+            filled: Vec::new(),
+            injected: true,
+        };
+        let both = inherit_meters(Some(capped.clone()), Some(&left), false).unwrap();
+        assert_eq!(
+            both.grant.meters,
+            BTreeMap::from([("tokens".to_owned(), 50), ("calls".to_owned(), 3)])
+        );
+        assert_eq!(both.grant.remaining_ms, Some(5000));
+        // Its own grant, or no parent: unchanged.
+        assert_eq!(
+            inherit_meters(Some(capped.clone()), Some(&left), true),
+            Some(capped.clone())
+        );
+        assert_eq!(
+            inherit_meters(Some(capped.clone()), None, false),
+            Some(capped)
+        );
+        assert_eq!(inherit_meters(None, Some(&BTreeMap::new()), false), None);
+        // Over: own and children's together.
+        let own = BTreeMap::from([("tokens".to_owned(), 60)]);
+        let kids = BTreeMap::from([("tokens".to_owned(), 41)]);
+        assert_eq!(over_grant(&own, &kids, &grant), Some("tokens".to_owned()));
+        assert_eq!(over_grant(&own, &BTreeMap::new(), &grant), None);
+    }
 
     #[test]
     fn a_parents_deadline_bounds_its_child() {

@@ -120,7 +120,7 @@ impl Gateway {
                 ctx.req.caller.as_deref(),
                 grants.budget,
                 ctx.req.received_ms,
-                ctx.req.parent_deadline_ms,
+                &ctx.req.parent,
             )
             .await;
         let child = match admitted {

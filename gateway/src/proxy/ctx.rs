@@ -112,9 +112,10 @@ pub struct Request {
     /// The send's delegation link was judged (on the first attempt to the
     /// worker; a retry only names the request again).
     pub linked: bool,
-    /// A send that starts a task under a parent whose budget has a
-    /// deadline: that deadline (Unix ms), which its own grant inherits.
-    pub parent_deadline_ms: Option<u64>,
+    /// A send that starts a task under a parent (delegation trees): the
+    /// parent's reference and budget deadline, which its own budget
+    /// inherits.
+    pub parent: crate::budget::ParentHint,
 }
 
 impl Request {

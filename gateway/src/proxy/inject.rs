@@ -120,6 +120,12 @@ impl super::Gateway {
         let own = linker.reference(&route.name, tenant, names);
         let deadline = ctx.budget.as_ref().and_then(|b| b.child.deadline_ms());
         let value = linker.wire(own, link.depth(), deadline);
+        // The children this send's task starts through this replica find
+        // its budget by its reference, and spend from it.
+        if let Some(b) = &ctx.budget {
+            b.child
+                .register_reference(&self.budgets, crate::link::hex(&own));
+        }
         let mut parents = upstream.headers.get_all("traceparent").iter();
         let traced = match (parents.next(), parents.next()) {
             (Some(tp), None) => tp.to_str().is_ok_and(d::traceparent_valid),

@@ -178,11 +178,14 @@ impl Gateway {
         match inspect(ctx, buf) {
             Err(r) => ctx.refuse(r),
             Ok(grants) => {
-                // A linked child's budget cannot outlive its parent's.
+                // A linked child's budget is bounded by its parent's.
                 if ctx.req.is_send() && ctx.req.task_id.is_none() {
-                    ctx.req.parent_deadline_ms = self
-                        .parent_of(&session.req_header().headers)
-                        .and_then(|p| p.deadline_ms);
+                    if let Some(p) = self.parent_of(&session.req_header().headers) {
+                        ctx.req.parent = crate::budget::ParentHint {
+                            reference: Some(crate::link::hex(&p.reference)),
+                            deadline_ms: p.deadline_ms,
+                        };
+                    }
                 }
                 self.admit(ctx, grants.unwrap_or_default(), rewritable.then_some(buf))
                     .await;
