@@ -1,12 +1,15 @@
 //! Delegation trees through the gateway, with real agents: the Python
 //! `a2a-sdk` 1.3.0 worker run as parent, child and grandchild agents
-//! (`spawn:`: a background child it starts and never follows), served
-//! inside OpenTelemetry's ASGI middleware with its own httpx
-//! instrumentation (`--otel`), as an instrumented agent is. Nothing in the
-//! agents knows of the gateway: the only link between a parent's task and
-//! its child's is the trace context the parent's instrumented client
-//! propagates. Every assertion is on the agents' own task states and
-//! cancel counts.
+//! (`spawn:`: a background child it starts and never follows; `await:`: a
+//! child it streams and waits for), served inside OpenTelemetry's ASGI
+//! middleware with its own httpx instrumentation (`--otel`), as an
+//! instrumented agent is; and a2a-rust 0.15 agents whose client carries
+//! the trace headers through an interceptor. Nothing in the agents knows
+//! of the gateway: the only link between a parent's task and its child's
+//! is the trace context the parent's client propagates (or a caller's
+//! `A2A-Parent-Task`). Every assertion is on the agents' own task states,
+//! cancel counts and stored messages, and on the gateway's metrics and
+//! exported spans.
 
 use std::time::Duration;
 
@@ -44,13 +47,13 @@ async fn agents() -> (PythonWorker, PythonWorker, PythonWorker) {
 
 fn message(text: &str) -> Value {
     json!({
-        "messageId": format!("root-{}", uuid_like()),
+        "messageId": format!("root-{}", unique()),
         "role": "ROLE_USER",
         "parts": [{"text": text}],
     })
 }
 
-fn uuid_like() -> u64 {
+fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed) + u64::from(std::process::id()) * 1_000_000
@@ -458,7 +461,7 @@ async fn a_tree_of_a2a_rust_agents_over_grpc_rest_and_jsonrpc() {
         gw.url, gw.url
     );
     let mut params = MessageSendParams::new(Message::user(
-        format!("root-{}", uuid_like()),
+        format!("root-{}", unique()),
         vec![Part::text(text)],
     ));
     params.configuration = Some(SendMessageConfiguration {
