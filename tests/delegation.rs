@@ -819,3 +819,29 @@ async fn a_childs_spend_is_charged_to_its_parent() {
         gw.metrics().await
     );
 }
+
+/// A route that strips the trace context (`strip_headers`) keeps it from
+/// its worker: the gateway adds no reference back.
+#[tokio::test]
+async fn a_route_that_strips_the_trace_context_gets_no_reference() {
+    let (_, c, d) = agents().await;
+    let p = PythonWorker::start_with_args(&["--otel", "--record-requests"]).await;
+    let gw = Gateway::start(&routes(
+        &p,
+        &c,
+        &d,
+        "strip_headers = [\"traceparent\", \"tracestate\"]",
+    ))
+    .await;
+    send_detached_with(&gw.url, "/p", &[("traceparent", TRACE)], "quick").await;
+    let seen = p.requests_seen().await;
+    let send = seen
+        .iter()
+        .find(|r| r.method == "POST")
+        .expect("the send reached P");
+    assert_eq!(
+        (send.traceparent.as_deref(), send.tracestate.as_deref()),
+        (None, None),
+        "{seen:?}"
+    );
+}

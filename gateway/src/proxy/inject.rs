@@ -101,6 +101,17 @@ impl super::Gateway {
         let Some(route) = ctx.route.clone() else {
             return Ok(());
         };
+        // A route that strips the trace context keeps it from its worker:
+        // the gateway adds none back (and links nothing through it).
+        if route
+            .cfg
+            .headers
+            .strip_headers
+            .iter()
+            .any(|h| h == "traceparent" || h == "tracestate")
+        {
+            return Ok(());
+        }
         let names = match (&ctx.req.task_id, &ctx.req.message_id) {
             (Some(t), _) => crate::link::Names::Task(t),
             (None, Some(m)) => crate::link::Names::Message(m),
