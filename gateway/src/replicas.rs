@@ -79,6 +79,9 @@ pub struct Replicas {
     interval: Duration,
     /// When the replicas were last looked up and checked (Unix ms).
     checked_ms: AtomicU64,
+    /// Set once a look-up and check has completed (the members are known):
+    /// what a request that finds none waits for.
+    first_check: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -166,6 +169,7 @@ impl Replicas {
             lb,
             interval: route.health_interval,
             checked_ms: AtomicU64::new(0),
+            first_check: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -235,6 +239,12 @@ impl Replicas {
             return;
         }
         self.checked_ms.store(now_ms, Ordering::Relaxed);
+        self.check(now_ms).await;
+        let _ = self.first_check.set(());
+    }
+
+    /// Looks the replicas up and checks each, now.
+    async fn check(&self, now_ms: u64) {
         let now = self.members_now().await;
         for gone in self
             .members
@@ -303,13 +313,17 @@ impl Replicas {
         self.find(authority)
     }
 
-    /// Looks the replicas up and checks them now unless that was done
-    /// once already (a route a reload just built, before its background
-    /// check).
+    /// Returns once the replicas have been looked up and checked at least
+    /// once: at once after that; before it (the first requests after a
+    /// start or a reload), after a look-up of its own, made once however
+    /// many wait for it, even while the background service's first one
+    /// runs (whose half-done look-up knows no replica yet).
     pub async fn checked_once(&self) {
-        if self.checked_ms.load(Ordering::Relaxed) == 0 {
-            self.check_if_due(crate::store::now_ms()).await;
-        }
+        self.first_check
+            .get_or_init(|| async {
+                self.check(crate::store::now_ms()).await;
+            })
+            .await;
     }
 
     /// The replica named `authority` (as recorded with a task), if the
