@@ -809,6 +809,45 @@ impl Canceller {
         found
     }
 
+    /// [`Canceller::find_by_message`] asked every 100 ms until the task
+    /// shows up, the worker refuses the call, or `wait` has passed (the
+    /// send may not have reached the worker yet): the task's id, `None`, or
+    /// why the worker refused; and how many times it asked. A failed
+    /// search is asked again (logged at debug).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn wait_for_message(
+        &self,
+        worker: &config::WorkerUrl,
+        target: &CancelTarget,
+        route: &Arc<str>,
+        tenant: Option<&str>,
+        headers: &[(String, String)],
+        message_id: &str,
+        sent_ms: u64,
+        wait: Duration,
+    ) -> (Result<Option<String>, String>, u32) {
+        let until = tokio::time::Instant::now() + wait;
+        let mut asked = 0u32;
+        loop {
+            asked += 1;
+            match self
+                .find_by_message(worker, target, route, tenant, headers, message_id, sent_ms)
+                .await
+            {
+                Ok(Some(id)) => return (Ok(Some(id)), asked),
+                Ok(None) => {}
+                Err(LookupError::Refused(e)) => return (Err(e), asked),
+                Err(LookupError::Failed(e)) => {
+                    tracing::debug!(route = %route, error = %e, "ListTasks to find a task by its message failed");
+                }
+            }
+            if tokio::time::Instant::now() + Duration::from_millis(100) > until {
+                return (Ok(None), asked);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Runs `key`'s batches one after another until none is waiting.
     async fn run_scans(&self, key: ScanKey) {
         loop {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use policies::cascade::{decide, CancelCause, CascadePolicy, Decision, Event, Keep, Seen};
 
-use crate::cancel::{CancelJob, Canceller, LookupError, Probed};
+use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::metrics;
 use crate::store::{Asker, CancelTarget, TaskKey, TaskStore, TaskUpdate};
 use crate::tracker::Tracker;
@@ -275,38 +275,23 @@ impl Cascade {
     /// worker may not have created it yet. Counted by outcome.
     async fn find_child(&self, end: &StreamEnd, wait: std::time::Duration) -> Option<Arc<str>> {
         let message_id = end.message_id.as_deref()?;
-        let until = tokio::time::Instant::now() + wait;
-        let mut asked = 0u32;
-        let found = loop {
-            asked += 1;
-            match self
-                .canceller
-                .find_by_message(
-                    &end.worker,
-                    &end.target,
-                    &end.route,
-                    end.tenant.as_deref(),
-                    &end.cancel_headers,
-                    message_id,
-                    end.sent_ms,
-                )
-                .await
-            {
-                Ok(Some(id)) => break Some(id),
-                Ok(None) => {}
-                Err(LookupError::Refused(e)) => {
-                    tracing::warn!(route = %end.route, error = %e, "the worker does not serve ListTasks: the child of a caller that left cannot be found");
-                    break None;
-                }
-                Err(LookupError::Failed(e)) => {
-                    tracing::debug!(route = %end.route, error = %e, "ListTasks to find a child failed");
-                }
-            }
-            if tokio::time::Instant::now() + std::time::Duration::from_millis(100) > until {
-                break None;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        };
+        let (found, asked) = self
+            .canceller
+            .wait_for_message(
+                &end.worker,
+                &end.target,
+                &end.route,
+                end.tenant.as_deref(),
+                &end.cancel_headers,
+                message_id,
+                end.sent_ms,
+                wait,
+            )
+            .await;
+        let found = found.unwrap_or_else(|e| {
+            tracing::warn!(route = %end.route, error = %e, "the worker does not serve ListTasks: the child of a caller that left cannot be found");
+            None
+        });
         let outcome = if found.is_some() {
             "found"
         } else {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use policies::delegation::{child_action, on_parent_end, ChildAction, TreeCause};
 use policies::TaskState;
 
-use crate::cancel::{CancelJob, Canceller, LookupError, Probed};
+use crate::cancel::{CancelJob, Canceller, Probed};
 use crate::link::Linker;
 use crate::metrics;
 use crate::route::LiveRoutes;
@@ -203,33 +203,29 @@ impl Tree {
         };
         let headers = crate::cancel::cancel_headers(&route.cfg, &[]);
         let tenant = (!kid.tenant.is_empty()).then_some(&*kid.tenant);
-        let until = tokio::time::Instant::now() + FIND_CHILD_FOR;
-        let id = loop {
-            match inner
-                .canceller
-                .find_by_message(
-                    &worker,
-                    &kid.target,
-                    &kid.route,
-                    tenant,
-                    &headers,
-                    &kid.message_id,
-                    kid.sent_ms,
-                )
-                .await
-            {
-                Ok(Some(id)) => break id,
-                Ok(None) | Err(LookupError::Failed(_)) => {}
-                Err(LookupError::Refused(e)) => {
-                    tracing::warn!(route = %kid.route, error = %e, "a child's worker does not serve ListTasks; the child cannot be found");
-                    return "not_found";
-                }
-            }
-            if tokio::time::Instant::now() + Duration::from_millis(100) > until {
+        let (found, _) = inner
+            .canceller
+            .wait_for_message(
+                &worker,
+                &kid.target,
+                &kid.route,
+                tenant,
+                &headers,
+                &kid.message_id,
+                kid.sent_ms,
+                FIND_CHILD_FOR,
+            )
+            .await;
+        let id = match found {
+            Ok(Some(id)) => id,
+            Ok(None) => {
                 tracing::warn!(route = %kid.route, message = %kid.message_id, "a child was not found by its message; not cancelled");
                 return "not_found";
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(e) => {
+                tracing::warn!(route = %kid.route, error = %e, "a child's worker does not serve ListTasks; the child cannot be found");
+                return "not_found";
+            }
         };
         let key = TaskKey::new(&kid.route, tenant, id);
         let job = CancelJob {
