@@ -50,15 +50,10 @@ impl Gateway {
         ) else {
             return;
         };
+        // (A CancelTask names no sent message: the worker is asked.)
+        let key = TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id);
         self.cascade.tree().ended(crate::tree::Ended {
-            job: crate::cancel::CancelJob {
-                key: TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id),
-                worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
-                target,
-                headers: crate::cancel::cancel_headers(&route.cfg, &ctx.req.caller_headers),
-                cause: "caller_cancel",
-                message_id: None,
-            },
+            job: super::observe::job_for(ctx, route, key, target, "caller_cancel"),
             state: None,
         });
     }

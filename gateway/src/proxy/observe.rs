@@ -30,6 +30,27 @@ use crate::metrics::{self, Untracked};
 use crate::route::Route;
 use crate::store::{Asker, CancelTarget, TaskKey, TaskUpdate};
 
+/// The gateway's own call about `key`'s task for this request, made for
+/// `cause`: to the replica the request went to, where its cancel goes
+/// (`target`), with the caller's headers a cancel repeats, and its sent
+/// message.
+pub(super) fn job_for(
+    ctx: &Ctx,
+    route: &Route,
+    key: TaskKey,
+    target: CancelTarget,
+    cause: &'static str,
+) -> CancelJob {
+    CancelJob {
+        key,
+        worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
+        target,
+        headers: cancel_headers(&route.cfg, &ctx.req.caller_headers),
+        cause,
+        message_id: ctx.req.message_id.clone(),
+    }
+}
+
 /// A route's lease rules, as `policies::track` reads them.
 pub fn lease_rules(route: &Route) -> LeaseRules {
     LeaseRules {
@@ -368,14 +389,7 @@ impl Gateway {
                     ctx.lease.held = Some(Box::new(key.clone()));
                 }
                 if let (Some(b), Some(target)) = (&ctx.budget, target) {
-                    let job = CancelJob {
-                        key,
-                        worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
-                        target,
-                        headers: cancel_headers(&route.cfg, &ctx.req.caller_headers),
-                        cause: "budget_exhausted",
-                        message_id: ctx.req.message_id.clone(),
-                    };
+                    let job = job_for(ctx, &route, key, target, "budget_exhausted");
                     b.child.task_known(&self.budgets, &id, job, settled);
                 }
             }
@@ -412,15 +426,9 @@ impl Gateway {
         let (Some(id), Some(target)) = (ctx.track.task_id.clone(), self.cancel_target(ctx)) else {
             return;
         };
+        let key = TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id);
         self.cascade.tree().ended(crate::tree::Ended {
-            job: CancelJob {
-                key: TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id),
-                worker: ctx.worker_url().unwrap_or_else(|| route.cfg.worker.clone()),
-                target,
-                headers: cancel_headers(&route.cfg, &ctx.req.caller_headers),
-                cause: "observed",
-                message_id: ctx.req.message_id.clone(),
-            },
+            job: job_for(ctx, route, key, target, "observed"),
             state: Some(state),
         });
     }
