@@ -121,9 +121,10 @@ impl Tracker {
         }
     }
 
-    /// The queue of `key`'s shard (a task is one record whatever tenant
-    /// names it: [`TaskKey`]'s hash leaves the tenant out).
-    fn queue(&self, key: &TaskKey) -> &mpsc::Sender<Op> {
+    /// The queue of `key`'s shard: a task's (a task is one record
+    /// whatever tenant names it: [`TaskKey`]'s hash leaves the tenant
+    /// out), or a reference's links.
+    fn queue<K: std::hash::Hash + ?Sized>(&self, key: &K) -> &mpsc::Sender<Op> {
         use std::hash::{BuildHasher, BuildHasherDefault};
         let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
             .hash_one(key);
@@ -133,11 +134,7 @@ impl Tracker {
     /// Queues a child's link under `parent` (a reference, hex) without
     /// waiting: written before the child's send is answered, off its path.
     pub fn link(&self, parent: String, child_ref: String, child: crate::store::ChildLink) {
-        use std::hash::BuildHasher as _;
-        let h =
-            std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-                .hash_one(&parent);
-        let q = &self.txs[(h % self.txs.len() as u64) as usize];
+        let q = self.queue(parent.as_str());
         let route = child.route.clone();
         if q.try_send(Op::Link {
             parent,

@@ -20,6 +20,18 @@ use policies::TaskState;
 
 pub use classify::{classify, A2aMethod, Binding, Call};
 
+/// Whether a message's `Content-Type` starts with `prefix` (any case,
+/// leading spaces skipped; parameters and a `+suffix` after it allowed).
+pub fn content_type_starts_with(headers: &http::HeaderMap, prefix: &str) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let v = v.trim_start().as_bytes();
+            v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+        })
+}
+
 /// The task facts one document carries, borrowing its strings from the
 /// document where they need no unescaping (so reading an event allocates
 /// nothing; [`Observation::into_owned`] keeps one past its document).

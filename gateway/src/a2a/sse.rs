@@ -238,14 +238,7 @@ fn memchr2(a: u8, b: u8, hay: &[u8]) -> Option<usize> {
 /// Whether an answer's `Content-Type` is `text/event-stream` (any case,
 /// parameters allowed).
 pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    const SSE: &[u8] = b"text/event-stream";
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            let v = v.trim_start().as_bytes();
-            v.len() >= SSE.len() && v[..SSE.len()].eq_ignore_ascii_case(SSE)
-        })
+    super::content_type_starts_with(headers, "text/event-stream")
 }
 
 #[cfg(test)]

@@ -196,7 +196,7 @@ impl Gateway {
             if grpc_status(&resp.headers).is_some_and(|s| s != 0) {
                 ctx.track.worker_refused = true;
             }
-            if header_starts_with(resp, &http::header::CONTENT_TYPE, "application/grpc") {
+            if crate::a2a::content_type_starts_with(&resp.headers, "application/grpc") {
                 ctx.answer =
                     Answer::Grpc(Box::new(GrpcFrames::new(self.limits.max_sse_event)), method);
                 ctx.track.shape = Some(streamed(shape));
@@ -548,16 +548,6 @@ fn is_json(resp: &ResponseHeader) -> bool {
     let essence = ct.split(';').next().unwrap_or("").trim();
     essence.eq_ignore_ascii_case("application/json")
         || essence.eq_ignore_ascii_case("application/a2a+json")
-}
-
-fn header_starts_with(resp: &ResponseHeader, name: &http::HeaderName, prefix: &str) -> bool {
-    resp.headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            let v = v.trim_start().as_bytes();
-            v.len() >= prefix.len() && v[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
-        })
 }
 
 fn is_encoded(resp: &ResponseHeader) -> bool {
