@@ -111,8 +111,7 @@ async fn start_tree(
     c: &PythonWorker,
     d: &PythonWorker,
 ) -> (String, String, String) {
-    let text = format!("spawn:60000@{gw}/c@spawn:60000@{gw}/d@work:60000");
-    let p_task = send_detached(gw, "/p", &text).await;
+    let p_task = send_detached(gw, "/p", &tree(gw, gw)).await;
     let c_task = child_of(p).await;
     let d_task = child_of(c).await;
     for (agent, id) in [(p, &p_task), (c, &c_task), (d, &d_task)] {
@@ -135,6 +134,24 @@ async fn cancelled(
     wait_for_state(&agent.url(), None, id, CANCELED, within)
         .await
         .unwrap_or_else(|s| panic!("{what} not cancelled: {s:?}\n{}", gw.log_text()))
+}
+
+/// P's text for the tree P → C → D: C started in the background through
+/// the gateway at `c_gw`, D by C through `d_gw`, each working a minute.
+fn tree(c_gw: &str, d_gw: &str) -> String {
+    format!("spawn:60000@{c_gw}/c@spawn:60000@{d_gw}/d@work:60000")
+}
+
+/// P's child, then its grandchild, each cancelled within a hop.
+async fn descendants_cancelled(
+    c: &PythonWorker,
+    c_task: &str,
+    d: &PythonWorker,
+    d_task: &str,
+    gw: &Gateway,
+) {
+    cancelled(c, c_task, per_hop(), "child", gw).await;
+    cancelled(d, d_task, per_hop(), "grandchild", gw).await;
 }
 
 /// Each hop's cancel lands within this of the one above it.
@@ -185,10 +202,7 @@ async fn root_cancel_cancels_the_detached_child_and_grandchild() {
 async fn the_root_leaving_cancels_the_tree() {
     let (p, c, d) = agents().await;
     let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
-    let text = format!(
-        "spawn:60000@{}/c@spawn:60000@{}/d@work:60000",
-        gw.url, gw.url
-    );
+    let text = tree(&gw.url, &gw.url);
     let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
         "params": {"message": message(&text)}});
     // The root streams P's task, then leaves once the grandchild runs.
@@ -201,8 +215,7 @@ async fn the_root_leaving_cancels_the_tree() {
     let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
     crate::harness::http::leave(sock, true).await;
     cancelled(&p, &p_task, per_hop(), "parent", &gw).await;
-    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
-    cancelled(&d, &d_task, per_hop(), "grandchild", &gw).await;
+    descendants_cancelled(&c, &c_task, &d, &d_task, &gw).await;
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(
         (cancels(&p).await, cancels(&c).await, cancels(&d).await),
@@ -328,7 +341,7 @@ async fn a_tree_across_gateway_replicas_on_redis() {
     );
     let a = Gateway::start(&cfg).await;
     let b = Gateway::start(&cfg).await;
-    let text = format!("spawn:60000@{}/c@spawn:60000@{}/d@work:60000", b.url, a.url);
+    let text = tree(&b.url, &a.url);
     let p_task = send_detached(&a.url, "/p", &text).await;
     let c_task = child_of(&p).await;
     let d_task = child_of(&c).await;
@@ -372,10 +385,7 @@ async fn a_parent_whose_lease_lapsed_takes_its_children_with_it() {
     );
     let gw = Gateway::start(&cfg).await;
     let ttl = Duration::from_millis(1500);
-    let mut msg = message(&format!(
-        "spawn:60000@{}/c@spawn:60000@{}/d@work:60000",
-        gw.url, gw.url
-    ));
+    let mut msg = message(&tree(&gw.url, &gw.url));
     msg["metadata"] = json!({"a2a-rust.com/lease": {"ttlMs": ttl.as_millis() as u64}});
     msg["extensions"] = json!(["https://a2a-rust.com/extensions/lease/v1"]);
     let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendMessage",
@@ -405,10 +415,7 @@ async fn a_parent_past_its_deadline_takes_its_children_with_it() {
     let (p, c, d) = agents().await;
     let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
     let deadline = Duration::from_millis(1500);
-    let mut msg = message(&format!(
-        "spawn:60000@{}/c@spawn:60000@{}/d@work:60000",
-        gw.url, gw.url
-    ));
+    let mut msg = message(&tree(&gw.url, &gw.url));
     msg["metadata"] = json!({"a2a-rust.com/budget": {"remainingMs": deadline.as_millis() as u64}});
     msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
     let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
@@ -420,8 +427,7 @@ async fn a_parent_past_its_deadline_takes_its_children_with_it() {
     let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
     let left = deadline.saturating_sub(sent.elapsed());
     cancelled(&p, &p_task, left + scaled_ms(250), "parent", &gw).await;
-    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
-    cancelled(&d, &d_task, per_hop(), "grandchild", &gw).await;
+    descendants_cancelled(&c, &c_task, &d, &d_task, &gw).await;
     drop(sock);
     tokio::time::sleep(scaled_ms(300)).await;
     assert_eq!(

@@ -234,6 +234,23 @@ def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
+def _child_send(method: str, text: str) -> tuple[str, dict]:
+    """A JSON-RPC send of `text` to a child agent: its message id, its body."""
+    message_id = f'child-{uuid.uuid4()}'
+    return message_id, {
+        'jsonrpc': '2.0',
+        'id': message_id,
+        'method': method,
+        'params': {
+            'message': {
+                'messageId': message_id,
+                'role': 'ROLE_USER',
+                'parts': [{'text': text}],
+            }
+        },
+    }
+
+
 class TestAgentExecutor(AgentExecutor):
     """The scripted agent; see the module doc for its behaviour."""
 
@@ -247,19 +264,7 @@ class TestAgentExecutor(AgentExecutor):
 
     async def _await_child(self, url: str, text: str) -> None:
         """Streams a child at `url` and reads it to its end (see `await:`)."""
-        message_id = f'child-{uuid.uuid4()}'
-        body = {
-            'jsonrpc': '2.0',
-            'id': message_id,
-            'method': 'SendStreamingMessage',
-            'params': {
-                'message': {
-                    'messageId': message_id,
-                    'role': 'ROLE_USER',
-                    'parts': [{'text': text}],
-                }
-            },
-        }
+        message_id, body = _child_send('SendStreamingMessage', text)
         entry = {'url': url, 'message_id': message_id, 'task_id': None, 'error': None}
         self.stats.children.append(entry)
         headers = {'A2A-Version': '1.0', 'Accept': 'text/event-stream'}
@@ -275,20 +280,8 @@ class TestAgentExecutor(AgentExecutor):
 
     async def _spawn(self, url: str, text: str, bare: bool) -> None:
         """Starts a background child at `url` (see `spawn:`)."""
-        message_id = f'child-{uuid.uuid4()}'
-        body = {
-            'jsonrpc': '2.0',
-            'id': message_id,
-            'method': 'SendMessage',
-            'params': {
-                'message': {
-                    'messageId': message_id,
-                    'role': 'ROLE_USER',
-                    'parts': [{'text': text}],
-                },
-                'configuration': {'returnImmediately': True},
-            },
-        }
+        message_id, body = _child_send('SendMessage', text)
+        body['params']['configuration'] = {'returnImmediately': True}
         headers = {'A2A-Version': '1.0'}
         client = self.http
         if bare:
