@@ -826,6 +826,73 @@ async fn a_childs_spend_is_charged_to_its_parent() {
     );
 }
 
+/// The same across gateway replicas on one Redis: the parent's budget is
+/// kept in the store (its reference says so), the child's send through
+/// replica B inherits what it has left, and B, which sees the child's
+/// spend, stops the parent A forwarded: found by its message, cancelled
+/// once, its child with it.
+#[tokio::test]
+async fn a_childs_spend_on_another_replica_is_charged_to_its_parent() {
+    let redis = RedisServer::start().await;
+    let (p, c, d) = agents().await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n{}",
+        redis.url(),
+        routes(&p, &c, &d, "")
+    );
+    let a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    let mut msg = message(&format!("await:60000@{}/c@spend:60000:tokens=30", b.url));
+    msg["metadata"] = json!({"a2a-rust.com/budget": {"meters": {"tokens": 100}}});
+    msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
+    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        "params": {"message": msg}});
+    let _open = crate::harness::http::open_post_json(&a.url, "/p", &body).await;
+    let c_task = child_of(&p).await;
+    let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
+    let got = post_json(
+        &c.url(),
+        "/",
+        &[],
+        &json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
+            "params": {"id": c_task, "historyLength": 10}}),
+    )
+    .await
+    .json();
+    let granted = &got["result"]["history"][0]["metadata"]["a2a-rust.com/budget"];
+    assert_eq!(
+        granted["meters"]["tokens"].as_f64(),
+        Some(100.0),
+        "{got}\nB:\n{}",
+        b.log_text()
+    );
+    // 30 tokens every 100 ms: past 100 at the fourth report, seen by B.
+    wait_for_state(&p.url(), None, &p_task, CANCELED, scaled_secs(3))
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "parent not stopped: {s:?}\nA:\n{}\nB:\n{}",
+                a.log_text(),
+                b.log_text()
+            )
+        });
+    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
+        .await
+        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\nB:\n{}", b.log_text()));
+    assert!(
+        b.counter(
+            "a2agw_budget_exhausted_total",
+            &["route=\"p\"", "by=\"meter\""]
+        )
+        .await
+            >= 1.0,
+        "{}",
+        b.metrics().await
+    );
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(cancels(&p).await, 1, "the parent cancelled once");
+}
+
 /// A route that strips the trace context (`strip_headers`) keeps it from
 /// its worker: the gateway adds no reference back.
 #[tokio::test]

@@ -43,6 +43,13 @@ use crate::store::{
 /// that started in it still settle into it.
 const ACCOUNT_SLACK_MS: u64 = 3_600_000;
 
+/// How often, and how far apart, a child's send reads its parent's budget
+/// from the store before it gives up on it ([`Budgets::tree_left`]): the
+/// parent's replica writes it as it forwards the parent's send, which a
+/// child's send reaches the store after unless the store lags by more.
+const TREE_BUDGET_READS: u32 = 5;
+const TREE_BUDGET_WAIT: Duration = Duration::from_millis(10);
+
 /// Why a send is not let through.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BudgetError {
@@ -117,6 +124,11 @@ pub struct Budgets {
     /// them (hex): a linked child's send on this replica finds its
     /// parent's, is granted what it has left and charges it what it spends.
     by_reference: Mutex<HashMap<String, std::sync::Weak<Shared>>>,
+    /// The store is shared with other replicas (Redis): a parent's budget
+    /// with meters is kept there too, for its children sent through them.
+    trees_in_store: bool,
+    /// Stops a parent that is not on this replica.
+    tree: crate::tree::Tree,
 }
 
 /// What a send that starts a task knows of its parent (delegation trees).
@@ -126,6 +138,9 @@ pub struct ParentHint {
     pub reference: Option<String>,
     /// When the parent's budget ends (Unix ms), as its reference says.
     pub deadline_ms: Option<u64>,
+    /// The store keeps the parent's meters ([`TaskStore::tree_budget_get`]),
+    /// as its reference says.
+    pub metered: bool,
 }
 
 /// What one child's budget looks like right now, shared between its
@@ -152,6 +167,10 @@ pub struct Shared {
     parent: Option<Arc<Shared>>,
     /// The delegation reference this budget is found by, once registered.
     reference: Mutex<Option<String>>,
+    /// The references whose budgets the store keeps that this one's spend
+    /// is charged to: its parent's (given at admission), and its own once
+    /// opened there ([`ChildBudget::register_reference`]).
+    charged_refs: Mutex<Vec<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -217,9 +236,9 @@ impl Budgets {
         health: Arc<StoreHealth>,
         on_store_error: config::OnStoreError,
         canceller: Canceller,
+        tree: crate::tree::Tree,
     ) -> Self {
         Budgets {
-            store,
             health,
             fail_closed: on_store_error == config::OnStoreError::FailClosed,
             canceller,
@@ -227,6 +246,9 @@ impl Budgets {
             seq: AtomicU64::new(1),
             tickets: ticket_prefix(),
             by_reference: Mutex::new(HashMap::new()),
+            trees_in_store: store.kind() != "memory",
+            tree,
+            store,
         }
     }
 
@@ -254,12 +276,19 @@ impl Budgets {
                 .get(r)
                 .and_then(std::sync::Weak::upgrade)
         });
+        // A linked child's parent budget kept in the store, for a parent
+        // on any replica: this child's spend is charged to it.
+        let parent_in_store = parent
+            .reference
+            .as_ref()
+            .filter(|_| parent.metered && self.trees_in_store);
         // Nothing sent and nothing to impose: what the caps below would
         // conclude, without building them (every plain send comes here).
         if sent.is_none()
             && !policy.is_active()
             && parent.deadline_ms.is_none()
             && parent_budget.is_none()
+            && parent_in_store.is_none()
         {
             return Ok(None);
         }
@@ -279,14 +308,19 @@ impl Budgets {
             admitted,
             parent.deadline_ms.map(|d| d.saturating_sub(received_ms)),
         );
-        let parent_left = parent_budget.as_ref().map(|p| {
-            let st = lock(&p.state);
-            let mut spent = st.spent.clone();
-            for (m, n) in &st.children_spent {
-                *spent.entry(m.clone()).or_insert(0) += n;
+        let parent_left = match (parent_in_store, &parent_budget) {
+            // What every replica charged, when its children may be on any.
+            (Some(r), _) if sent.is_none() => self.tree_left(r).await,
+            (_, Some(p)) => {
+                let st = lock(&p.state);
+                let mut spent = st.spent.clone();
+                for (m, n) in &st.children_spent {
+                    *spent.entry(m.clone()).or_insert(0) += n;
+                }
+                Some(policies::budget::remaining_meters(&p.grant, &spent))
             }
-            policies::budget::remaining_meters(&p.grant, &spent)
-        });
+            _ => None,
+        };
         let admitted =
             policies::budget::inherit_meters(admitted, parent_left.as_ref(), sent.is_some());
         let Some(Admitted {
@@ -335,6 +369,7 @@ impl Budgets {
             ended: tokio::sync::Notify::new(),
             parent: parent_budget,
             reference: Mutex::new(None),
+            charged_refs: Mutex::new(parent_in_store.cloned().into_iter().collect()),
         });
         let id = self.seq.fetch_add(1, Ordering::Relaxed);
         lock(&self.live).insert(id, shared.clone());
@@ -498,6 +533,76 @@ impl Budgets {
         }
     }
 
+    /// What a parent whose budget the store keeps has left of each meter.
+    /// Its reference promised the budget, whose opening is written as the
+    /// parent's send is forwarded: a child's send that overtakes it waits
+    /// for it a little. `None`: not there (or the store failed): the child
+    /// inherits no meters, and is still charged to the parent.
+    async fn tree_left(&self, reference: &str) -> Option<BTreeMap<String, u64>> {
+        for attempt in 0..TREE_BUDGET_READS {
+            if attempt > 0 {
+                tokio::time::sleep(TREE_BUDGET_WAIT).await;
+            }
+            match self.store.tree_budget_get(reference).await {
+                Ok(Some(b)) if b.parent.is_some() => {
+                    return Some(policies::budget::remaining_meters_of(&b.grant, &b.spent))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    metrics::STORE_ERRORS
+                        .with_label_values(&["tree_budget_get"])
+                        .inc();
+                    tracing::warn!(error = %e, "a parent's budget could not be read; its child inherits no meters");
+                    return None;
+                }
+            }
+        }
+        tracing::warn!(
+            reference,
+            "a parent's budget was not in the store; its child inherits no meters"
+        );
+        None
+    }
+
+    /// Charges what a budget's spend grew by to the budgets the store
+    /// keeps that it counts against (off the request's path); the one
+    /// charge that takes one past its grant stops its parent: here when
+    /// its request is on this replica, else by its message.
+    fn charge_trees(self: &Arc<Self>, refs: Vec<String>, grew: BTreeMap<String, u64>) {
+        let me = self.clone();
+        crate::drain::spawn_work(async move {
+            for r in refs {
+                let b = match me.store.tree_budget_charge(&r, &grew).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        metrics::STORE_ERRORS
+                            .with_label_values(&["tree_budget_charge"])
+                            .inc();
+                        tracing::warn!(error = %e, "a child's spend could not be charged to its parent's budget");
+                        continue;
+                    }
+                };
+                if !b.stop {
+                    continue;
+                }
+                let meter = policies::budget::meters_over(&b.grant, &b.spent).unwrap_or_default();
+                let local = lock(&me.by_reference)
+                    .get(&r)
+                    .and_then(std::sync::Weak::upgrade);
+                match (local, b.parent) {
+                    (Some(p), _) => me.exhaust(&p, Exhaustion::Meter(meter)),
+                    (None, Some(parent)) => {
+                        metrics::BUDGET_EXHAUSTED
+                            .with_label_values(&[&parent.route, "meter"])
+                            .inc();
+                        me.tree.stop_parent(parent);
+                    }
+                    (None, None) => {}
+                }
+            }
+        });
+    }
+
     /// Sends a budget's cancel through the store's outbox, as the cascade's
     /// are: written before the first attempt, so that another replica sends
     /// it if this one dies first.
@@ -579,12 +684,46 @@ impl ChildBudget {
     /// The grant the child's message carries.
     /// Makes this budget findable by the delegation reference of its
     /// request (hex), for the children it starts on this replica.
-    pub fn register_reference(&self, budgets: &Budgets, reference: String) {
+    /// On a store shared with other replicas, a budget with meters is
+    /// opened there too (`parent`: how to find its task), so that children
+    /// sent through any replica inherit and charge it: then `true`, and
+    /// the reference says so ([`policies::delegation::Wire::metered`]).
+    pub fn register_reference(
+        &self,
+        budgets: &Budgets,
+        reference: String,
+        parent: Option<crate::store::ChildLink>,
+    ) -> bool {
         let mut mine = lock(&self.shared.reference);
         if mine.is_none() {
             lock(&budgets.by_reference).insert(reference.clone(), Arc::downgrade(&self.shared));
-            *mine = Some(reference);
+            *mine = Some(reference.clone());
+            let Some(parent) =
+                parent.filter(|_| budgets.trees_in_store && !self.shared.grant.meters.is_empty())
+            else {
+                return false;
+            };
+            lock(&self.shared.charged_refs).push(reference.clone());
+            let store = budgets.store.clone();
+            let grant = self.shared.grant.meters.clone();
+            let expires_ms = self.shared.deadline_ms.map_or_else(
+                || now_ms() + crate::store::LINK_RETENTION.as_millis() as u64,
+                |d| d + ACCOUNT_SLACK_MS,
+            );
+            crate::drain::spawn_work(async move {
+                if let Err(e) = store
+                    .tree_budget_open(&reference, &grant, &parent, expires_ms)
+                    .await
+                {
+                    metrics::STORE_ERRORS
+                        .with_label_values(&["tree_budget_open"])
+                        .inc();
+                    tracing::warn!(error = %e, "a parent's budget could not be kept for its children on other replicas");
+                }
+            });
+            return true;
         }
+        lock(&self.shared.charged_refs).contains(&reference)
     }
 
     /// When the child's budget ends (Unix ms), if its grant has a
@@ -633,7 +772,7 @@ impl ChildBudget {
     /// reservation is replaced by.
     pub fn on_spent(
         &mut self,
-        budgets: &Budgets,
+        budgets: &Arc<Budgets>,
         spent: BTreeMap<String, u64>,
         settles: bool,
     ) -> Verdict {
@@ -652,6 +791,12 @@ impl ChildBudget {
                 grew,
             )
         };
+        if !grew.is_empty() {
+            let refs = lock(&self.shared.charged_refs).clone();
+            if !refs.is_empty() {
+                budgets.charge_trees(refs, grew.clone());
+            }
+        }
         // A linked child's spend is its parent's too: a parent it takes
         // past its grant is stopped (and its children with it).
         if let (Some(parent), false) = (&self.shared.parent, grew.is_empty()) {

@@ -132,16 +132,18 @@ impl Linker {
         r
     }
 
+    /// Over everything a value carries (`depth_byte`: depth and
+    /// `metered`, as [`Wire::depth_byte`]).
     fn tag(
         &self,
         reference: &[u8; REF_BYTES],
-        depth: u8,
+        depth_byte: u8,
         deadline_ms: Option<u64>,
     ) -> [u8; REF_BYTES] {
         let mut ctx = hmac::Context::with_key(&self.key);
         ctx.update(b"tag");
         ctx.update(reference);
-        ctx.update(&[depth]);
+        ctx.update(&[depth_byte]);
         if let Some(d) = deadline_ms {
             ctx.update(&d.to_be_bytes());
         }
@@ -151,16 +153,25 @@ impl Linker {
     }
 
     /// The `tracestate` member value of a request with `reference`, whose
-    /// task is `depth` deep and whose budget ends at `deadline_ms` (Unix
-    /// ms), if it has one.
-    pub fn wire(&self, reference: [u8; REF_BYTES], depth: u8, deadline_ms: Option<u64>) -> String {
-        Wire {
+    /// task is `depth` deep, whose budget ends at `deadline_ms` (Unix ms),
+    /// if it has one, and whose budget's meters the store keeps for its
+    /// children (`metered`).
+    pub fn wire(
+        &self,
+        reference: [u8; REF_BYTES],
+        depth: u8,
+        deadline_ms: Option<u64>,
+        metered: bool,
+    ) -> String {
+        let mut w = Wire {
             reference,
             depth,
             deadline_ms,
-            tag: self.tag(&reference, depth, deadline_ms),
-        }
-        .encode()
+            metered,
+            tag: [0; REF_BYTES],
+        };
+        w.tag = self.tag(&reference, w.depth_byte(), deadline_ms);
+        w.encode()
     }
 
     /// A member value the gateway wrote (with this key), read; anything
@@ -168,7 +179,7 @@ impl Linker {
     pub fn verify(&self, value: &str) -> Option<Wire> {
         let w = Wire::decode(value)?;
         // Compared in constant time, as a tag should be.
-        let want = self.tag(&w.reference, w.depth, w.deadline_ms);
+        let want = self.tag(&w.reference, w.depth_byte(), w.deadline_ms);
         let diff = want
             .iter()
             .zip(&w.tag)
@@ -234,15 +245,20 @@ mod tests {
     fn a_wire_value_is_checked() {
         let l = linker(b"k");
         let r = l.reference("r", "", Names::Message("m"));
-        let v = l.wire(r, 2, None);
+        let v = l.wire(r, 2, None, false);
         let w = l.verify(&v).expect("its own value");
         assert_eq!((w.reference, w.depth, w.deadline_ms), (r, 2, None));
         // Another depth with the same tag: refused.
         let mut forged = Wire::decode(&v).unwrap();
         forged.depth = 0;
         assert!(l.verify(&forged.encode()).is_none());
+        // `metered` claimed with the same tag: refused.
+        let mut forged = Wire::decode(&v).unwrap();
+        forged.metered = true;
+        assert!(l.verify(&forged.encode()).is_none());
+        assert!(l.verify(&l.wire(r, 2, None, true)).unwrap().metered);
         // A deadline, and another one or none with its tag: refused.
-        let v = l.wire(r, 2, Some(1_700_000_000_000));
+        let v = l.wire(r, 2, Some(1_700_000_000_000), false);
         assert_eq!(l.verify(&v).unwrap().deadline_ms, Some(1_700_000_000_000));
         let mut forged = Wire::decode(&v).unwrap();
         forged.deadline_ms = Some(1_800_000_000_000);

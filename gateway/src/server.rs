@@ -186,7 +186,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         store.clone(),
         tracker.clone(),
         canceller.clone(),
-        tree,
+        tree.clone(),
     ));
     let health = Arc::new(crate::store::StoreHealth::default());
     let budgets = Arc::new(crate::budget::Budgets::new(
@@ -194,6 +194,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
         health.clone(),
         cfg.store.on_store_error,
         canceller.clone(),
+        tree,
     ));
     let leases = Arc::new(Leases::new(
         store.clone(),

@@ -185,14 +185,29 @@ impl Tree {
     }
 
     async fn cancel_child(&self, kid: ChildLink, cause: TreeCause) {
-        let outcome = self.try_cancel_child(&kid, cause).await;
+        let outcome = self.try_cancel_child(&kid, cause.as_str()).await;
         metrics::TREE_CANCELS
             .with_label_values(&[&kid.route, cause.as_str(), outcome])
             .inc();
     }
 
-    /// Finds, judges and cancels one child; returns the outcome's label.
-    async fn try_cancel_child(&self, kid: &ChildLink, cause: TreeCause) -> &'static str {
+    /// Stops a parent whose children, on any replica, spent its budget
+    /// past its grant ([`crate::budget`]), when its request is not on this
+    /// replica: found by its message as a child is, cancelled through the
+    /// outbox unless it settled; its own children follow as after any
+    /// cancel of the gateway's.
+    pub fn stop_parent(&self, parent: ChildLink) {
+        let me = self.clone();
+        crate::drain::spawn_work(async move {
+            let outcome = me.try_cancel_child(&parent, "budget_exhausted").await;
+            tracing::info!(route = %parent.route, message = %parent.message_id, outcome, "a parent's budget was spent past its grant by its children; stopping it");
+        });
+    }
+
+    /// Finds, judges and cancels one child (or a parent: `cause` is not a
+    /// tree's, and [`Tree::follow`] follows its end); returns the
+    /// outcome's label.
+    async fn try_cancel_child(&self, kid: &ChildLink, cause: &'static str) -> &'static str {
         let inner = &*self.inner;
         let Some(route) = inner.routes.by_name(&kid.route) else {
             tracing::warn!(route = %kid.route, "a child's route is gone; not cancelled");
@@ -233,7 +248,7 @@ impl Tree {
             worker,
             target: kid.target.clone(),
             headers,
-            cause: cause.as_str(),
+            cause,
             message_id: Some(kid.message_id.clone()),
         };
         let known = match inner.store.get(&key).await {
@@ -272,7 +287,8 @@ impl Tree {
                     .canceller
                     .deliver(&*inner.store, &job, token.as_deref())
                     .await;
-                if outcome == crate::cancel::CancelOutcome::Canceled {
+                // A tree's own cancel is not followed by `follow`.
+                if outcome == crate::cancel::CancelOutcome::Canceled && is_tree_cause(cause) {
                     self.ended(Ended {
                         job,
                         state: Some(TaskState::Canceled),

@@ -410,8 +410,16 @@ pub fn inherit_deadline(admitted: Option<Admitted>, parent_ms: Option<u64>) -> O
 /// What a parent's grant has left of each meter it limits: its grant less
 /// what it and its children spent.
 pub fn remaining_meters(grant: &Grant, spent: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    remaining_meters_of(&grant.meters, spent)
+}
+
+/// [`remaining_meters`] of a grant's meters alone (a parent's budget as
+/// the store keeps it).
+pub fn remaining_meters_of(
+    grant: &BTreeMap<String, u64>,
+    spent: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
     grant
-        .meters
         .iter()
         .map(|(m, &g)| {
             (
@@ -459,6 +467,16 @@ pub fn over_grant(
         let s = own.get(m).copied().unwrap_or(0) + children.get(m).copied().unwrap_or(0);
         (s > g).then(|| m.clone())
     })
+}
+
+/// The first meter of `grant` that `spent` exceeds: a parent's budget as
+/// the store keeps it for its children on every replica (where the spend
+/// is already summed). A meter the grant does not name limits nothing.
+pub fn meters_over(grant: &BTreeMap<String, u64>, spent: &BTreeMap<String, u64>) -> Option<String> {
+    grant
+        .iter()
+        .find(|(m, &g)| spent.get(*m).is_some_and(|&s| s > g))
+        .map(|(m, _)| m.clone())
 }
 
 pub fn apply_caps(
@@ -1652,5 +1670,32 @@ mod tests {
         assert_eq!(FAILURE_METADATA_KEY, "a2a-rust.com/failure");
         assert_eq!(MAX_METERS, 16);
         assert!(!is_meter_name(REMAINING_MS), "no meter shadows the time");
+    }
+
+    #[test]
+    fn meters_over_names_the_first_meter_spent_past_its_grant() {
+        let m = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+        };
+        for (grant, spent, want) in [
+            (m(&[("tokens", 100)]), m(&[]), None),
+            (m(&[("tokens", 100)]), m(&[("tokens", 100)]), None),
+            (m(&[("tokens", 100)]), m(&[("tokens", 101)]), Some("tokens")),
+            (m(&[("tokens", 0)]), m(&[("tokens", 1)]), Some("tokens")),
+            // A meter the grant does not name limits nothing.
+            (m(&[("tokens", 100)]), m(&[("calls", 500)]), None),
+            (m(&[]), m(&[("tokens", 500)]), None),
+            (
+                m(&[("calls", 5), ("tokens", 100)]),
+                m(&[("calls", 6), ("tokens", 200)]),
+                Some("calls"),
+            ),
+        ] {
+            assert_eq!(
+                meters_over(&grant, &spent).as_deref(),
+                want,
+                "{grant:?} {spent:?}"
+            );
+        }
     }
 }

@@ -29,14 +29,23 @@ pub const DEFAULT_MAX_DEPTH: u8 = 8;
 /// A reference as it travels: which request (`reference`, a keyed hash of
 /// its route, tenant and message or task), how deep its task is in its
 /// tree, the deadline of its budget if it has one (Unix ms: its children
-/// inherit it), and the tag that proves the gateway wrote them.
+/// inherit it), whether the store keeps its budget's meters for children
+/// on other replicas (`metered`), and the tag that proves the gateway
+/// wrote them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wire {
     pub reference: [u8; REF_BYTES],
+    /// At most [`MAX_DEPTH`].
     pub depth: u8,
     pub deadline_ms: Option<u64>,
+    pub metered: bool,
     pub tag: [u8; REF_BYTES],
 }
+
+/// The deepest any tree may be configured to grow: depth travels in the
+/// low 7 bits of its byte, `metered` in the high bit.
+pub const MAX_DEPTH: u8 = 0x7f;
+const METERED: u8 = 0x80;
 
 /// Hex digits of a value without, and with, a deadline.
 const SHORT: usize = 2 * (2 * REF_BYTES + 1);
@@ -49,7 +58,7 @@ impl Wire {
     pub fn encode(&self) -> String {
         let mut s = String::with_capacity(LONG);
         hex_into(&mut s, &self.reference);
-        hex_into(&mut s, &[self.depth]);
+        hex_into(&mut s, &[self.depth_byte()]);
         if let Some(d) = self.deadline_ms {
             hex_into(&mut s, &d.to_be_bytes());
         }
@@ -80,10 +89,16 @@ impl Wire {
         });
         Some(Wire {
             reference,
-            depth: out[REF_BYTES],
+            depth: out[REF_BYTES] & MAX_DEPTH,
             deadline_ms,
+            metered: out[REF_BYTES] & METERED != 0,
             tag,
         })
+    }
+
+    /// Depth and `metered` as one byte, as encoded (and tagged).
+    pub fn depth_byte(&self) -> u8 {
+        (self.depth & MAX_DEPTH) | if self.metered { METERED } else { 0 }
     }
 }
 
@@ -392,6 +407,7 @@ mod tests {
             reference: [0, 1, 2, 0xab, 0xcd, 0xef, 0x10, 0xff],
             depth: 3,
             deadline_ms: None,
+            metered: false,
             tag: [9; 8],
         };
         let s = w.encode();
@@ -405,6 +421,13 @@ mod tests {
         assert_eq!(s, "000102abcdef10ff0301020304050607080909090909090909");
         assert_eq!(Wire::decode(&s), Some(with));
         assert_eq!(Wire::decode(&s[..49]), None);
+        let metered = Wire {
+            metered: true,
+            ..with
+        };
+        let s = metered.encode();
+        assert_eq!(s, "000102abcdef10ff8301020304050607080909090909090909");
+        assert_eq!(Wire::decode(&s), Some(metered));
         for bad in [
             "",
             "000102abcdef10ff03090909090909090",

@@ -130,13 +130,28 @@ impl super::Gateway {
         );
         let own = linker.reference(&route.name, tenant, names);
         let deadline = ctx.budget.as_ref().and_then(|b| b.child.deadline_ms());
-        let value = linker.wire(own, link.depth(), deadline);
-        // The children this send's task starts through this replica find
-        // its budget by its reference, and spend from it.
-        if let Some(b) = &ctx.budget {
+        // Where this send's task is found: what its budget's store entry
+        // and a link under its parent name.
+        let me = match (&ctx.req.message_id, self.cancel_target(ctx)) {
+            (Some(message_id), Some(target)) => Some(crate::store::ChildLink {
+                route: route.name.clone(),
+                tenant: tenant.into(),
+                message_id: message_id.clone(),
+                target,
+                replica: ctx.replica_name(),
+                sent_ms: ctx.req.received_ms,
+                depth: link.depth(),
+            }),
+            _ => None,
+        };
+        // The children this send's task starts find its budget by its
+        // reference (on this replica, or in the store: `metered`), and
+        // spend from it.
+        let metered = ctx.budget.as_ref().is_some_and(|b| {
             b.child
-                .register_reference(&self.budgets, crate::link::hex(&own));
-        }
+                .register_reference(&self.budgets, crate::link::hex(&own), me.clone())
+        });
+        let value = linker.wire(own, link.depth(), deadline, metered);
         let mut parents = upstream.headers.get_all("traceparent").iter();
         let traced = match (parents.next(), parents.next()) {
             (Some(tp), None) => tp.to_str().is_ok_and(d::traceparent_valid),
@@ -169,23 +184,14 @@ impl super::Gateway {
             }
             return Ok(());
         };
-        let (Some(message_id), Some(target)) =
-            (ctx.req.message_id.clone(), self.cancel_target(ctx))
-        else {
+        let Some(me) = me else {
             return Ok(());
         };
+        debug_assert_eq!(me.depth, depth);
         self.cascade.tracker().link(
             crate::link::hex(&parent.reference),
             crate::link::hex(&own),
-            crate::store::ChildLink {
-                route: route.name.clone(),
-                tenant: tenant.into(),
-                message_id,
-                target,
-                replica: ctx.replica_name(),
-                sent_ms: ctx.req.received_ms,
-                depth,
-            },
+            me,
         );
         Ok(())
     }
@@ -198,6 +204,8 @@ pub(super) struct Parent {
     pub depth: u8,
     /// When the parent's budget ends (Unix ms), if it has a deadline.
     pub deadline_ms: Option<u64>,
+    /// The store keeps the parent's budget's meters.
+    pub metered: bool,
 }
 
 impl super::Gateway {
@@ -219,6 +227,7 @@ impl super::Gateway {
                 reference: linker.reference(p.route, p.tenant, crate::link::Names::Task(p.task)),
                 depth: 0,
                 deadline_ms: None,
+                metered: false,
             });
         }
         let tracestate = joined(headers, "tracestate");
@@ -237,6 +246,7 @@ impl super::Gateway {
             reference: w.reference,
             depth: w.depth,
             deadline_ms: w.deadline_ms,
+            metered: w.metered,
         })
     }
 }

@@ -184,6 +184,7 @@ impl Gateway {
                         ctx.req.parent = crate::budget::ParentHint {
                             reference: Some(crate::link::hex(&p.reference)),
                             deadline_ms: p.deadline_ms,
+                            metered: p.metered,
                         };
                     }
                 }

@@ -26,6 +26,92 @@ pub async fn run(store: &dyn TaskStore) {
     accounts(store).await;
     outbox(store).await;
     links(store).await;
+    tree_budgets(store).await;
+}
+
+/// A parent's budget for its children on any replica: opened with its
+/// grant and where its task is; charges summed across callers, before or
+/// after the opening; exactly one charge told to stop it.
+async fn tree_budgets(store: &dyn TaskStore) {
+    let meters = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+    };
+    let parent = ChildLink {
+        route: "p".into(),
+        tenant: "acme".into(),
+        message_id: "m-\"p\"/é".into(),
+        target: CancelTarget {
+            binding: Binding::Rest,
+            path: "/v1".into(),
+        },
+        replica: Some("10.0.0.3:9000".into()),
+        sent_ms: 1_700_000_000_000,
+        depth: 2,
+    };
+    let far = now_ms() + 60_000;
+    assert_eq!(store.tree_budget_get("b0").await.unwrap(), None);
+    let grant = meters(&[("tokens", 100), ("calls", 3)]);
+    store
+        .tree_budget_open("b1", &grant, &parent, far)
+        .await
+        .unwrap();
+    let b = store.tree_budget_get("b1").await.unwrap().unwrap();
+    assert_eq!(
+        (&b.grant, &b.spent, b.parent.as_ref(), b.stop),
+        (&grant, &meters(&[]), Some(&parent), false)
+    );
+    let b = store
+        .tree_budget_charge("b1", &meters(&[("tokens", 60)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.spent.clone(), b.stop),
+        (meters(&[("tokens", 60)]), false)
+    );
+    // Exactly at the grant is within it; past it, one charge stops.
+    let b = store
+        .tree_budget_charge("b1", &meters(&[("tokens", 40), ("calls", 1)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.spent.clone(), b.stop),
+        (meters(&[("tokens", 100), ("calls", 1)]), false)
+    );
+    let b = store
+        .tree_budget_charge("b1", &meters(&[("tokens", 1)]))
+        .await
+        .unwrap();
+    assert!(b.stop, "{b:?}");
+    assert_eq!(b.parent.as_ref(), Some(&parent));
+    let b = store
+        .tree_budget_charge("b1", &meters(&[("calls", 9)]))
+        .await
+        .unwrap();
+    assert!(!b.stop, "stopped once: {b:?}");
+    assert_eq!(b.spent, meters(&[("tokens", 101), ("calls", 10)]));
+    assert!(!store.tree_budget_get("b1").await.unwrap().unwrap().stop);
+    // Charged before its opening: kept, and counted once opened.
+    let b = store
+        .tree_budget_charge("b2", &meters(&[("tokens", 7)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.grant.is_empty(), b.parent.is_none(), b.stop),
+        (true, true, false)
+    );
+    store
+        .tree_budget_open("b2", &meters(&[("tokens", 10)]), &parent, far)
+        .await
+        .unwrap();
+    let b = store.tree_budget_get("b2").await.unwrap().unwrap();
+    assert_eq!(b.spent, meters(&[("tokens", 7)]));
+    assert!(
+        store
+            .tree_budget_charge("b2", &meters(&[("tokens", 4)]))
+            .await
+            .unwrap()
+            .stop
+    );
 }
 
 /// Delegation links: kept per reference in order, read across several,

@@ -11,8 +11,8 @@ use policies::lease::{self, Renewal};
 
 use super::{
     AccountKey, AccountView, Asker, CancelTarget, ChildLink, LeaseRecord, OwedCancel, Owing,
-    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
-    LOCAL_OWNER,
+    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, TreeBudget,
+    Unreserved, LOCAL_OWNER,
 };
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
@@ -125,6 +125,8 @@ pub struct MemoryStore {
     /// Owed cancels. Lock order: this one first, never taken while another
     /// of the store's locks (or a cache entry's) is held.
     outbox: Mutex<Outbox>,
+    /// Parents' budgets by reference (hex), for their children.
+    tree_budgets: Cache<String, Arc<Mutex<TreeBudget>>>,
     /// Delegation links: a reference (hex) → the children linked under it.
     links: Cache<String, Arc<Mutex<Vec<ChildLink>>>>,
     /// A child's reference (hex) → its parent's reference and its depth.
@@ -234,6 +236,10 @@ impl MemoryStore {
             tombstones: Mutex::new(Tombstones::default()),
             outbox: Mutex::new(Outbox::default()),
             links: Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(super::LINK_RETENTION)
+                .build(),
+            tree_budgets: Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(super::LINK_RETENTION)
                 .build(),
@@ -526,6 +532,55 @@ impl TaskStore for MemoryStore {
 
     async fn link_key(&self) -> Result<Vec<u8>, StoreError> {
         Ok(self.link_key.clone())
+    }
+
+    // One process holds a parent's budget and its children's in memory
+    // ([`crate::budget`]); these keep the trait's contract for the
+    // conformance suite (expiry: the cache's retention, not `expires_ms`).
+    async fn tree_budget_open(
+        &self,
+        reference: &str,
+        grant: &BTreeMap<String, u64>,
+        parent: &ChildLink,
+        _expires_ms: u64,
+    ) -> Result<(), StoreError> {
+        let b = self
+            .tree_budgets
+            .get_with_by_ref(reference, || Arc::new(Mutex::new(TreeBudget::default())));
+        let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+        b.grant.clone_from(grant);
+        b.parent = Some(parent.clone());
+        Ok(())
+    }
+
+    async fn tree_budget_get(&self, reference: &str) -> Result<Option<TreeBudget>, StoreError> {
+        Ok(self.tree_budgets.get(reference).map(|b| {
+            let mut b = b.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            b.stop = false;
+            b
+        }))
+    }
+
+    async fn tree_budget_charge(
+        &self,
+        reference: &str,
+        grew: &BTreeMap<String, u64>,
+    ) -> Result<TreeBudget, StoreError> {
+        let b = self
+            .tree_budgets
+            .get_with_by_ref(reference, || Arc::new(Mutex::new(TreeBudget::default())));
+        let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+        for (m, n) in grew {
+            *b.spent.entry(m.clone()).or_insert(0) += n;
+        }
+        let was_stopped = std::mem::take(&mut b.stop);
+        let over = policies::budget::meters_over(&b.grant, &b.spent).is_some();
+        // `stop` is kept set once found (the store's memory of it), and
+        // answered only to the charge that found it.
+        let mut out = b.clone();
+        out.stop = over && !was_stopped;
+        b.stop = was_stopped || over;
+        Ok(out)
     }
 
     async fn lease_start(

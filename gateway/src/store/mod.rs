@@ -10,6 +10,7 @@ pub mod memory;
 pub mod redis;
 pub mod timed;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -308,6 +309,21 @@ pub struct ChildLink {
     pub depth: u8,
 }
 
+/// A budgeted parent's meters as the store keeps them for children on
+/// any replica ([`TaskStore::tree_budget_charge`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TreeBudget {
+    /// The parent's grant, per meter (empty until opened).
+    pub grant: BTreeMap<String, u64>,
+    /// What the parent and every child charged to it spent, per meter.
+    pub spent: BTreeMap<String, u64>,
+    /// How to find and cancel the parent's task (once opened).
+    pub parent: Option<ChildLink>,
+    /// This charge is the first that found `spent` past `grant`: its
+    /// replica stops the parent.
+    pub stop: bool,
+}
+
 /// The most children kept under one reference; later links are dropped
 /// (counted: `a2agw_tree_links_total{outcome="dropped"}`).
 pub const MAX_CHILDREN: usize = 4096;
@@ -535,6 +551,34 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     /// The children linked under any of `parents` (references, hex), in
     /// the order they were linked. One round trip.
     async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError>;
+
+    /// Opens (or completes) the budget a parent request holds, under its
+    /// reference (hex), for the children it starts through other replicas
+    /// ([`crate::budget`]): its grant's meters and where its task runs
+    /// (`parent`, found by its message as a tree's child is). Kept until
+    /// `expires_ms` (Unix ms). Spend already charged is kept. One round trip.
+    async fn tree_budget_open(
+        &self,
+        reference: &str,
+        grant: &BTreeMap<String, u64>,
+        parent: &ChildLink,
+        expires_ms: u64,
+    ) -> Result<(), StoreError>;
+
+    /// A parent's budget as every replica charged it, if the store holds it.
+    async fn tree_budget_get(&self, reference: &str) -> Result<Option<TreeBudget>, StoreError>;
+
+    /// Adds `grew` (per meter) to what the parent's budget under
+    /// `reference` has spent, and reads it back: one round trip, atomic
+    /// with respect to every replica. A charge that arrives before the
+    /// budget was opened is kept ([`LINK_RETENTION`]) and counted once it
+    /// is. `stop` in the answer is set for exactly one charge: the first
+    /// that found the spend past the grant.
+    async fn tree_budget_charge(
+        &self,
+        reference: &str,
+        grew: &BTreeMap<String, u64>,
+    ) -> Result<TreeBudget, StoreError>;
 
     /// The key every replica sharing the store mints references with
     /// ([`crate::link`]): made once, by the first replica to ask (Redis

@@ -93,7 +93,7 @@
 //! Standalone Redis (or a Sentinel-managed primary) only: the scripts touch
 //! task keys they read from the index, which Redis Cluster does not allow.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
 use std::future::Future;
 use std::sync::Arc;
@@ -108,7 +108,8 @@ use redis::{Script, Value};
 use super::clock::{self, StoreClock};
 use super::{
     AccountKey, AccountView, Asker, CancelTarget, ChildLink, LeaseRecord, OwedCancel, Owing,
-    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
+    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, TreeBudget,
+    Unreserved,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
@@ -252,6 +253,9 @@ const OUTBOX_CLAIM: &str = include_str!("lua/outbox_claim.lua");
 /// Links a child under a reference, bounded ([`TaskStore::link_child`]).
 const LINK_CHILD: &str = include_str!("lua/link_child.lua");
 
+/// Charges a parent's budget, once-only stop ([`TaskStore::tree_budget_charge`]).
+const TREE_CHARGE: &str = include_str!("lua/tree_charge.lua");
+
 #[derive(Debug)]
 struct Scripts {
     account_reserve: Script,
@@ -270,6 +274,7 @@ struct Scripts {
     outbox_retry: Script,
     outbox_claim: Script,
     link_child: Script,
+    tree_charge: Script,
 }
 
 /// How long a route's set of handed-back leases lives after its last
@@ -359,6 +364,7 @@ impl Scripts {
             outbox_retry: script(OUTBOX_RETRY),
             outbox_claim: script(OUTBOX_CLAIM),
             link_child: script(LINK_CHILD),
+            tree_charge: script(TREE_CHARGE),
         }
     }
 }
@@ -540,6 +546,11 @@ impl RedisStore {
     /// The Redis key of a child's parent reference and depth.
     pub fn parent_key(&self, reference: &str) -> String {
         format!("{}:parent:{}", self.namespace, pct(reference))
+    }
+
+    /// The Redis key of a parent's budget, kept for its children.
+    pub fn tree_budget_key(&self, reference: &str) -> String {
+        format!("{}:tree-budget:{}", self.namespace, pct(reference))
     }
 
     /// The Redis key of a reference's children (a list of JSON links).
@@ -1354,9 +1365,87 @@ impl TaskStore for RedisStore {
         unhex(&key).ok_or_else(|| StoreError("redis link_key: the stored key is not hex".into()))
     }
 
+    async fn tree_budget_open(
+        &self,
+        reference: &str,
+        grant: &BTreeMap<String, u64>,
+        parent: &ChildLink,
+        expires_ms: u64,
+    ) -> Result<(), StoreError> {
+        let k = self.tree_budget_key(reference);
+        let mut fields: Vec<(String, String)> = grant
+            .iter()
+            .map(|(m, n)| (format!("g:{m}"), n.to_string()))
+            .collect();
+        fields.push(("parent".into(), link_json(parent)));
+        self.call("tree_budget_open", |mut c| async move {
+            redis::pipe()
+                .atomic()
+                .cmd("HSET")
+                .arg(&k)
+                .arg(&fields)
+                .ignore()
+                .cmd("PEXPIREAT")
+                .arg(&k)
+                .arg(expires_ms)
+                .ignore()
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    async fn tree_budget_get(&self, reference: &str) -> Result<Option<TreeBudget>, StoreError> {
+        let k = self.tree_budget_key(reference);
+        let h: Vec<String> = self
+            .call("tree_budget_get", |mut c| async move {
+                redis::cmd("HGETALL").arg(&k).query_async(&mut c).await
+            })
+            .await?;
+        Ok((!h.is_empty()).then(|| tree_budget_of(&h)))
+    }
+
+    async fn tree_budget_charge(
+        &self,
+        reference: &str,
+        grew: &BTreeMap<String, u64>,
+    ) -> Result<TreeBudget, StoreError> {
+        let mut inv = self.scripts.tree_charge.prepare_invoke();
+        inv.key(self.tree_budget_key(reference))
+            .arg(super::LINK_RETENTION.as_millis() as u64);
+        for (m, n) in grew {
+            inv.arg(m).arg(n);
+        }
+        let h: Vec<String> = self
+            .call("tree_budget_charge", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(tree_budget_of(&h))
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
+}
+
+/// A parent's budget from its hash's fields and values (`HGETALL`, plus
+/// the charge script's `stop`); unreadable amounts count as 0.
+fn tree_budget_of(h: &[String]) -> TreeBudget {
+    let mut b = TreeBudget::default();
+    for pair in h.chunks_exact(2) {
+        let (f, v) = (pair[0].as_str(), pair[1].as_str());
+        if let Some(m) = f.strip_prefix("g:") {
+            b.grant.insert(m.to_owned(), v.parse().unwrap_or(0));
+        } else if let Some(m) = f.strip_prefix("s:") {
+            b.spent.insert(m.to_owned(), v.parse().unwrap_or(0));
+        } else if f == "parent" {
+            b.parent = link_of(v);
+        } else if f == "stop" {
+            b.stop = v == "1";
+        }
+    }
+    b
 }
 
 /// A link as Redis keeps it: JSON.

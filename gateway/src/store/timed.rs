@@ -9,6 +9,7 @@
 //! timed too (a Redis call that timed out shows as slow); they are counted
 //! where they are handled, in `a2agw_store_errors_total`.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
@@ -17,11 +18,11 @@ use prometheus::{register_histogram_vec, Histogram, HistogramVec};
 
 use super::{
     AccountView, Asker, CancelTarget, ChildLink, OwedCancel, Owing, Renewal, Reservation,
-    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, Unreserved,
+    StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, TreeBudget, Unreserved,
 };
 
 /// The `op` label values: the [`TaskStore`] method names.
-pub const OPS: [&str; 26] = [
+pub const OPS: [&str; 29] = [
     "update",
     "get",
     "list",
@@ -48,10 +49,13 @@ pub const OPS: [&str; 26] = [
     "children",
     "link_key",
     "parent_of",
+    "tree_budget_open",
+    "tree_budget_get",
+    "tree_budget_charge",
 ];
 
 /// The `op` values of `a2agw_store_errors_total`.
-const ERROR_OPS: [&str; 19] = [
+const ERROR_OPS: [&str; 22] = [
     "update",
     "get",
     "lease_start",
@@ -71,6 +75,9 @@ const ERROR_OPS: [&str; 19] = [
     "context_replica",
     "link_child",
     "children",
+    "tree_budget_open",
+    "tree_budget_get",
+    "tree_budget_charge",
 ];
 
 /// From a memory store's microseconds to a Redis call that timed out.
@@ -294,6 +301,33 @@ impl TaskStore for TimedStore {
 
     async fn link_key(&self) -> Result<Vec<u8>, StoreError> {
         timed!(self, 24, self.inner.link_key())
+    }
+
+    async fn tree_budget_open(
+        &self,
+        reference: &str,
+        grant: &BTreeMap<String, u64>,
+        parent: &ChildLink,
+        expires_ms: u64,
+    ) -> Result<(), StoreError> {
+        timed!(
+            self,
+            26,
+            self.inner
+                .tree_budget_open(reference, grant, parent, expires_ms)
+        )
+    }
+
+    async fn tree_budget_get(&self, reference: &str) -> Result<Option<TreeBudget>, StoreError> {
+        timed!(self, 27, self.inner.tree_budget_get(reference))
+    }
+
+    async fn tree_budget_charge(
+        &self,
+        reference: &str,
+        grew: &BTreeMap<String, u64>,
+    ) -> Result<TreeBudget, StoreError> {
+        timed!(self, 28, self.inner.tree_budget_charge(reference, grew))
     }
 
     fn clock_ms(&self) -> u64 {
