@@ -300,19 +300,26 @@ async fn a_handed_back_child_and_another_tree_are_left_alone() {
 }
 
 /// A parent that completes leaves its running children by default; a route
-/// with `on_parent_completed = "cancel"` takes them with it.
+/// with `on_parent_completed = "cancel"` takes them with it, whether the
+/// parent's completion came on a stream or as a blocking send's answer
+/// (which that setting has read).
 #[tokio::test]
 async fn a_completed_parent_keeps_or_cancels_its_children_as_the_route_says() {
     let (p, c, d) = agents().await;
-    for (extra, want) in [
-        ("", WORKING),
-        ("on_parent_completed = \"cancel\"", CANCELED),
+    for (extra, want, method) in [
+        ("", WORKING, "SendStreamingMessage"),
+        ("", WORKING, "SendMessage"),
+        (
+            "on_parent_completed = \"cancel\"",
+            CANCELED,
+            "SendStreamingMessage",
+        ),
+        ("on_parent_completed = \"cancel\"", CANCELED, "SendMessage"),
     ] {
         let gw = Gateway::start(&routes(&p, &c, &d, extra)).await;
         let before = c.stats().await["task_ids"].as_array().unwrap().len();
         let text = format!("spawn:200@{}/c@work:60000", gw.url);
-        // Streamed: the gateway reads the parent's COMPLETED.
-        let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
+        let body = json!({"jsonrpc": "2.0", "id": "root", "method": method,
             "params": {"message": message(&text)}});
         let r = post_json(&gw.url, "/p", &[], &body).await;
         assert!(r.text().contains("TASK_STATE_COMPLETED"), "{}", r.text());

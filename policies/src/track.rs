@@ -222,13 +222,21 @@ pub fn records_settling(was_settled: bool, state: Option<TaskState>) -> bool {
 /// Whether the gateway reads the answer to a call of `shape`. A stream or
 /// subscription is always read (cascade, leases); a `SendMessage` answer
 /// only when its child gets a lease (`leased`: the caller's grant, or a
-/// poll lease), holds a budget, or runs on one of several workers
-/// (`replicated`: where it ran is recorded): no policy acts on a plain
-/// one, and parsing it would cost every request.
-pub fn reads_answer(shape: Shape, leased: bool, budget: bool, replicated: bool) -> bool {
+/// poll lease), holds a budget, runs on one of several workers
+/// (`replicated`: where it ran is recorded), or its route cancels the
+/// children a completed parent left running (`cancels_completed`: a
+/// blocking send's answer is where its task completes): no policy acts on
+/// a plain one, and parsing it would cost every request.
+pub fn reads_answer(
+    shape: Shape,
+    leased: bool,
+    budget: bool,
+    replicated: bool,
+    cancels_completed: bool,
+) -> bool {
     match shape {
         Shape::Stream | Shape::Resubscribe => true,
-        Shape::Send => leased || budget || replicated,
+        Shape::Send => leased || budget || replicated || cancels_completed,
         Shape::Poll => false,
     }
 }
@@ -537,19 +545,20 @@ mod tests {
     fn which_answers_are_read() {
         #[rustfmt::skip]
         let table = [
-            (Shape::Send, false, false, false, false),
-            (Shape::Send, true, false, false, true),
-            (Shape::Send, false, true, false, true),
-            (Shape::Send, false, false, true, true),
-            (Shape::Stream, false, false, false, true),
-            (Shape::Resubscribe, false, false, false, true),
-            (Shape::Poll, true, true, true, false),
+            (Shape::Send, false, false, false, false, false),
+            (Shape::Send, true, false, false, false, true),
+            (Shape::Send, false, true, false, false, true),
+            (Shape::Send, false, false, true, false, true),
+            (Shape::Send, false, false, false, true, true),
+            (Shape::Stream, false, false, false, false, true),
+            (Shape::Resubscribe, false, false, false, false, true),
+            (Shape::Poll, true, true, true, true, false),
         ];
-        for (shape, lease, budget, replicated, want) in table {
+        for (shape, lease, budget, replicated, completed, want) in table {
             assert_eq!(
-                reads_answer(shape, lease, budget, replicated),
+                reads_answer(shape, lease, budget, replicated, completed),
                 want,
-                "{shape:?} {lease} {budget} {replicated}"
+                "{shape:?} {lease} {budget} {replicated} {completed}"
             );
         }
     }

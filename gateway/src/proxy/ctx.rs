@@ -308,8 +308,19 @@ impl Ctx {
     pub fn tracked_shape(&self) -> Option<Shape> {
         let shape = self.req.shape()?;
         let leased = self.lease.grant.is_some() || self.lease.poll_ms.is_some();
-        let replicated = self.route.as_ref().is_some_and(|r| r.replicas.is_some());
-        policies::track::reads_answer(shape, leased, self.budget.is_some(), replicated)
-            .then_some(shape)
+        let (replicated, cancels_completed) = self.route.as_ref().map_or((false, false), |r| {
+            (
+                r.replicas.is_some(),
+                r.cfg.on_parent_completed == policies::delegation::OnParentCompleted::Cancel,
+            )
+        });
+        policies::track::reads_answer(
+            shape,
+            leased,
+            self.budget.is_some(),
+            replicated,
+            cancels_completed,
+        )
+        .then_some(shape)
     }
 }
