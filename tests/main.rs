@@ -31,6 +31,7 @@ mod reload;
 mod replica_dns;
 mod replicas;
 mod security;
+mod sentinel;
 mod shutdown;
 mod sse_recorded;
 mod store_conformance;

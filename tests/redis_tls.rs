@@ -6,7 +6,6 @@
 //! TLS and requires a password, with a CA and certificates made for the
 //! test (`harness::tls::PrivateCa`).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
@@ -128,30 +127,6 @@ async fn replicas_on_tls_redis_share_leases() {
     drop(streams);
 }
 
-/// Runs the gateway binary with `cfg` as its config file (and `env`) until
-/// it exits, which it must within 30 s (scaled): its exit code and stderr.
-async fn run_to_exit(cfg: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let path = scratch_dir("redis-tls-fail").join("gateway.toml");
-    std::fs::write(&path, cfg).unwrap();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
-        .arg("--config")
-        .arg(&path)
-        .env("A2A_GATEWAY_LOG", "debug")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn a2a-gateway");
-    let out = tokio::time::timeout(scaled_secs(30), child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("a2a-gateway still running after {:?}", scaled_secs(30)))
-        .expect("a2a-gateway's output");
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.code(), text)
-}
-
 /// A gateway on `rediss://` without the CA that signed the server's
 /// certificate (the system's roots do not have it) stops at start with exit
 /// status 1 and one line saying the certificate is not trusted; neither
@@ -182,7 +157,7 @@ async fn rediss_without_the_ca_fails_at_start_saying_why() {
             "[server]\nlisten = \"127.0.0.1:{}\"\n\n[store]\n{store}\n\n[[routes]]\nname = \"w\"\nworker = \"http://127.0.0.1:1\"\n",
             free_port()
         );
-        let (code, out) = run_to_exit(&cfg, &env).await;
+        let (code, out) = crate::harness::gateway::run_config_to_exit(&cfg, &env).await;
         assert_eq!(code, Some(1), "{store}:\n{out}");
         let lines: Vec<&str> = out
             .lines()
@@ -250,7 +225,8 @@ async fn rediss_with_a_client_certificate() {
         free_port(),
         leased_route(&worker)
     );
-    let (code, out) = run_to_exit(&cfg, &[(PASSWORD_ENV, &password)]).await;
+    let (code, out) =
+        crate::harness::gateway::run_config_to_exit(&cfg, &[(PASSWORD_ENV, &password)]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.lines()

@@ -1579,7 +1579,14 @@ pub(crate) fn parse_store_url(s: &str) -> Result<StoreKind, String> {
         return Ok(StoreKind::Memory);
     }
     let shown = format!("{:?}", crate::redact_url(s));
-    let shape = || format!("expected \"memory://\" or a redis:// or rediss:// URL, found {shown}");
+    if let Some(parsed) = crate::SentinelUrl::parse(s) {
+        return parsed
+            .map(|_| StoreKind::Redis { url: s.to_owned() })
+            .map_err(|why| format!("invalid store URL {shown}: {why}"));
+    }
+    let shape = || {
+        format!("expected \"memory://\" or a redis://, rediss:// or redis+sentinel:// URL, found {shown}")
+    };
     let u = split_url(s).map_err(|e| match e {
         UrlError::Shape => shape(),
         UrlError::Invalid(why) => format!("invalid store URL {shown}: {why}"),

@@ -678,9 +678,9 @@ fn single_errors() {
         ("[server]\npublic_url = \"https://x/?a=b\"\n", "2:14: server.public_url: a public URL has no user info, query or fragment, found \"https://x/?a=b\""),
         ("[server]\nadmin = \"127.0.0.1:8080\"\n", "2:9: server.admin: the admin listener must not share an address with listen"),
         // bad values: store
-        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// or rediss:// URL, found \"postgres://db\""),
+        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis://, rediss:// or redis+sentinel:// URL, found \"postgres://db\""),
         ("[store]\nurl = \"rediss://:hunter2@cache:6380/0#insecure\"\n", "2:7: store.url: a redis URL has no fragment, found \"rediss://:***@cache:6380/0#insecure\""),
-        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis:// or rediss:// URL, found \"postgres://u:***@db\""),
+        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis://, rediss:// or redis+sentinel:// URL, found \"postgres://u:***@db\""),
         ("[store]\nurl = \"redis://:hunter2@cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://:***@cache/x\""),
         ("[store]\nurl = \"redis://cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://cache/x\""),
         ("[store]\nurl = \"redis://cache:99999\"\n", "2:7: store.url: invalid store URL \"redis://cache:99999\": invalid port \"99999\""),
@@ -1573,4 +1573,50 @@ fn worker_replicas() {
         let errs = errors(&route(keys));
         assert!(errs.len() == 1 && errs[0].contains(why), "{keys}: {errs:?}");
     }
+}
+
+#[test]
+fn sentinel_urls() {
+    use crate::SentinelUrl;
+    assert_eq!(SentinelUrl::parse("redis://cache:6379"), None);
+    assert_eq!(
+        SentinelUrl::parse("redis+sentinel://:pw@s1,s2:26380/mymaster/2"),
+        Some(Ok(SentinelUrl {
+            sentinels: vec!["s1:26379".into(), "s2:26380".into()],
+            master: "mymaster".into(),
+            userinfo: Some(":pw".into()),
+            db: Some(2),
+        }))
+    );
+    let u = SentinelUrl::parse("redis+sentinel://127.0.0.1:1/m")
+        .unwrap()
+        .unwrap();
+    assert_eq!(u.data_url("10.0.0.9", 6380), "redis://10.0.0.9:6380");
+    for bad in [
+        "redis+sentinel://s1",
+        "redis+sentinel://s1/",
+        "redis+sentinel://s1:x/m",
+        "redis+sentinel://s1,/m",
+        "redis+sentinel://s1/m/x",
+        "redis+sentinel://s1/m?db=1",
+    ] {
+        assert!(
+            matches!(SentinelUrl::parse(bad), Some(Err(_))),
+            "{bad}: {:?}",
+            SentinelUrl::parse(bad)
+        );
+    }
+    // Through the config: accepted, and a bad one reported without its
+    // password.
+    let route = "[[routes]]\nname = \"a\"\npath_prefix = \"/a\"\nworker = \"http://127.0.0.1:1\"\n";
+    let c = crate::parse(&format!(
+        "[store]\nurl = \"redis+sentinel://s1:26379/m\"\n\n{route}"
+    ));
+    assert!(c.is_ok(), "{c:?}");
+    let e = crate::parse(&format!(
+        "[store]\nurl = \"redis+sentinel://:hunter2@s1\"\n\n{route}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("sentinel") && !e.contains("hunter2"), "{e}");
 }

@@ -92,6 +92,91 @@ pub fn redact_url(s: &str) -> String {
     format!("{scheme}://{user}{}", &rest[at..])
 }
 
+/// A Redis store found through Sentinel:
+/// `redis+sentinel://[user:password@]host[:port][,host[:port]...]/master[/db]`.
+/// The user info and database are the data nodes'; the sentinels are asked
+/// (over plain TCP, without a password) which node is the primary of
+/// `master`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// The sentinels, `host:port` (port 26379 unless given).
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the primary by.
+    pub master: String,
+    pub userinfo: Option<String>,
+    pub db: Option<u32>,
+}
+
+/// The default port of a sentinel.
+pub const SENTINEL_PORT: u16 = 26379;
+
+impl SentinelUrl {
+    /// Reads `s`; `None` when it is not a `redis+sentinel://` URL at all,
+    /// `Some(Err)` with why a sentinel URL is malformed (no password in it).
+    pub fn parse(s: &str) -> Option<Result<SentinelUrl, String>> {
+        let rest = s.strip_prefix("redis+sentinel://")?;
+        Some(Self::parse_rest(rest))
+    }
+
+    fn parse_rest(rest: &str) -> Result<SentinelUrl, String> {
+        if rest.contains(['?', '#']) {
+            return Err("a sentinel URL has no query or fragment".into());
+        }
+        let (authority, path) = rest.split_once('/').ok_or(
+            "a sentinel URL names the primary after its sentinels: redis+sentinel://host:26379/mymaster",
+        )?;
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_owned()), h),
+            None => (None, authority),
+        };
+        let mut sentinels = Vec::new();
+        for h in hosts.split(',') {
+            let (host, port) = match h.rsplit_once(':') {
+                Some((host, p)) => (
+                    host,
+                    p.parse::<u16>()
+                        .map_err(|_| format!("sentinel {h:?}: the port is not a number"))?,
+                ),
+                None => (h, SENTINEL_PORT),
+            };
+            if host.is_empty() || !host.chars().all(url_char) {
+                return Err(format!("sentinel {h:?}: not a host[:port]"));
+            }
+            sentinels.push(format!("{host}:{port}"));
+        }
+        let (master, db) = match path.split_once('/') {
+            Some((m, d)) => (
+                m,
+                Some(d.parse::<u32>().map_err(|_| {
+                    format!("the database after the primary's name is a number, found {d:?}")
+                })?),
+            ),
+            None => (path, None),
+        };
+        if master.is_empty() || !master.chars().all(url_char) {
+            return Err("a sentinel URL names the primary after its sentinels: redis+sentinel://host:26379/mymaster".into());
+        }
+        Ok(SentinelUrl {
+            sentinels,
+            master: master.to_owned(),
+            userinfo,
+            db,
+        })
+    }
+
+    /// The `redis://` URL of the primary at `host:port`, with this URL's
+    /// user info and database.
+    pub fn data_url(&self, host: &str, port: u16) -> String {
+        let user = self
+            .userinfo
+            .as_ref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        let db = self.db.map(|d| format!("/{d}")).unwrap_or_default();
+        format!("redis://{user}{host}:{port}{db}")
+    }
+}
+
 /// A URL taken apart; `scheme` and `host` are lowercase.
 #[derive(Debug)]
 pub(crate) struct UrlParts<'a> {

@@ -85,6 +85,12 @@ counter!(
     &["route", "outcome"]
 );
 counter!(
+    STORE_FAILOVERS,
+    "a2agw_store_failovers_total",
+    "Times the Redis store moved its connection to a new primary that Sentinel named, by the primary's name (master).",
+    &["master"]
+);
+counter!(
     TREE_CANCELS,
     "a2agw_tree_cancels_total",
     "Children of ended parents, by cause (parent_canceled, parent_failed, parent_completed) and outcome: canceled, not_cancelable, not_found, failed, not_owed (another replica carries it), elsewhere, settled (left alone: ended or handed back), lost (its route or replica gone).",

@@ -308,3 +308,32 @@ impl Gateway {
             .map(|s| s.expect("wait for the gateway"))
     }
 }
+
+/// Runs the gateway binary with `cfg` as its config file (and `env`) until
+/// it exits, which it must within 30 s (scaled): its exit code and stderr.
+pub async fn run_config_to_exit(cfg: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let path = scratch_dir("run-to-exit").join("gateway.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_a2a-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .env("A2A_GATEWAY_LOG", "debug")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn a2a-gateway");
+    let out = tokio::time::timeout(super::scaled_secs(30), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "a2a-gateway still running after {:?}",
+                super::scaled_secs(30)
+            )
+        })
+        .expect("a2a-gateway's output");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}

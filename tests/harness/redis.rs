@@ -18,6 +18,8 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     tls: Option<RedisTls>,
+    /// More `redis-server` arguments (`--replicaof`).
+    extra: Vec<String>,
 }
 
 /// How [`RedisServer::start_tls`] runs a server: TLS only (no plain port),
@@ -57,6 +59,7 @@ impl RedisServer {
             child: None,
             dir: scratch_dir("redis"),
             tls,
+            extra: Vec::new(),
         };
         server.spawn().await;
         server
@@ -163,6 +166,7 @@ impl RedisServer {
                 .args(["--save", ""])
                 .args(["--appendonly", "no"])
                 .args(["--daemonize", "no"])
+                .args(&self.extra)
                 .arg("--dir")
                 .arg(&self.dir)
                 .stdin(Stdio::null())
@@ -229,6 +233,168 @@ impl RedisServer {
             _ => false,
         }
     }
+}
+
+/// The name the sentinels of a [`SentinelSet`] monitor its primary by.
+pub const MASTER: &str = "mymaster";
+
+/// A primary, its replica, and three sentinels (quorum 2) watching them as
+/// [`MASTER`], all on loopback; killed on drop.
+#[derive(Debug)]
+pub struct SentinelSet {
+    pub primary: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<RedisServer>,
+}
+
+impl SentinelSet {
+    /// Starts them, and waits until every sentinel knows the replica (a
+    /// failover needs one to promote).
+    pub async fn start() -> SentinelSet {
+        let primary = RedisServer::start().await;
+        let mut replica = RedisServer {
+            port: free_port(),
+            child: None,
+            dir: scratch_dir("redis-replica"),
+            tls: None,
+            extra: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.port.to_string(),
+            ],
+        };
+        replica.spawn().await;
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let dir = scratch_dir("sentinel");
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nsentinel monitor {MASTER} 127.0.0.1 {} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 1000\n\
+                     sentinel failover-timeout {MASTER} 10000\n",
+                    primary.port
+                ),
+            )
+            .unwrap();
+            let mut s = RedisServer {
+                port,
+                child: None,
+                dir,
+                tls: None,
+                extra: Vec::new(),
+            };
+            s.spawn_sentinel(&conf).await;
+            sentinels.push(s);
+        }
+        let set = SentinelSet {
+            primary,
+            replica,
+            sentinels,
+        };
+        for s in &set.sentinels {
+            let deadline = Instant::now() + super::scaled_secs(20);
+            loop {
+                let out = s.cli(&["SENTINEL", "replicas", MASTER]).await;
+                if names_port(&out, set.replica.port) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sentinel {} does not know the replica:\n{}",
+                    s.port,
+                    s.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        set
+    }
+
+    /// `redis+sentinel://` with the three sentinels, database 0.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}/0", hosts.join(","))
+    }
+
+    /// The port the sentinels name as the primary's now (the first's word).
+    pub async fn primary_port(&self) -> u16 {
+        let out = self.sentinels[0]
+            .cli(&["SENTINEL", "get-master-addr-by-name", MASTER])
+            .await;
+        let text = String::from_utf8_lossy(&out);
+        text.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no primary named: {text:?}"))
+    }
+
+    /// Forces a failover (`SENTINEL FAILOVER`, no agreement needed) and
+    /// waits until every sentinel names the replica as the primary.
+    pub async fn fail_over(&self) {
+        self.sentinels[0]
+            .cli(&["SENTINEL", "FAILOVER", MASTER])
+            .await;
+        let deadline = Instant::now() + super::scaled_secs(20);
+        for s in &self.sentinels {
+            loop {
+                let out = s
+                    .cli(&["SENTINEL", "get-master-addr-by-name", MASTER])
+                    .await;
+                if names_port(&out, self.replica.port) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sentinel {} did not move to the replica:\n{}",
+                    s.port,
+                    s.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+impl RedisServer {
+    /// Runs `redis-server CONF --sentinel` and waits until it answers `PING`.
+    async fn spawn_sentinel(&mut self, conf: &Path) {
+        let log = std::fs::File::create(self.dir.join("redis.log")).expect("sentinel log file");
+        let child = Command::new("redis-server")
+            .arg(conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start redis-server --sentinel");
+        self.child = Some(child);
+        let deadline = Instant::now() + super::scaled_secs(10);
+        while !ping(self.port).await {
+            assert!(
+                Instant::now() < deadline,
+                "sentinel on port {} did not answer PING:\n{}",
+                self.port,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Whether `redis-cli` output (one field per line) has `port` as a field.
+fn names_port(out: &[u8], port: u16) -> bool {
+    let port = port.to_string();
+    String::from_utf8_lossy(out)
+        .lines()
+        .any(|l| l.trim() == port)
 }
 
 /// Whether a Redis server on `port` answers `PING` with `+PONG`.

@@ -371,7 +371,9 @@ impl Scripts {
 
 /// Tracked tasks in Redis, shared by every replica on the same namespace.
 pub struct RedisStore {
-    conn: ConnectionManager,
+    /// The primary's connection; swapped when Sentinel names another
+    /// ([`follow_primary`]).
+    conn: Arc<std::sync::RwLock<ConnectionManager>>,
     namespace: String,
     leases_key: String,
     /// Lapsed leases handed back for another claim, as versions before the
@@ -444,20 +446,24 @@ impl RedisStore {
         namespace: &str,
         replica: &str,
     ) -> Result<RedisStore, StoreError> {
-        let client = client(url, settings)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_ATTEMPT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(100))
-            .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
-        .map_err(|e| StoreError(format!("redis: cannot connect: {}", connect_error(&e))))?;
+        let (conn, follow) = match config::SentinelUrl::parse(url) {
+            None => (manager(url, settings).await?, None),
+            Some(Err(why)) => return Err(StoreError(format!("redis: bad url: {why}"))),
+            Some(Ok(sentinels)) => {
+                let primary = primary_of(&sentinels).await?;
+                let url = sentinels.data_url(&primary.0, primary.1);
+                (manager(&url, settings).await?, Some((sentinels, primary)))
+            }
+        };
+        let conn = Arc::new(std::sync::RwLock::new(conn));
+        if let Some((sentinels, primary)) = follow {
+            tokio::spawn(follow_primary(
+                Arc::downgrade(&conn),
+                sentinels,
+                primary,
+                settings.clone(),
+            ));
+        }
         let replica = pct(&format!("{replica}@{}", super::now_ms()));
         let store = RedisStore {
             conn,
@@ -636,12 +642,111 @@ impl RedisStore {
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
-        match tokio::time::timeout(CALL_TIMEOUT, f(self.conn.clone())).await {
+        let conn = self
+            .conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match tokio::time::timeout(CALL_TIMEOUT, f(conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError(format!("redis {op}: {e}"))),
             Err(_) => Err(StoreError(format!(
                 "redis {op}: no answer within {CALL_TIMEOUT:?}"
             ))),
+        }
+    }
+}
+
+/// A connection to the server at `url` that reconnects by itself.
+async fn manager(url: &str, settings: &config::Store) -> Result<ConnectionManager, StoreError> {
+    let client = client(url, settings)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_ATTEMPT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(100))
+        .set_max_delay(Duration::from_millis(500));
+    tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
+    .map_err(|e| StoreError(format!("redis: cannot connect: {}", connect_error(&e))))
+}
+
+/// How often a Sentinel-backed store asks which node is the primary: a
+/// failover is followed within this after the sentinels agreed on it.
+pub const SENTINEL_POLL: Duration = Duration::from_millis(500);
+
+/// The primary the first sentinel that answers names (`host`, `port`).
+async fn primary_of(s: &config::SentinelUrl) -> Result<(String, u16), StoreError> {
+    let mut last = String::new();
+    for addr in &s.sentinels {
+        let asked = async {
+            let client = redis::Client::open(format!("redis://{addr}"))?;
+            let mut c = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&s.master)
+                .query_async::<Option<(String, u16)>>(&mut c)
+                .await
+        };
+        match tokio::time::timeout(CONNECT_ATTEMPT_TIMEOUT, asked).await {
+            Ok(Ok(Some(primary))) => return Ok(primary),
+            Ok(Ok(None)) => last = format!("sentinel {addr} monitors no {:?}", s.master),
+            Ok(Err(e)) => last = format!("sentinel {addr}: {e}"),
+            Err(_) => {
+                last = format!("sentinel {addr}: no answer within {CONNECT_ATTEMPT_TIMEOUT:?}")
+            }
+        }
+    }
+    Err(StoreError(format!(
+        "redis: no sentinel named the primary ({last})"
+    )))
+}
+
+/// Follows a Sentinel failover: asks the sentinels every
+/// [`SENTINEL_POLL`] which node is the primary, and moves the store's
+/// connection to a new one. Calls in flight on the old connection fail
+/// (as any store error); the next go to the new primary. Ends with the
+/// store.
+async fn follow_primary(
+    conn: std::sync::Weak<std::sync::RwLock<ConnectionManager>>,
+    sentinels: config::SentinelUrl,
+    mut primary: (String, u16),
+    settings: config::Store,
+) {
+    loop {
+        tokio::time::sleep(SENTINEL_POLL).await;
+        if conn.strong_count() == 0 {
+            return;
+        }
+        let now = match primary_of(&sentinels).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "the sentinels could not be asked for the Redis primary");
+                continue;
+            }
+        };
+        if now == primary {
+            continue;
+        }
+        match manager(&sentinels.data_url(&now.0, now.1), &settings).await {
+            Ok(m) => {
+                let Some(conn) = conn.upgrade() else { return };
+                *conn
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = m;
+                metrics::STORE_FAILOVERS
+                    .with_label_values(&[&sentinels.master])
+                    .inc();
+                tracing::warn!(from = %format!("{}:{}", primary.0, primary.1), to = %format!("{}:{}", now.0, now.1), master = %sentinels.master, "the Redis primary moved (Sentinel); the store follows it");
+                primary = now;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the new Redis primary Sentinel names cannot be reached yet");
+            }
         }
     }
 }
