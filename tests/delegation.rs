@@ -784,78 +784,24 @@ async fn a_child_cannot_outlive_its_parents_deadline() {
     );
 }
 
-/// A child whose send carries no grant spends from its parent's budget:
-/// it is granted what the parent has left (100 tokens), and what it
-/// reports spending is charged to the parent, whose grant it exhausts: the
-/// gateway stops the parent (which spent nothing itself) for it.
-#[tokio::test]
-async fn a_childs_spend_is_charged_to_its_parent() {
-    let (p, c, d) = agents().await;
-    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
-    let mut msg = message(&format!("await:60000@{}/c@spend:60000:tokens=30", gw.url));
-    msg["metadata"] = json!({"a2a-rust.com/budget": {"meters": {"tokens": 100}}});
-    msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
-    let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
-        "params": {"message": msg}});
-    let _open = crate::harness::http::open_post_json(&gw.url, "/p", &body).await;
-    let c_task = child_of(&p).await;
-    let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
-    let got = post_json(
-        &c.url(),
-        "/",
-        &[],
-        &json!({"jsonrpc": "2.0", "id": "h", "method": "GetTask",
-            "params": {"id": c_task, "historyLength": 10}}),
-    )
-    .await
-    .json();
-    let granted = &got["result"]["history"][0]["metadata"]["a2a-rust.com/budget"];
-    assert_eq!(granted["meters"]["tokens"].as_f64(), Some(100.0), "{got}");
-    // 30 tokens every 100 ms: past 100 at the fourth report.
-    cancelled(
-        &p,
-        &p_task,
-        scaled_secs(3),
-        "parent charged past its grant",
-        &gw,
-    )
-    .await;
-    cancelled(&c, &c_task, per_hop(), "child", &gw).await;
-    assert!(
-        gw.counter(
-            "a2agw_budget_exhausted_total",
-            &["route=\"p\"", "by=\"meter\""]
-        )
-        .await
-            >= 1.0,
-        "{}",
-        gw.metrics().await
-    );
-}
-
-/// The same across gateway replicas on one Redis: the parent's budget is
-/// kept in the store (its reference says so), the child's send through
-/// replica B inherits what it has left, and B, which sees the child's
-/// spend, stops the parent A forwarded: found by its message, cancelled
-/// once, its child with it.
-#[tokio::test]
-async fn a_childs_spend_on_another_replica_is_charged_to_its_parent() {
-    let redis = RedisServer::start().await;
-    let (p, c, d) = agents().await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n{}",
-        redis.url(),
-        routes(&p, &c, &d, "")
-    );
-    let a = Gateway::start(&cfg).await;
-    let b = Gateway::start(&cfg).await;
+/// P, through gateway `a`, holds a 100-token grant and awaits a child it
+/// sends through `b` without a grant, which reports 30 tokens every 100 ms:
+/// the child is granted what P has left (100 tokens), and its spend, which
+/// `b` sees, is charged to P, whose grant it exhausts: `b` stops P (which
+/// spent nothing itself), once, and the child with it.
+async fn a_child_spends_its_parents_budget(
+    a: &Gateway,
+    b: &Gateway,
+    p: &PythonWorker,
+    c: &PythonWorker,
+) {
     let mut msg = message(&format!("await:60000@{}/c@spend:60000:tokens=30", b.url));
     msg["metadata"] = json!({"a2a-rust.com/budget": {"meters": {"tokens": 100}}});
     msg["extensions"] = json!(["https://a2a-rust.com/extensions/budget/v1"]);
     let body = json!({"jsonrpc": "2.0", "id": "root", "method": "SendStreamingMessage",
         "params": {"message": msg}});
     let _open = crate::harness::http::open_post_json(&a.url, "/p", &body).await;
-    let c_task = child_of(&p).await;
+    let c_task = child_of(p).await;
     let p_task = p.stats().await["task_ids"][0].as_str().unwrap().to_owned();
     let got = post_json(
         &c.url(),
@@ -870,22 +816,19 @@ async fn a_childs_spend_on_another_replica_is_charged_to_its_parent() {
     assert_eq!(
         granted["meters"]["tokens"].as_f64(),
         Some(100.0),
-        "{got}\nB:\n{}",
+        "{got}\n{}",
         b.log_text()
     );
-    // 30 tokens every 100 ms: past 100 at the fourth report, seen by B.
-    wait_for_state(&p.url(), None, &p_task, CANCELED, scaled_secs(3))
-        .await
-        .unwrap_or_else(|s| {
-            panic!(
-                "parent not stopped: {s:?}\nA:\n{}\nB:\n{}",
-                a.log_text(),
-                b.log_text()
-            )
-        });
-    wait_for_state(&c.url(), None, &c_task, CANCELED, per_hop())
-        .await
-        .unwrap_or_else(|s| panic!("child not cancelled: {s:?}\nB:\n{}", b.log_text()));
+    // 30 tokens every 100 ms: past 100 at the fourth report.
+    cancelled(
+        p,
+        &p_task,
+        scaled_secs(3),
+        "parent charged past its grant",
+        b,
+    )
+    .await;
+    cancelled(c, &c_task, per_hop(), "child", b).await;
     assert!(
         b.counter(
             "a2agw_budget_exhausted_total",
@@ -897,7 +840,33 @@ async fn a_childs_spend_on_another_replica_is_charged_to_its_parent() {
         b.metrics().await
     );
     tokio::time::sleep(scaled_ms(300)).await;
-    assert_eq!(cancels(&p).await, 1, "the parent cancelled once");
+    assert_eq!(cancels(p).await, 1, "the parent cancelled once");
+}
+
+/// Parent and child through one gateway (the memory store).
+#[tokio::test]
+async fn a_childs_spend_is_charged_to_its_parent() {
+    let (p, c, d) = agents().await;
+    let gw = Gateway::start(&routes(&p, &c, &d, "")).await;
+    a_child_spends_its_parents_budget(&gw, &gw, &p, &c).await;
+}
+
+/// The parent's send through gateway replica A, the child's through B, on
+/// one Redis: the parent's budget is kept in the store (its reference says
+/// so), B grants the child what it has left and, seeing its spend, stops
+/// the parent A forwarded, found by its message.
+#[tokio::test]
+async fn a_childs_spend_on_another_replica_is_charged_to_its_parent() {
+    let redis = RedisServer::start().await;
+    let (p, c, d) = agents().await;
+    let cfg = format!(
+        "[store]\nurl = \"{}\"\n\n{}",
+        redis.url(),
+        routes(&p, &c, &d, "")
+    );
+    let a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    a_child_spends_its_parents_budget(&a, &b, &p, &c).await;
 }
 
 /// A route that strips the trace context (`strip_headers`) keeps it from

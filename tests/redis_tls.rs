@@ -106,21 +106,8 @@ async fn replicas_on_tls_redis_share_leases() {
         );
     }
     a.kill().await;
-    for id in &ids {
-        worker
-            .wait_state(None, id, CANCELED, Duration::from_secs(2) + scaled_ms(1000))
-            .await
-            .unwrap_or_else(|s| {
-                panic!("{id} not canceled by B ({s:?}); B's log:\n{}", b.log_text())
-            });
-    }
-    tokio::time::sleep(scaled_ms(500)).await;
-    assert_eq!(
-        worker.cancels().await,
-        3,
-        "each child canceled exactly once"
-    );
-    assert_eq!(b.counter("a2agw_leases_lapsed_total", &[]).await, 3.0);
+    crate::harness::worker::survivor_cancels_each_once(&worker, &ids, Duration::from_secs(2), &b)
+        .await;
     for (name, log) in [("A", a.log_text()), ("B", b.log_text())] {
         assert!(!log.contains(&password), "{name}'s log shows the password");
     }

@@ -83,21 +83,8 @@ async fn leases_lapse_into_cancels_after_a_sentinel_failover() {
         );
     }
     a.kill().await;
-    for id in &ids {
-        worker
-            .wait_state(None, id, CANCELED, Duration::from_secs(4) + scaled_ms(1000))
-            .await
-            .unwrap_or_else(|s| {
-                panic!("{id} not canceled by B ({s:?}); B's log:\n{}", b.log_text())
-            });
-    }
-    tokio::time::sleep(scaled_ms(500)).await;
-    assert_eq!(
-        worker.cancels().await,
-        6,
-        "each child canceled exactly once"
-    );
-    assert_eq!(b.counter("a2agw_leases_lapsed_total", &[]).await, 6.0);
+    crate::harness::worker::survivor_cancels_each_once(&worker, &ids, Duration::from_secs(4), &b)
+        .await;
     drop(streams);
 }
 

@@ -681,7 +681,6 @@ impl Shared {
 }
 
 impl ChildBudget {
-    /// The grant the child's message carries.
     /// Makes this budget findable by the delegation reference of its
     /// request (hex), for the children it starts on this replica.
     /// On a store shared with other replicas, a budget with meters is
@@ -732,6 +731,7 @@ impl ChildBudget {
         self.shared.deadline_ms
     }
 
+    /// The grant the child's message carries.
     pub fn grant(&self) -> &Grant {
         &self.shared.grant
     }

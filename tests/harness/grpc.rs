@@ -454,7 +454,12 @@ impl RawGrpc {
         metadata: &[(&str, &str)],
     ) -> RawCall {
         let mut call = self.open(method, metadata).await;
-        call.send(frame(&request.encode_to_vec()), true);
+        // A server may answer before it read the request (a gateway's
+        // refusal, trailers-only) and reset the stream (RFC 9113 §8.1):
+        // then the body has nowhere to go, and the answer says the rest.
+        if let Err(e) = call.send.send_data(frame(&request.encode_to_vec()), true) {
+            call.error = Some(format!("request body not sent: {e}"));
+        }
         call
     }
 

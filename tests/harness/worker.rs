@@ -214,3 +214,40 @@ pub async fn subscribe(base: &str, bind: Bind, tenant: Option<&str>, id: &str) -
         }
     }
 }
+
+/// After the gateway replica that renewed the leases of `ids` died: each
+/// child is cancelled by `survivor` within `ttl` + 1 s (scaled), exactly
+/// once (the worker's own count), and `survivor` counts each lapse.
+pub async fn survivor_cancels_each_once(
+    worker: &Worker,
+    ids: &[String],
+    ttl: Duration,
+    survivor: &super::gateway::Gateway,
+) {
+    for id in ids {
+        worker
+            .wait_state(
+                None,
+                id,
+                "TASK_STATE_CANCELED",
+                ttl + super::scaled_ms(1000),
+            )
+            .await
+            .unwrap_or_else(|s| {
+                panic!(
+                    "{id} not canceled by the survivor ({s:?}); its log:\n{}",
+                    survivor.log_text()
+                )
+            });
+    }
+    tokio::time::sleep(super::scaled_ms(500)).await;
+    assert_eq!(
+        worker.cancels().await,
+        ids.len() as u64,
+        "each child canceled exactly once"
+    );
+    assert_eq!(
+        survivor.counter("a2agw_leases_lapsed_total", &[]).await,
+        ids.len() as f64
+    );
+}
