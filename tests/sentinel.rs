@@ -11,7 +11,6 @@ use crate::harness::redis::SentinelSet;
 use crate::harness::worker::{send_stream, Bind, Kind, Worker};
 use crate::harness::{scaled_ms, scaled_secs};
 
-const CANCELED: &str = "TASK_STATE_CANCELED";
 const WORKING: &str = "TASK_STATE_WORKING";
 
 /// Leases of 4 s: longer than a failover's gap in renewals.
