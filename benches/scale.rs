@@ -197,7 +197,8 @@ async fn run(n: usize) -> Row {
                     done += s
                         .lease_renew_many(batch, now_ms())
                         .await
-                        .expect("lease_renew_many");
+                        .expect("lease_renew_many")
+                        .renewed;
                 }
             }
             done

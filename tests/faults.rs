@@ -280,6 +280,49 @@ async fn gateway_recovers_after_redis_restarts_empty() {
     assert_eq!(worker.cancels(), 2);
 }
 
+/// A lease the store lost while its caller still streams (Redis without
+/// persistence restarted empty: every write lost, as an asynchronous
+/// failover loses its last ones): replica A, which holds it, finds the task
+/// gone at its next renewal and starts the lease again; so when A dies
+/// too, replica B cancels the child at its lapse, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_the_store_lost_is_started_again() {
+    let mut redis = RedisServer::start().await;
+    let worker = RustWorker::start(RustWorkerOptions::default()).await;
+    let cfg = store_route(&redis.url(), &worker.url(), "lease = { ttl = \"2s\" }");
+    let mut a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    let (_open, id) = send_stream(&a.url, Bind::JsonRpc, None, "idle:60000").await;
+    tokio::time::sleep(scaled_ms(300)).await;
+    redis.restart().await;
+    let deadline = Instant::now() + scaled_secs(10);
+    while a
+        .counter("a2agw_lease_renewals_total", &["outcome=\"restarted\""])
+        .await
+        < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "A did not start the lost lease again:\n{}",
+            a.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(worker_state(&worker, &id).await.as_deref(), Some(WORKING));
+    a.kill().await;
+    crate::harness::http::wait_for_state(
+        &worker.url(),
+        None,
+        &id,
+        CANCELED,
+        Duration::from_secs(2) + scaled_ms(2000),
+    )
+    .await
+    .unwrap_or_else(|st| panic!("not cancelled at its lapse ({st:?}):\n{}", b.log_text()));
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(worker.cancels(), 1);
+}
+
 /// How many leased children the three-replica test holds open.
 const REPLICA_CHILDREN: usize = 1000;
 

@@ -66,17 +66,31 @@ struct HeldLease {
     /// ([`policies::owner`]) keep it renewed. All `Unverified` on routes
     /// without `[routes.auth]`.
     askers: Vec<Asker>,
+    /// The task's record as its first sight wrote it (its cancel target,
+    /// owner, message): written again if the store loses the task.
+    record: Option<TaskUpdate>,
 }
 
 impl Held {
-    fn hold(&mut self, key: TaskKey, ttl_ms: u64, now: u64, asker: Asker) {
+    fn hold(
+        &mut self,
+        key: TaskKey,
+        ttl_ms: u64,
+        now: u64,
+        asker: Asker,
+        record: Option<TaskUpdate>,
+    ) {
         let due = now + lease::renew_every_ms(ttl_ms);
         let h = self.leases.entry(key).or_insert(HeldLease {
             ttl_ms,
             due,
             holders: 0,
             askers: Vec::new(),
+            record: None,
         });
+        if h.record.is_none() {
+            h.record = record;
+        }
         h.holders = h.holders.saturating_add(1);
         h.askers.push(asker);
         // The shorter TTL's renewals keep both holders' leases alive.
@@ -101,6 +115,13 @@ impl Held {
     /// The keys due for renewal at `now`, each moved to its next due time,
     /// with the holders that must be the task's owner to renew it (empty:
     /// a holder on a route without auth, which always renews).
+    /// A held lease's TTL, its record, and how many hold it here.
+    fn lost_view(&self, key: &TaskKey) -> Option<(u64, Option<TaskUpdate>, u32)> {
+        self.leases
+            .get(key)
+            .map(|h| (h.ttl_ms, h.record.clone(), h.holders))
+    }
+
     fn take_due(&mut self, now: u64) -> Vec<(TaskKey, Vec<Asker>)> {
         self.leases
             .iter_mut()
@@ -166,8 +187,11 @@ impl Leases {
     /// if another of this replica's streams holds it already).
     /// `asker`: the stream's caller; on a route with `[routes.auth]` only
     /// the task's owner's streams keep it renewed.
-    pub fn hold(&self, key: TaskKey, ttl_ms: u64, asker: Asker) {
-        self.held().hold(key, ttl_ms, self.store.clock_ms(), asker);
+    /// `record`: the task's record as first written (for a store that
+    /// loses it).
+    pub fn hold(&self, key: TaskKey, ttl_ms: u64, asker: Asker, record: Option<TaskUpdate>) {
+        self.held()
+            .hold(key, ttl_ms, self.store.clock_ms(), asker, record);
     }
 
     /// One holder of `key` is gone (its caller's connection ended); renewals
@@ -182,9 +206,12 @@ impl Leases {
     pub async fn renew_due(&self, now: u64) {
         let taken = self.held().take_due(now);
         let mut due = Vec::new();
+        // Who holds each due lease, for one the store lost (below).
+        let mut askers = Vec::new();
         for (key, checked) in taken {
             if checked.is_empty() {
                 due.push(key);
+                askers.push(Asker::Unverified);
                 continue;
             }
             // Renewed if any holder is the owner; a store error renews
@@ -195,6 +222,7 @@ impl Leases {
                 .is_none_or(|r| checked.iter().any(|a| a.moves(&key.tenant, r.as_ref())))
             {
                 due.push(key);
+                askers.push(checked.into_iter().next().unwrap_or(Asker::Unverified));
             } else {
                 metrics::LEASE_RENEWALS
                     .with_label_values(&[&key.route, "held", "not_owner"])
@@ -205,11 +233,14 @@ impl Leases {
             return;
         }
         match self.store.lease_renew_many(&due, now).await {
-            Ok(n) => {
+            Ok(r) => {
                 if let Some(k) = due.first() {
                     metrics::LEASE_RENEWALS
                         .with_label_values(&[&k.route, "held", "renewed"])
-                        .inc_by(n as u64);
+                        .inc_by(r.renewed as u64);
+                }
+                for i in r.lost {
+                    self.restart_lost(&due[i], &askers[i], now).await;
                 }
             }
             Err(e) => {
@@ -217,6 +248,58 @@ impl Leases {
                     .with_label_values(&["lease_renew_many"])
                     .inc();
                 tracing::warn!(error = %e, leases = due.len(), "could not renew held leases");
+            }
+        }
+    }
+
+    /// A lease this replica holds for a live caller whose task the store
+    /// no longer has at all: the store lost it (a Sentinel failover that
+    /// lost the last writes, a Redis restart without persistence, an
+    /// eviction). Started again, as its caller's stream would have, so that
+    /// a lapse still cancels the child if this replica dies; a lease that
+    /// lapsed or was claimed keeps its record and is never revived.
+    async fn restart_lost(&self, key: &TaskKey, asker: &Asker, now: u64) {
+        let Some((ttl, record, holders)) = self.held().lost_view(key) else {
+            return; // released meanwhile
+        };
+        // The record first, as its first sight wrote it (its cancel target
+        // above all: a lapse without one cancels nothing), watched by the
+        // callers holding it here.
+        let rewritten = match record {
+            Some(u) => self
+                .store
+                .update(
+                    key,
+                    TaskUpdate {
+                        watchers_delta: i32::try_from(holders).unwrap_or(i32::MAX),
+                        ..u
+                    },
+                    now,
+                )
+                .await
+                .map(drop),
+            None => Ok(()),
+        };
+        let started = match rewritten {
+            Ok(()) => {
+                self.store
+                    .lease_start(key, ttl, Some(&self.replica_id), now, asker)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(()) => {
+                metrics::LEASE_RENEWALS
+                    .with_label_values(&[&key.route, "held", "restarted"])
+                    .inc();
+                tracing::warn!(task = %key, "a held lease the store had lost was started again");
+            }
+            Err(e) => {
+                metrics::STORE_ERRORS
+                    .with_label_values(&["lease_start"])
+                    .inc();
+                tracing::warn!(task = %key, error = %e, "a held lease the store had lost could not be started again");
             }
         }
     }
@@ -501,8 +584,8 @@ mod tests {
     fn held_until_the_last_holder_releases() {
         let mut held = Held::default();
         let u = Asker::Unverified;
-        held.hold(key("t"), 30_000, 0, u.clone());
-        held.hold(key("t"), 30_000, 5_000, u.clone());
+        held.hold(key("t"), 30_000, 0, u.clone(), None);
+        held.hold(key("t"), 30_000, 5_000, u.clone(), None);
         held.release(&key("t"), &u);
         assert_eq!(
             held.take_due(10_000),
@@ -516,8 +599,8 @@ mod tests {
         held.release(&key("t"), &u);
         assert!(held.leases.is_empty());
 
-        held.hold(key("u"), 30_000, 0, u.clone());
-        held.hold(key("u"), 3_000, 0, u.clone());
+        held.hold(key("u"), 30_000, 0, u.clone(), None);
+        held.hold(key("u"), 3_000, 0, u.clone(), None);
         let h = held.leases[&key("u")].clone();
         assert_eq!((h.ttl_ms, h.holders), (3_000, 2));
         assert_eq!(h.due, lease::renew_every_ms(3_000));
@@ -527,8 +610,8 @@ mod tests {
         // Verified holders are named, to be checked against the owner.
         let a = Asker::Identity("key:a".into());
         let b = Asker::Identity("key:b".into());
-        held.hold(key("v"), 30_000, 0, a.clone());
-        held.hold(key("v"), 30_000, 0, b.clone());
+        held.hold(key("v"), 30_000, 0, a.clone(), None);
+        held.hold(key("v"), 30_000, 0, b.clone(), None);
         held.release(&key("v"), &a);
         let due: Vec<_> = held
             .take_due(1_000_000)

@@ -91,24 +91,22 @@ impl Gateway {
             .with_label_values(&[&route.name])
             .inc();
         let tracker = self.cascade.tracker();
-        if sight.record {
-            tracker.update(
-                key.clone(),
-                TaskUpdate {
-                    context_id,
-                    state,
-                    target: by.target,
-                    watchers_delta: i32::from(sight.watch),
-                    // A send's verified caller owns the task it starts.
-                    owner: matches!(by.shape, Shape::Send | Shape::Stream)
-                        .then(|| by.asker.as_policy().owner().map(str::to_owned))
-                        .flatten(),
-                    asker: by.asker.clone(),
-                    replica: by.replica,
-                    pin_context: route.replicas.is_some(),
-                    message_id: by.message_id,
-                },
-            );
+        let recorded = sight.record.then(|| TaskUpdate {
+            context_id,
+            state,
+            target: by.target,
+            watchers_delta: i32::from(sight.watch),
+            // A send's verified caller owns the task it starts.
+            owner: matches!(by.shape, Shape::Send | Shape::Stream)
+                .then(|| by.asker.as_policy().owner().map(str::to_owned))
+                .flatten(),
+            asker: by.asker.clone(),
+            replica: by.replica,
+            pin_context: route.replicas.is_some(),
+            message_id: by.message_id,
+        });
+        if let Some(u) = &recorded {
+            tracker.update(key.clone(), u.clone());
         }
         if let Some(start) = sight.lease {
             metrics::LEASES_STARTED
@@ -128,7 +126,8 @@ impl Gateway {
             tracker.lease_start(key.clone(), ttl_ms, holder, by.asker.clone());
         }
         if let Some(ttl) = sight.hold_ms {
-            self.leases.hold(key.clone(), ttl, by.asker.clone());
+            self.leases
+                .hold(key.clone(), ttl, by.asker.clone(), recorded);
         }
     }
 

@@ -906,11 +906,18 @@ async fn leases(store: &dyn TaskStore) {
         .lease_start(&lkey("h2"), 2_000, Some("replica-a"), 0, &Asker::Unverified)
         .await
         .unwrap();
-    let n = store
-        .lease_renew_many(&[lkey("h1"), lkey("h2"), lkey("nobody")], 1_000)
+    let r = store
+        .lease_renew_many(&[lkey("h1"), lkey("nobody"), lkey("h2")], 1_000)
         .await
         .unwrap();
-    assert_eq!(n, 2);
+    // A key the store has no record of is lost, not just unrenewed.
+    assert_eq!(
+        r,
+        Renewals {
+            renewed: 2,
+            lost: vec![1]
+        }
+    );
     let h1 = store
         .get(&lkey("h1"))
         .await

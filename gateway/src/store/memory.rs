@@ -11,8 +11,8 @@ use policies::lease::{self, Renewal};
 
 use super::{
     AccountKey, AccountView, Asker, CancelTarget, ChildLink, LeaseRecord, OwedCancel, Owing,
-    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, TreeBudget,
-    Unreserved, LOCAL_OWNER,
+    Renewals, Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    TreeBudget, Unreserved, LOCAL_OWNER,
 };
 
 /// Tracked tasks in a bounded in-process cache (moka). Records idle longer
@@ -638,14 +638,20 @@ impl TaskStore for MemoryStore {
         Ok(renewal)
     }
 
-    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError> {
-        let mut n = 0;
-        for key in keys {
-            if let Renewal::Renewed { .. } = self.lease_renew(key, now_ms).await? {
-                n += 1;
+    async fn lease_renew_many(
+        &self,
+        keys: &[TaskKey],
+        now_ms: u64,
+    ) -> Result<Renewals, StoreError> {
+        let mut out = Renewals::default();
+        for (i, key) in keys.iter().enumerate() {
+            if !self.tasks.contains_key(key) {
+                out.lost.push(i);
+            } else if let Renewal::Renewed { .. } = self.lease_renew(key, now_ms).await? {
+                out.renewed += 1;
             }
         }
-        Ok(n)
+        Ok(out)
     }
 
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {

@@ -309,6 +309,17 @@ pub struct ChildLink {
     pub depth: u8,
 }
 
+/// What [`TaskStore::lease_renew_many`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Renewals {
+    pub renewed: usize,
+    /// Indexes (into the keys asked) of tasks the store has no record of:
+    /// it lost them (a failover that lost writes, a restart without
+    /// persistence, an eviction), though a live caller still holds the
+    /// lease ([`crate::lease`] starts them again).
+    pub lost: Vec<usize>,
+}
+
 /// A budgeted parent's meters as the store keeps them for children on
 /// any replica ([`TaskStore::tree_budget_charge`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -419,8 +430,10 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
     async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError>;
 
     /// Renews many leases in one round trip (a replica renewing the leases it
-    /// holds for its live callers); returns how many were renewed.
-    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError>;
+    /// holds for its live callers): how many were renewed, and which keys
+    /// the store holds no record of at all.
+    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64)
+        -> Result<Renewals, StoreError>;
 
     /// Ends the task's lease (it settled, or it was cancelled).
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError>;

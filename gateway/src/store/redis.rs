@@ -108,8 +108,8 @@ use redis::{Script, Value};
 use super::clock::{self, StoreClock};
 use super::{
     AccountKey, AccountView, Asker, CancelTarget, ChildLink, LeaseRecord, OwedCancel, Owing,
-    Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, TreeBudget,
-    Unreserved,
+    Renewals, Reservation, Shortfall, StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate,
+    TreeBudget, Unreserved,
 };
 use crate::a2a::classify::percent_encode_segment;
 use crate::a2a::Binding;
@@ -977,9 +977,13 @@ impl TaskStore for RedisStore {
         }
     }
 
-    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError> {
+    async fn lease_renew_many(
+        &self,
+        keys: &[TaskKey],
+        now_ms: u64,
+    ) -> Result<Renewals, StoreError> {
         if keys.is_empty() {
-            return Ok(0);
+            return Ok(Renewals::default());
         }
         let mut inv = self.scripts.lease_renew_many.prepare_invoke();
         inv.key(&self.leases_key);
@@ -992,12 +996,23 @@ impl TaskStore for RedisStore {
                 inv.invoke_async(&mut c).await
             })
             .await?;
-        match int_of(&v) {
-            Some(n) if n >= 0 => Ok(n as usize),
-            _ => Err(StoreError(format!(
-                "redis lease_renew_many: unexpected answer {v:?}"
-            ))),
-        }
+        let bad = || StoreError(format!("redis lease_renew_many: unexpected answer {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        let mut ints = items.iter().map(int_of);
+        let renewed = ints.next().flatten().filter(|n| *n >= 0).ok_or_else(bad)?;
+        let lost = ints
+            .map(|i| {
+                i.and_then(|i| usize::try_from(i).ok())
+                    .filter(|i| *i < keys.len())
+            })
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(bad)?;
+        Ok(Renewals {
+            renewed: renewed as usize,
+            lost,
+        })
     }
 
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use prometheus::{register_histogram_vec, Histogram, HistogramVec};
 
 use super::{
-    AccountView, Asker, CancelTarget, ChildLink, OwedCancel, Owing, Renewal, Reservation,
+    AccountView, Asker, CancelTarget, ChildLink, OwedCancel, Owing, Renewal, Renewals, Reservation,
     StoreError, TaskKey, TaskRecord, TaskStore, TaskUpdate, TreeBudget, Unreserved,
 };
 
@@ -188,7 +188,11 @@ impl TaskStore for TimedStore {
         timed!(self, 4, self.inner.lease_renew(key, now_ms))
     }
 
-    async fn lease_renew_many(&self, keys: &[TaskKey], now_ms: u64) -> Result<usize, StoreError> {
+    async fn lease_renew_many(
+        &self,
+        keys: &[TaskKey],
+        now_ms: u64,
+    ) -> Result<Renewals, StoreError> {
         timed!(self, 5, self.inner.lease_renew_many(keys, now_ms))
     }
 

@@ -42,6 +42,7 @@ local function expire(k)
 end
 -- -1: no live lease; -2: lapsed (left for the claimer); else the new deadline.
 local function renew(k, z, now)
+  if redis.call('EXISTS', k) == 0 then return -3 end
   local score = redis.call('ZSCORE', z, k)
   if not score then return -1 end
   local ttl = tonumber(redis.call('HGET', k, 'lease_ttl'))
