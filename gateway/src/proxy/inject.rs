@@ -131,9 +131,13 @@ impl super::Gateway {
         let own = linker.reference(&route.name, tenant, names);
         let deadline = ctx.budget.as_ref().and_then(|b| b.child.deadline_ms());
         // Where this send's task is found: what its budget's store entry
-        // and a link under its parent name.
-        let me = match (&ctx.req.message_id, self.cancel_target(ctx)) {
-            (Some(message_id), Some(target)) => Some(crate::store::ChildLink {
+        // and a link under its parent name (built only for those).
+        let located = ctx.budget.is_some() || parent.is_some();
+        let me = match (
+            &ctx.req.message_id,
+            located.then(|| self.cancel_target(ctx)),
+        ) {
+            (Some(message_id), Some(Some(target))) => Some(crate::store::ChildLink {
                 route: route.name.clone(),
                 tenant: tenant.into(),
                 message_id: message_id.clone(),
