@@ -60,6 +60,9 @@ pub struct TaskAdmin {
     pub addr: SocketAddr,
     pub routes: Arc<LiveRoutes>,
     pub canceller: Canceller,
+    /// This replica's queued store writes: applied before a lookup, so
+    /// that a task a stream here has named is found.
+    pub tracker: crate::tracker::Tracker,
 }
 
 /// How many records a `/tasks/{id}` lookup scans for a task whose tenant
@@ -100,17 +103,20 @@ impl Admin {
     }
 
     /// Finds tasks by `routes`' names and offers `POST /tasks/{id}:cancel`,
-    /// sent by `canceller`; `addr`: where the admin listens.
+    /// sent by `canceller`; `addr`: where the admin listens; `tracker`:
+    /// this replica's queued writes, applied before each lookup.
     pub fn with_tasks(
         mut self,
         addr: SocketAddr,
         routes: Arc<LiveRoutes>,
         canceller: Canceller,
+        tracker: crate::tracker::Tracker,
     ) -> Admin {
         self.tasks = Some(TaskAdmin {
             addr,
             routes,
             canceller,
+            tracker,
         });
         self
     }
@@ -525,6 +531,11 @@ impl Admin {
     /// (else the default one), and, unless both were given, found by a
     /// scan of up to [`LOOKUP_SCAN`] records. Sorted by key.
     async fn find(&self, lookup: &Lookup) -> Result<Vec<TaskRecord>, StoreError> {
+        // What streams on this replica have seen is written off their
+        // path: applied first, so that it is found.
+        if let Some(t) = &self.tasks {
+            t.tracker.flush().await;
+        }
         let routes: Vec<Arc<str>> = match (&lookup.route, &self.tasks) {
             (Some(r), _) => vec![Arc::from(r.as_str())],
             (None, Some(t)) => t.routes.claim_names().to_vec(),

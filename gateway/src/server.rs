@@ -291,7 +291,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
     server.add_service(watched(
         "drain",
         Arc::new(crate::drain::Drainer {
-            tracker,
+            tracker: tracker.clone(),
             store: store.clone(),
             timeout: cfg.timeouts.drain,
         }),
@@ -313,7 +313,7 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
                     cfg.server.admin_token.clone(),
                 )
                 .with_reload(reloader)
-                .with_tasks(addr, routes, canceller)
+                .with_tasks(addr, routes, canceller, tracker)
                 .with_linker(linker)
                 .with_health(services),
             ),
