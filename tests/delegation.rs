@@ -334,11 +334,14 @@ async fn a_completed_parent_keeps_or_cancels_its_children_as_the_route_says() {
     }
 }
 
-/// The parent's send through gateway replica A, its child's through B, on
-/// one Redis: the link is in the store, and A's cancel of the parent takes
-/// the child with it.
-#[tokio::test]
-async fn a_tree_across_gateway_replicas_on_redis() {
+/// The three agents behind two gateway replicas, A and B, sharing one
+/// Redis (kept alive by the caller).
+async fn replicas_on_redis() -> (
+    RedisServer,
+    (PythonWorker, PythonWorker, PythonWorker),
+    Gateway,
+    Gateway,
+) {
     let redis = RedisServer::start().await;
     let (p, c, d) = agents().await;
     let cfg = format!(
@@ -348,6 +351,15 @@ async fn a_tree_across_gateway_replicas_on_redis() {
     );
     let a = Gateway::start(&cfg).await;
     let b = Gateway::start(&cfg).await;
+    (redis, (p, c, d), a, b)
+}
+
+/// The parent's send through gateway replica A, its child's through B, on
+/// one Redis: the link is in the store, and A's cancel of the parent takes
+/// the child with it.
+#[tokio::test]
+async fn a_tree_across_gateway_replicas_on_redis() {
+    let (_redis, (p, c, d), a, b) = replicas_on_redis().await;
     let text = tree(&b.url, &a.url);
     let p_task = send_detached(&a.url, "/p", &text).await;
     let c_task = child_of(&p).await;
@@ -857,15 +869,7 @@ async fn a_childs_spend_is_charged_to_its_parent() {
 /// the parent A forwarded, found by its message.
 #[tokio::test]
 async fn a_childs_spend_on_another_replica_is_charged_to_its_parent() {
-    let redis = RedisServer::start().await;
-    let (p, c, d) = agents().await;
-    let cfg = format!(
-        "[store]\nurl = \"{}\"\n\n{}",
-        redis.url(),
-        routes(&p, &c, &d, "")
-    );
-    let a = Gateway::start(&cfg).await;
-    let b = Gateway::start(&cfg).await;
+    let (_redis, (p, c, _d), a, b) = replicas_on_redis().await;
     a_child_spends_its_parents_budget(&a, &b, &p, &c).await;
 }
 
