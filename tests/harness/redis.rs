@@ -296,19 +296,14 @@ impl SentinelSet {
         };
         for s in &set.sentinels {
             let deadline = Instant::now() + super::scaled_secs(20);
-            loop {
-                let out = s.cli(&["SENTINEL", "replicas", MASTER]).await;
-                if names_port(&out, set.replica.port) {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "sentinel {} does not know the replica:\n{}",
-                    s.port,
-                    s.log()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let ask = ["SENTINEL", "replicas", MASTER];
+            s.until_naming(
+                &ask,
+                set.replica.port,
+                deadline,
+                "does not know the replica",
+            )
+            .await;
         }
         set
     }
@@ -342,27 +337,34 @@ impl SentinelSet {
             .cli(&["SENTINEL", "FAILOVER", MASTER])
             .await;
         let deadline = Instant::now() + super::scaled_secs(20);
+        let ask = ["SENTINEL", "get-master-addr-by-name", MASTER];
         for s in &self.sentinels {
-            loop {
-                let out = s
-                    .cli(&["SENTINEL", "get-master-addr-by-name", MASTER])
-                    .await;
-                if names_port(&out, self.replica.port) {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "sentinel {} did not move to the replica:\n{}",
-                    s.port,
-                    s.log()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            s.until_naming(
+                &ask,
+                self.replica.port,
+                deadline,
+                "did not move to the replica",
+            )
+            .await;
         }
     }
 }
 
 impl RedisServer {
+    /// Asks this sentinel `ask` every 100 ms until its answer has `port`
+    /// as a field; panics saying it `what` at `deadline`.
+    async fn until_naming(&self, ask: &[&str], port: u16, deadline: Instant, what: &str) {
+        while !names_port(&self.cli(ask).await, port) {
+            assert!(
+                Instant::now() < deadline,
+                "sentinel {} {what}:\n{}",
+                self.port,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Runs `redis-server CONF --sentinel` and waits until it answers `PING`.
     async fn spawn_sentinel(&mut self, conf: &Path) {
         let log = std::fs::File::create(self.dir.join("redis.log")).expect("sentinel log file");
