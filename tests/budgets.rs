@@ -463,12 +463,11 @@ async fn ten_children_share_an_account() {
     );
 }
 
-/// A one-route config on `redis` whose route keeps [`account_route`]'s
-/// tenant account.
-fn account_route_on(redis: &RedisServer, worker: &Worker) -> String {
+/// A one-route config on the Redis store at `url` whose route keeps
+/// [`account_route`]'s tenant account.
+fn account_route_on(url: &str, worker: &Worker) -> String {
     format!(
-        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{}",
-        redis.url(),
+        "[store]\nurl = \"{url}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n{}",
         worker.url(),
         account_route()
     )
@@ -494,12 +493,22 @@ async fn pause_writes(redis: &RedisServer, ms: u64) {
 #[tokio::test]
 async fn two_replicas_share_an_account_on_redis() {
     let redis = RedisServer::start().await;
+    replicas_share_an_account(&redis.url(), 2).await;
+}
+
+/// `n` replicas on the Redis store at `url`, ten concurrent children
+/// split across them against an account that fits three: exactly three
+/// start, and every replica sees the one balance they settled into.
+pub(crate) async fn replicas_share_an_account(url: &str, n: usize) {
     let worker = Worker::start(Kind::Python).await;
-    let cfg = account_route_on(&redis, &worker);
-    let a = Gateway::start(&cfg).await;
-    let b = Gateway::start(&cfg).await;
-    let (admitted, refused) =
-        concurrent_children(&[&a.url, &b.url], "acme", 10, "spend:600:tokens=10").await;
+    let cfg = account_route_on(url, &worker);
+    let mut gws = Vec::new();
+    for _ in 0..n {
+        gws.push(Gateway::start(&cfg).await);
+    }
+    let urls: Vec<&str> = gws.iter().map(|g| g.url.as_str()).collect();
+    let b = &gws[n - 1];
+    let (admitted, refused) = concurrent_children(&urls, "acme", 10, "spend:600:tokens=10").await;
     assert_eq!(admitted.len(), 3, "refusals: {refused:?}");
     for (status, body, retry) in &refused {
         check_refusal(*status, body, retry.as_deref());
@@ -508,7 +517,7 @@ async fn two_replicas_share_an_account_on_redis() {
     let spent: u64 = admitted.iter().map(|e| settled_spend(e)).sum();
     let mut acct = Value::Null;
     for _ in 0..scaled_count(50) {
-        acct = account(&b, "acme").await;
+        acct = account(b, "acme").await;
         if acct["reserved"] == 0 {
             break;
         }
@@ -519,11 +528,13 @@ async fn two_replicas_share_an_account_on_redis() {
         acct["spent"], spent,
         "both replicas settled into one account: {acct}"
     );
-    assert_eq!(
-        account(&a, "acme").await,
-        acct,
-        "both replicas see one balance"
-    );
+    for gw in &gws {
+        assert_eq!(
+            account(gw, "acme").await,
+            acct,
+            "every replica sees one balance"
+        );
+    }
 }
 
 /// A reservation whose answer the gateway never got is withdrawn: Redis
@@ -536,7 +547,7 @@ async fn two_replicas_share_an_account_on_redis() {
 async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Python).await;
-    let cfg = account_route_on(&redis, &worker);
+    let cfg = account_route_on(&redis.url(), &worker);
     let gw = Gateway::start(&cfg).await;
     // The account exists (one child reserved and settled through it).
     let (admitted, _) = concurrent_children(&[&gw.url], "acme", 1, "spend:0:tokens=10").await;
@@ -589,7 +600,7 @@ async fn a_reservation_whose_answer_was_lost_is_withdrawn() {
 async fn a_settlement_the_store_did_not_take_is_retried() {
     let redis = RedisServer::start().await;
     let worker = Worker::start(Kind::Python).await;
-    let cfg = account_route_on(&redis, &worker);
+    let cfg = account_route_on(&redis.url(), &worker);
     let gw = Gateway::start(&cfg).await;
     let url = gw.url.clone();
     let child = tokio::spawn(async move {

@@ -8,6 +8,7 @@ mod auth;
 mod blocking_send;
 mod budgets;
 mod cascade;
+mod cluster;
 mod delegation;
 mod demo;
 mod faults;

@@ -73,7 +73,8 @@ async fn key_layout_and_bad_data() {
     assert_eq!(s.task_key(&key("r", "a:b", "c")), "ns:task:r:c");
     assert_eq!(s.task_key(&key("r", "", "t/1")), "ns:task:r:t%2F1");
     assert_eq!(s.task_key(&key("a:b", "", "c")), "ns:task:a%3Ab:c");
-    assert_eq!(s.leases_key(), "ns:leases");
+    assert_eq!(s.leases_key(&key("r", "", "c")), "ns:leases");
+    assert_eq!(s.outbox_key(&key("r", "", "c")), "ns:outbox:r");
     assert_eq!(s.context_key("a:b", "c/1"), "ns:ctx:a%3Ab:c%2F1");
 
     // A `:` in a route or task id never makes two tasks share a key.
@@ -420,7 +421,7 @@ async fn task_hashes_expire() {
         .unwrap();
     for k in keys {
         let t = pttl(k.clone()).await;
-        assert!(t > 0 || k == s.leases_key(), "{k}: {t}");
+        assert!(t > 0 || k == s.leases_key(&l), "{k}: {t}");
     }
 }
 
@@ -612,7 +613,7 @@ async fn owed_cancels_are_claimed_once_their_holder_is_gone() {
     };
     let mut conn = raw(&server).await;
     let task = a.task_key(&k);
-    let outbox = a.outbox_key("w");
+    let outbox = a.outbox_key(&k);
     assert_eq!(outbox, "ns:outbox:w");
     let owner: String = redis::cmd("HGET")
         .arg(&task)

@@ -34,7 +34,7 @@ pub use auth::{
     AuthPolicy, JwtAuth, JwtKeys,
 };
 pub use units::{parse_duration, parse_size};
-pub use url::{redact_url, SentinelUrl, WorkerUrl, SENTINEL_PORT};
+pub use url::{redact_url, ClusterUrl, SentinelUrl, WorkerUrl, REDIS_PORT, SENTINEL_PORT};
 
 /// Everything the gateway runs with, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -476,10 +476,13 @@ pub(crate) fn password_misfit(url: &str) -> Option<String> {
     if url == "memory://" {
         return Some("a password is for a Redis store; the store is memory://".into());
     }
-    let has_password = split_url(url)
-        .ok()
-        .and_then(|u| u.userinfo)
-        .is_some_and(|i| i.split_once(':').is_some_and(|(_, p)| !p.is_empty()));
+    let cluster = crate::ClusterUrl::parse(url).and_then(Result::ok);
+    let userinfo = match &cluster {
+        Some(c) => c.userinfo.as_deref(),
+        None => split_url(url).ok().and_then(|u| u.userinfo),
+    };
+    let has_password =
+        userinfo.is_some_and(|i| i.split_once(':').is_some_and(|(_, p)| !p.is_empty()));
     has_password.then(|| {
         "the store URL has a password too: give it in one place (the URL, password_env or password_file)".into()
     })
@@ -488,12 +491,15 @@ pub(crate) fn password_misfit(url: &str) -> Option<String> {
 /// Why `tls_ca_file` or `tls_client_cert` does not fit the store `url`, if
 /// it does not: both are for `rediss://` only.
 pub(crate) fn tls_misfit(url: &str) -> Option<String> {
+    if crate::ClusterUrl::parse(url).is_some_and(|c| c.is_ok_and(|c| c.tls)) {
+        return None;
+    }
     let scheme = split_url(url).map_or_else(|_| "memory".to_owned(), |u| u.scheme);
     if scheme == "rediss" {
         return None;
     }
     Some(format!(
-        "applies to rediss:// (Redis over TLS) only; the store URL is {scheme}://"
+        "applies to rediss:// or rediss+cluster:// (Redis over TLS) only; the store URL is {scheme}://"
     ))
 }
 
@@ -1584,8 +1590,13 @@ pub(crate) fn parse_store_url(s: &str) -> Result<StoreKind, String> {
             .map(|_| StoreKind::Redis { url: s.to_owned() })
             .map_err(|why| format!("invalid store URL {shown}: {why}"));
     }
+    if let Some(parsed) = crate::ClusterUrl::parse(s) {
+        return parsed
+            .map(|_| StoreKind::Redis { url: s.to_owned() })
+            .map_err(|why| format!("invalid store URL {shown}: {why}"));
+    }
     let shape = || {
-        format!("expected \"memory://\" or a redis://, rediss:// or redis+sentinel:// URL, found {shown}")
+        format!("expected \"memory://\" or a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL, found {shown}")
     };
     let u = split_url(s).map_err(|e| match e {
         UrlError::Shape => shape(),

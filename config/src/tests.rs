@@ -678,9 +678,9 @@ fn single_errors() {
         ("[server]\npublic_url = \"https://x/?a=b\"\n", "2:14: server.public_url: a public URL has no user info, query or fragment, found \"https://x/?a=b\""),
         ("[server]\nadmin = \"127.0.0.1:8080\"\n", "2:9: server.admin: the admin listener must not share an address with listen"),
         // bad values: store
-        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis://, rediss:// or redis+sentinel:// URL, found \"postgres://db\""),
+        ("[store]\nurl = \"postgres://db\"\n", "2:7: store.url: expected \"memory://\" or a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL, found \"postgres://db\""),
         ("[store]\nurl = \"rediss://:hunter2@cache:6380/0#insecure\"\n", "2:7: store.url: a redis URL has no fragment, found \"rediss://:***@cache:6380/0#insecure\""),
-        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis://, rediss:// or redis+sentinel:// URL, found \"postgres://u:***@db\""),
+        ("[store]\nurl = \"postgres://u:hunter2@db\"\n", "2:7: store.url: expected \"memory://\" or a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL, found \"postgres://u:***@db\""),
         ("[store]\nurl = \"redis://:hunter2@cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://:***@cache/x\""),
         ("[store]\nurl = \"redis://cache/x\"\n", "2:7: store.url: the path of a redis URL is a database number like \"/0\", found \"redis://cache/x\""),
         ("[store]\nurl = \"redis://cache:99999\"\n", "2:7: store.url: invalid store URL \"redis://cache:99999\": invalid port \"99999\""),
@@ -1348,7 +1348,7 @@ fn store_password_and_tls() {
     let e = with_url.check().unwrap_err();
     assert_eq!(
         e,
-        "store.password_env or store.password_file: the store URL has a password too: give it in one place (the URL, password_env or password_file); store.tls_ca_file or store.tls_client_cert: applies to rediss:// (Redis over TLS) only; the store URL is redis://"
+        "store.password_env or store.password_file: the store URL has a password too: give it in one place (the URL, password_env or password_file); store.tls_ca_file or store.tls_client_cert: applies to rediss:// or rediss+cluster:// (Redis over TLS) only; the store URL is redis://"
     );
     assert_eq!(Store::default().check(), Ok(()));
 
@@ -1386,17 +1386,17 @@ fn store_password_and_tls() {
             "url = \"redis://cache:6379/0\"\ntls_ca_file = \"missing.pem\"\ntls_client_cert = \"pw\"",
             &[
                 "3:15: store.tls_ca_file: cannot read ",
-                "3:15: store.tls_ca_file: applies to rediss:// (Redis over TLS) only; the store URL is redis://",
+                "3:15: store.tls_ca_file: applies to rediss:// or rediss+cluster:// (Redis over TLS) only; the store URL is redis://",
                 "4:19: store.tls_client_cert: ",
                 "4:19: store.tls_client_cert: give tls_client_key too",
-                "4:19: store.tls_client_cert: applies to rediss:// (Redis over TLS) only; the store URL is redis://",
+                "4:19: store.tls_client_cert: applies to rediss:// or rediss+cluster:// (Redis over TLS) only; the store URL is redis://",
             ],
         ),
         (
             "url = \"memory://\"\ntls_ca_file = \"pw\"",
             &[
                 "3:15: store.tls_ca_file: ",
-                "3:15: store.tls_ca_file: applies to rediss:// (Redis over TLS) only; the store URL is memory://",
+                "3:15: store.tls_ca_file: applies to rediss:// or rediss+cluster:// (Redis over TLS) only; the store URL is memory://",
             ],
         ),
     ];
@@ -1619,4 +1619,60 @@ fn sentinel_urls() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("sentinel") && !e.contains("hunter2"), "{e}");
+}
+
+#[test]
+fn cluster_urls() {
+    use crate::ClusterUrl;
+    assert_eq!(ClusterUrl::parse("redis://cache:6379"), None);
+    assert_eq!(ClusterUrl::parse("redis+sentinel://s1/m"), None);
+    assert_eq!(
+        ClusterUrl::parse("redis+cluster://:pw@n1,n2:7001"),
+        Some(Ok(ClusterUrl {
+            nodes: vec!["n1:6379".into(), "n2:7001".into()],
+            userinfo: Some(":pw".into()),
+            tls: false,
+        }))
+    );
+    let u = ClusterUrl::parse("rediss+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7000/")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        u.node_urls(),
+        ["rediss://u:pw@10.0.0.1:7000", "rediss://u:pw@10.0.0.2:7000"]
+    );
+    for bad in [
+        "redis+cluster://",
+        "redis+cluster://n1:x",
+        "redis+cluster://n1,",
+        "redis+cluster://n1/0",
+        "redis+cluster://n1?x=1",
+        "redis+cluster://n{1}",
+    ] {
+        assert!(
+            matches!(ClusterUrl::parse(bad), Some(Err(_))),
+            "{bad}: {:?}",
+            ClusterUrl::parse(bad)
+        );
+    }
+    // Through the config: accepted, TLS files only with rediss+cluster://,
+    // a password in one place only, a bad URL reported without its password.
+    let route = "[[routes]]\nname = \"a\"\npath_prefix = \"/a\"\nworker = \"http://127.0.0.1:1\"\n";
+    let c = crate::parse(&format!(
+        "[store]\nurl = \"redis+cluster://n1:7000,n2:7000\"\n\n{route}"
+    ));
+    assert!(c.is_ok(), "{c:?}");
+    let e = crate::parse(&format!(
+        "[store]\nurl = \"redis+cluster://:hunter2@n1/3\"\n\n{route}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("database") && !e.contains("hunter2"), "{e}");
+    assert_eq!(crate::schema::tls_misfit("rediss+cluster://n1"), None);
+    assert!(crate::schema::tls_misfit("redis+cluster://n1").is_some());
+    assert!(crate::schema::password_misfit("redis+cluster://:pw@n1,n2").is_some());
+    assert_eq!(
+        crate::schema::password_misfit("redis+cluster://n1,n2"),
+        None
+    );
 }

@@ -129,21 +129,7 @@ impl SentinelUrl {
             Some((u, h)) => (Some(u.to_owned()), h),
             None => (None, authority),
         };
-        let mut sentinels = Vec::new();
-        for h in hosts.split(',') {
-            let (host, port) = match h.rsplit_once(':') {
-                Some((host, p)) => (
-                    host,
-                    p.parse::<u16>()
-                        .map_err(|_| format!("sentinel {h:?}: the port is not a number"))?,
-                ),
-                None => (h, SENTINEL_PORT),
-            };
-            if host.is_empty() || !host.chars().all(url_char) {
-                return Err(format!("sentinel {h:?}: not a host[:port]"));
-            }
-            sentinels.push(format!("{host}:{port}"));
-        }
+        let sentinels = host_list(hosts, SENTINEL_PORT, "sentinel")?;
         let (master, db) = match path.split_once('/') {
             Some((m, d)) => (
                 m,
@@ -175,6 +161,96 @@ impl SentinelUrl {
         let db = self.db.map(|d| format!("/{d}")).unwrap_or_default();
         format!("redis://{user}{host}:{port}{db}")
     }
+}
+
+/// A Redis Cluster: `redis+cluster://[user:password@]host[:port][,host[:port]...]`,
+/// or `rediss+cluster://` over TLS. The nodes are where the client starts:
+/// it learns the rest of the cluster (and every change to it) from them,
+/// so any few of its primaries will do. A cluster has database 0 only, so
+/// the URL names none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterUrl {
+    /// The nodes, `host:port` (port 6379 unless given).
+    pub nodes: Vec<String>,
+    pub userinfo: Option<String>,
+    /// `rediss+cluster://`: every node over TLS.
+    pub tls: bool,
+}
+
+/// The default port of a Redis node.
+pub const REDIS_PORT: u16 = 6379;
+
+impl ClusterUrl {
+    /// Reads `s`; `None` when it is not a `redis+cluster://` or
+    /// `rediss+cluster://` URL at all, `Some(Err)` with why a cluster URL is
+    /// malformed (no password in it).
+    pub fn parse(s: &str) -> Option<Result<ClusterUrl, String>> {
+        let (tls, rest) = match s.strip_prefix("redis+cluster://") {
+            Some(rest) => (false, rest),
+            None => (true, s.strip_prefix("rediss+cluster://")?),
+        };
+        Some(Self::parse_rest(rest, tls))
+    }
+
+    fn parse_rest(rest: &str, tls: bool) -> Result<ClusterUrl, String> {
+        if rest.contains(['?', '#']) {
+            return Err("a cluster URL has no query or fragment".into());
+        }
+        let authority = match rest.split_once('/') {
+            None => rest,
+            Some((a, "")) => a,
+            Some(_) => {
+                return Err(
+                    "a cluster URL names no database (a Redis Cluster has only database 0)".into(),
+                )
+            }
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_owned()), h),
+            None => (None, authority),
+        };
+        Ok(ClusterUrl {
+            nodes: host_list(hosts, REDIS_PORT, "node")?,
+            userinfo,
+            tls,
+        })
+    }
+
+    /// Each node's own URL (`redis://` or `rediss://`), with this URL's
+    /// user info: what the cluster client starts from.
+    pub fn node_urls(&self) -> Vec<String> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let user = self
+            .userinfo
+            .as_ref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        self.nodes
+            .iter()
+            .map(|n| format!("{scheme}://{user}{n}"))
+            .collect()
+    }
+}
+
+/// `host[:port],host[:port]...` as `host:port` each (`default` when no
+/// port is given); `what` names one in errors.
+fn host_list(hosts: &str, default: u16, what: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = match h.rsplit_once(':') {
+            Some((host, p)) => (
+                host,
+                p.parse::<u16>()
+                    .map_err(|_| format!("{what} {h:?}: the port is not a number"))?,
+            ),
+            None => (h, default),
+        };
+        if host.is_empty() || !host.chars().all(url_char) {
+            return Err(format!("{what} {h:?}: not a host[:port]"));
+        }
+        out.push(format!("{host}:{port}"));
+    }
+    Ok(out)
 }
 
 /// A URL taken apart; `scheme` and `host` are lowercase.

@@ -414,3 +414,141 @@ async fn ping(port: u16) -> bool {
         .flatten()
         .is_some()
 }
+
+/// A Redis Cluster on loopback: three primaries, each with one replica,
+/// joined by `redis-cli --cluster create`; killed on drop. Nodes time out
+/// after a second (`cluster-node-timeout`), so a killed primary's replica
+/// takes its slots over within a few.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// Started as the primaries (`nodes[0..3]`) and their replicas.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts the six nodes, creates the cluster, and waits until every
+    /// node says it is `ok` and every replica has synced with its primary.
+    pub async fn start() -> RedisCluster {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let mut node = RedisServer {
+                port: free_port(),
+                child: None,
+                dir: scratch_dir("redis-cluster"),
+                tls: None,
+                extra: vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-config-file".into(),
+                    "nodes.conf".into(),
+                    "--cluster-node-timeout".into(),
+                    "1000".into(),
+                    "--cluster-port".into(),
+                    free_port().to_string(),
+                ],
+            };
+            node.spawn().await;
+            nodes.push(node);
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + super::scaled_secs(30);
+        for n in &cluster.nodes {
+            loop {
+                let info = String::from_utf8_lossy(&n.cli(&["CLUSTER", "INFO"]).await).into_owned();
+                let repl =
+                    String::from_utf8_lossy(&n.cli(&["INFO", "replication"]).await).into_owned();
+                let synced = repl.contains("role:master") || repl.contains("master_link_status:up");
+                if info.contains("cluster_state:ok") && synced {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster node {} not ok:\n{info}\n{repl}\n{}",
+                    n.port,
+                    n.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        cluster
+    }
+
+    /// `redis+cluster://` with every node.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// SIGKILLs node `i` (a primary) and waits until its replica has taken
+    /// its slots over (says it is a primary) and the cluster is `ok` again
+    /// on every live node; returns the replica's index.
+    pub async fn kill_primary(&mut self, i: usize) -> usize {
+        let primary = format!("master_port:{}", self.nodes[i].port);
+        let mut replica = None;
+        for (j, n) in self.nodes.iter().enumerate() {
+            let repl = String::from_utf8_lossy(&n.cli(&["INFO", "replication"]).await).into_owned();
+            if repl.lines().any(|l| l.trim() == primary) {
+                replica = Some(j);
+            }
+        }
+        let replica = replica.unwrap_or_else(|| panic!("node {i} has no replica"));
+        self.nodes[i].kill().await;
+        let deadline = Instant::now() + super::scaled_secs(30);
+        loop {
+            let repl =
+                String::from_utf8_lossy(&self.nodes[replica].cli(&["INFO", "replication"]).await)
+                    .into_owned();
+            if repl.contains("role:master") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {replica} did not take over from node {i}:\n{repl}\n{}",
+                self.nodes[replica].log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            loop {
+                let out = Command::new("redis-cli")
+                    .args(["-p", &n.port.to_string(), "CLUSTER", "INFO"])
+                    .output()
+                    .await
+                    .expect("redis-cli");
+                let info = String::from_utf8_lossy(&out.stdout).into_owned();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not fail over on node {}:\n{info}\n{}",
+                    n.port,
+                    n.log()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        replica
+    }
+}

@@ -1,18 +1,38 @@
-//! The shared store: several gateway replicas on one Redis.
+//! The shared store: several gateway replicas on one Redis: a server
+//! (`redis://`, `rediss://`), the primary Sentinel names
+//! (`redis+sentinel://`), or a Redis Cluster (`redis+cluster://`,
+//! `rediss+cluster://`).
+//!
+//! # Shards
+//!
+//! The keys a script changes together are in one *shard*, `{P}` below. On a
+//! single server there is one, and `{P}` is the namespace. On a cluster
+//! there are [`CLUSTER_SHARDS`], and shard `i`'s `{P}` is `{ns}:{tag}` with
+//! a hash tag chosen so that the shards' slots spread evenly over the slot
+//! space ([`shard_tag`]), hence over the primaries: every script touches
+//! one slot, and no one key (the lease index, an outbox) is hot. A task is
+//! in the shard a hash of its route and id names (its record, lease, owed
+//! cancel, and their index entries); a budget account in its route's (a
+//! send reserves on its route's accounts only, in one script). The
+//! delegation keys, the context pins and the link key are single keys,
+//! each in its own slot. A replica heartbeats into every shard (a script
+//! reads liveness from its own shard's key), and claims lapses and owed
+//! cancels from every shard at once: first counting what each has due, so
+//! that one tick's claims stay within its batch ([`RedisStore::shares`]).
 //!
 //! # Key layout
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `{ns}:task:{route}:{task_id}` | hash | one [`TaskRecord`]; its `tenant` field is the tenant it was first recorded in (a task is one record whatever tenant a caller names it in: [`TaskKey`]) |
-//! | `{ns}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
-//! | `{ns}:leases:retry:{route}` | sorted set | the route's lapsed leases handed back for another claim (and the holds of claimed ones), score = when; claimed only by replicas that have the route; expires a day after its last hand-back |
-//! | `{ns}:leases:retry` | sorted set | the same for every route, as written before they were kept per route: still claimed, no longer written |
-//! | `{ns}:outbox:{route}` | sorted set | the route's owed cancels (member = a task key whose hash holds the `ob_*` fields), score = when a claimer next looks at it: the earliest its holder's heartbeat could run out, or when a hand-back is due; claimed only by replicas that have the route; expires a day after its last write |
-//! | `{ns}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
-//! | `{ns}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
-//! | `{ns}:accounts` | sorted set | every live account hash (member: its key), score = when it expires: bounds them at `limits.max_accounts` |
-//! | `{ns}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
+//! | `{P}:task:{route}:{task_id}` | hash | one [`TaskRecord`]; its `tenant` field is the tenant it was first recorded in (a task is one record whatever tenant a caller names it in: [`TaskKey`]) |
+//! | `{P}:leases` | sorted set | member = a task key, score = its lease deadline (Unix ms) |
+//! | `{P}:leases:retry:{route}` | sorted set | the route's lapsed leases handed back for another claim (and the holds of claimed ones), score = when; claimed only by replicas that have the route; expires a day after its last hand-back |
+//! | `{P}:leases:retry` | sorted set | the same for every route, as written before they were kept per route: still claimed, no longer written |
+//! | `{P}:outbox:{route}` | sorted set | the route's owed cancels (member = a task key whose hash holds the `ob_*` fields), score = when a claimer next looks at it: the earliest its holder's heartbeat could run out, or when a hand-back is due; claimed only by replicas that have the route; expires a day after its last write |
+//! | `{P}:replica:{id}` | string | present while replica process `{id}` (`leases.replica_id`, `@` its start time) is alive: set every second with a 6 s expiry ([`REPLICA_TTL`]) |
+//! | `{P}:acct:{route}:{per}:{holder}:{window_start}` | hash | one budget account in one window: `limit:{meter}`, `spent:{meter}`, `reserved:{meter}`, `route`, `scope`, `holder`, `window`, and `t:{ticket}` per reservation not yet settled (its amount); expires an hour after its window ends |
+//! | `{P}:accounts` | sorted set | every live account hash of the shard (member: its key), score = when it expires: bounds them at `limits.max_accounts` per shard |
+//! | `{P}:ticket:{ticket}` | string | a reservation settled in the last [`super::TICKET_TOMBSTONE`]: its settlement is not applied twice, nor its reserve after it |
 //! | `{ns}:ctx:{route}:{context}` | string | the replica of a context's first pinned task (routes with several workers) |
 //! | `{ns}:kids:{reference}` | list | the delegation links under a request's reference (JSON each, at most [`super::MAX_CHILDREN`]); expires a day after its last link |
 //! | `{ns}:parent:{reference}` | string | a linked child's parent reference and depth (`"{hex} {depth}"`), for `/tasks/{id}`; expires a day after it was linked |
@@ -31,7 +51,7 @@
 //! field reads as `None`/`0`; bad data never panics.
 //!
 //! A record's `watchers` is read as the sum of the `w:` fields of replica
-//! processes whose `{ns}:replica:{id}` key still exists: one that crashed
+//! processes whose `{P}:replica:{id}` key still exists: one that crashed
 //! (or was cut at the end of its drain) with streams open stops counting
 //! within [`REPLICA_TTL`], so those streams no longer keep a task alive for
 //! ever against the cascade of a caller that resubscribed elsewhere and
@@ -62,9 +82,13 @@
 //!
 //! # Round trips
 //!
-//! Each [`TaskStore`] call is exactly one round trip: one `EVALSHA` or one
+//! Each [`TaskStore`] call is one round trip: one `EVALSHA` or one
 //! command (`ZCARD`, the outbox's `HGET` and `HMGET`, and the heartbeat's
-//! `SET` or `DEL`); none for an empty batch or a zero limit. A cascade's
+//! `SET` or `DEL`); none for an empty batch or a zero limit. Exceptions:
+//! an update that pins a context adds one (`SET NX`), as does a link's
+//! parent key; on a cluster the calls that span shards (renewals, claims,
+//! heartbeats, `lease_count`) send one per shard at once, and the claims
+//! count first (one more). A cascade's
 //! cancel adds two (the outbox's put before the first attempt, its removal,
 //! which ends the task's lease too, after the answer: before the outbox the
 //! lease's end was one), plus one per retry (`outbox_owns`); none per
@@ -73,8 +97,9 @@
 //! A task costs a constant number of calls over its lifetime (start, settle,
 //! lease start/renew/end), and none per streamed event. Only after Redis lost its script cache (a restart) does the first
 //! call of each script cost a second trip to load it (`SCRIPT LOAD`).
-//! `list` (admin only) walks the keyspace with `SCAN … MATCH {ns}:task:*`
-//! inside one script, stopping at `limit` records.
+//! `list` (admin only) walks the keyspace with `SCAN … MATCH {P}:task:*`
+//! inside one script per step, shard by shard (on a cluster each on the
+//! node that has the shard), stopping at `limit` records.
 //!
 //! # Expiry
 //!
@@ -89,9 +114,10 @@
 //! a short backoff. Connecting and each answer time out after a second, and
 //! every call is bounded by [`CALL_TIMEOUT`] on top, so a dead server makes
 //! calls fail fast with a [`StoreError`] instead of hanging.
-//!
-//! Standalone Redis (or a Sentinel-managed primary) only: the scripts touch
-//! task keys they read from the index, which Redis Cluster does not allow.
+//! On a cluster the client follows `MOVED`/`ASK` and a failover's new
+//! primary by itself; calls in flight on a primary that died fail as
+//! above. What a failover can lose, and what the gateway does about it:
+//! `docs/operations.md`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
@@ -282,24 +308,9 @@ struct Scripts {
 /// unclaimed (claims are by route), and they go with the set.
 const RETRIES_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// Where task keys start (`{namespace}:task:`, then route, tenant and id):
-/// [`RedisStore::task_key`], and the claim script that reads a task key's
-/// route.
-fn task_prefix(namespace: &str) -> String {
-    format!("{namespace}:task:")
-}
-
-/// Where a route's set of handed-back leases is (`{namespace}:leases:retry:`
-/// then the route as in task keys): [`RedisStore::retry_key`], and the claim
-/// script that holds a claimed lease in its route's set.
-fn retry_prefix(namespace: &str) -> String {
-    format!("{namespace}:leases:retry:")
-}
-
-/// A script (the prelude and a body) with the state sets, retention, the
-/// replica keys' prefix (`{namespace}:replica:`), the ticket tombstones'
-/// (`{namespace}:ticket:`), and the task keys' and per-route retries'
-/// prefixes filled in.
+/// A script (the prelude and a body) with the state sets, retention and
+/// the namespace (`NS`, from which the prelude's `shard` finds the prefix
+/// of a key's shard) filled in.
 fn fill(text: &str, namespace: &str) -> String {
     let lua_set = |pred: fn(TaskState) -> bool| {
         let mut s = String::from("{");
@@ -319,10 +330,7 @@ fn fill(text: &str, namespace: &str) -> String {
         )
         .replace("{RETRIES_TTL_MS}", &RETRIES_TTL.as_millis().to_string())
         // The namespace last: nothing in it is taken for a placeholder.
-        .replace("{REPLICAS}", &lua_string(&format!("{namespace}:replica:")))
-        .replace("{TICKETS}", &lua_string(&format!("{namespace}:ticket:")))
-        .replace("{TASK_PREFIX}", &lua_string(&task_prefix(namespace)))
-        .replace("{RETRY_PREFIX}", &lua_string(&retry_prefix(namespace)))
+        .replace("{NS}", &lua_string(namespace))
 }
 
 /// `s` as a Lua string literal.
@@ -369,27 +377,84 @@ impl Scripts {
     }
 }
 
+/// How many shards a Redis Cluster's per-task keys are spread over: the
+/// lease deadline index, the outbox and the accounts are one set per shard,
+/// so that every script touches one hash slot, no one key is hot, and the
+/// shards spread over the primaries ([`shard_tag`]). Standalone Redis has
+/// one, with the key names of a single server. Fixed: changing it would
+/// move every key.
+pub const CLUSTER_SHARDS: usize = 16;
+
+/// Redis Cluster's hash slots.
+const SLOTS: usize = 16_384;
+
+/// One shard's keys: every key a script touches together starts with its
+/// prefix, which holds the shard's hash tag on a cluster.
+#[derive(Debug)]
+struct Shard {
+    /// The namespace, and on a cluster `:{tag}`.
+    prefix: String,
+    /// `{prefix}:leases`: the deadline index of the shard's tasks.
+    leases: String,
+    /// `{prefix}:leases:retry`: lapsed leases handed back for another claim,
+    /// as versions before the per-route sets wrote them: still claimed from
+    /// and cleared, no longer written.
+    retries: String,
+    /// `{prefix}:accounts`: the shard's live accounts.
+    accounts: String,
+    /// `{prefix}:replica:{id}`: this process's heartbeat in the shard.
+    replica_key: String,
+}
+
+/// The connection every call goes through: one server's (standalone, or
+/// the primary Sentinel names), or a cluster's, whose client routes each
+/// command by its key's slot and follows `MOVED`/`ASK` and topology changes
+/// by itself.
+#[derive(Clone)]
+enum Conn {
+    One(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::One(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::One(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::One(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// Tracked tasks in Redis, shared by every replica on the same namespace.
 pub struct RedisStore {
-    /// The primary's connection; swapped when Sentinel names another
-    /// ([`follow_primary`]).
-    conn: Arc<std::sync::RwLock<ConnectionManager>>,
+    /// The server's or cluster's connection; swapped when Sentinel names
+    /// another primary ([`follow_primary`]).
+    conn: Arc<std::sync::RwLock<Conn>>,
     namespace: String,
-    leases_key: String,
-    /// Lapsed leases handed back for another claim, as versions before the
-    /// per-route sets wrote them: still claimed from and cleared, no longer
-    /// written.
-    retries_key: String,
-    /// [`task_prefix`] of the namespace.
-    task_prefix: String,
-    /// [`retry_prefix`] of the namespace.
-    retry_prefix: String,
-    /// `{ns}:outbox:`, then the route as in task keys.
-    outbox_prefix: String,
+    /// One on a single server, [`CLUSTER_SHARDS`] on a cluster.
+    shards: Vec<Shard>,
     /// Numbers this replica's outbox tokens.
     tokens: std::sync::atomic::AtomicU64,
-    /// This process's `{ns}:replica:{id}`, and the `{id}` of its `w:` field.
-    replica_key: String,
+    /// This process's `{id}` (its heartbeat keys' and its `w:` field's).
     replica: String,
     /// Set by `replica_gone`: no more heartbeats. Held across a heartbeat's
     /// check and `SET`, and across `replica_gone`'s `DEL`, so that no
@@ -399,9 +464,8 @@ pub struct RedisStore {
     /// The server's clock as this replica sees it, from each heartbeat's
     /// `TIME`: what every replica judges deadlines by.
     clock: StoreClock,
-    /// `{ns}:accounts`: every live account hash, scored by when it expires.
-    accounts_key: String,
-    /// At most this many live accounts (`limits.max_accounts`).
+    /// At most this many live accounts (`limits.max_accounts`) in each
+    /// shard's index.
     max_accounts: u64,
 }
 
@@ -446,15 +510,29 @@ impl RedisStore {
         namespace: &str,
         replica: &str,
     ) -> Result<RedisStore, StoreError> {
-        let (conn, follow) = match config::SentinelUrl::parse(url) {
-            None => (manager(url, settings).await?, None),
-            Some(Err(why)) => return Err(StoreError(format!("redis: bad url: {why}"))),
-            Some(Ok(sentinels)) => {
+        let bad_url = |why: String| StoreError(format!("redis: bad url: {why}"));
+        let (conn, follow) = match (
+            config::SentinelUrl::parse(url),
+            config::ClusterUrl::parse(url),
+        ) {
+            (Some(Err(why)), _) | (_, Some(Err(why))) => return Err(bad_url(why)),
+            (Some(Ok(sentinels)), _) => {
                 let primary = primary_of(&sentinels).await?;
                 let url = sentinels.data_url(&primary.0, primary.1);
-                (manager(&url, settings).await?, Some((sentinels, primary)))
+                let conn = Conn::One(manager(&url, settings).await?);
+                (conn, Some((sentinels, primary)))
             }
+            (_, Some(Ok(nodes))) => {
+                if namespace.contains(['{', '}']) {
+                    return Err(bad_url(format!(
+                        "on a Redis Cluster the namespace {namespace:?} cannot hold {{ or }}: they would choose the keys' hash slot"
+                    )));
+                }
+                (Conn::Cluster(cluster(&nodes, settings).await?), None)
+            }
+            (None, None) => (Conn::One(manager(url, settings).await?), None),
         };
+        let cluster = matches!(conn, Conn::Cluster(_));
         let conn = Arc::new(std::sync::RwLock::new(conn));
         if let Some((sentinels, primary)) = follow {
             tokio::spawn(follow_primary(
@@ -465,21 +543,32 @@ impl RedisStore {
             ));
         }
         let replica = pct(&format!("{replica}@{}", super::now_ms()));
+        let prefixes = if cluster {
+            (0..CLUSTER_SHARDS)
+                .map(|i| format!("{namespace}:{{{}}}", shard_tag(i, CLUSTER_SHARDS)))
+                .collect()
+        } else {
+            vec![namespace.to_owned()]
+        };
+        let shards = prefixes
+            .into_iter()
+            .map(|prefix| Shard {
+                leases: format!("{prefix}:leases"),
+                retries: format!("{prefix}:leases:retry"),
+                accounts: format!("{prefix}:accounts"),
+                replica_key: format!("{prefix}:replica:{replica}"),
+                prefix,
+            })
+            .collect();
         let store = RedisStore {
             conn,
             namespace: namespace.to_string(),
-            leases_key: format!("{namespace}:leases"),
-            retries_key: format!("{namespace}:leases:retry"),
-            task_prefix: task_prefix(namespace),
-            retry_prefix: retry_prefix(namespace),
-            outbox_prefix: format!("{namespace}:outbox:"),
+            shards,
             tokens: std::sync::atomic::AtomicU64::new(0),
-            replica_key: format!("{namespace}:replica:{replica}"),
             replica,
             gone: tokio::sync::Mutex::new(false),
             scripts: Scripts::new(namespace),
             clock: StoreClock::default(),
-            accounts_key: format!("{namespace}:accounts"),
             max_accounts: config::Limits::default().max_accounts,
         };
         store.replica_alive().await?;
@@ -497,11 +586,40 @@ impl RedisStore {
         &self.namespace
     }
 
+    /// The shard a task's keys are in: the same for every replica (a hash
+    /// of its route and id), so that its record, lease, owed cancel and
+    /// their indexes are in one slot.
+    fn task_shard(&self, key: &TaskKey) -> &Shard {
+        let n = self.shards.len();
+        let i = if n == 1 {
+            0
+        } else {
+            let mut h = crc16::State::<crc16::XMODEM>::new();
+            h.update(key.route.as_bytes());
+            h.update(&[0xff]);
+            h.update(key.task_id.as_bytes());
+            usize::from(h.get()) % n
+        };
+        &self.shards[i]
+    }
+
+    /// The shard a route's budget accounts are in: every account one send
+    /// reserves on is its route's, so one script reserves them all.
+    fn route_shard(&self, route: &str) -> &Shard {
+        let n = self.shards.len();
+        let i = if n == 1 {
+            0
+        } else {
+            usize::from(crc16::State::<crc16::XMODEM>::calculate(route.as_bytes())) % n
+        };
+        &self.shards[i]
+    }
+
     /// The Redis key of a task's hash.
     pub fn task_key(&self, key: &TaskKey) -> String {
         format!(
-            "{}{}:{}",
-            self.task_prefix,
+            "{}:task:{}:{}",
+            self.task_shard(key).prefix,
             pct(&key.route),
             pct(&key.task_id)
         )
@@ -512,7 +630,7 @@ impl RedisStore {
     pub fn account_key(&self, a: &AccountKey) -> String {
         format!(
             "{}:acct:{}:{}:{}:{}",
-            self.namespace,
+            self.route_shard(&a.route).prefix,
             pct(&a.route),
             pct(&a.scope),
             pct(&a.holder),
@@ -536,13 +654,22 @@ impl RedisStore {
             .arg(&a.ticket);
     }
 
-    /// The Redis key of a route's handed-back leases (claimed only by
-    /// replicas that have the route).
-    fn retry_key(&self, route: &str) -> String {
-        format!("{}{}", self.retry_prefix, pct(route))
+    /// The Redis key of a route's handed-back leases in `shard` (claimed
+    /// only by replicas that have the route).
+    fn retry_key(shard: &Shard, route: &str) -> String {
+        format!("{}:leases:retry:{}", shard.prefix, pct(route))
     }
 
-    /// The Redis key of a route's owed cancels.
+    /// The Redis key of a route's owed cancels in `shard`.
+    fn outbox_in(shard: &Shard, route: &str) -> String {
+        format!("{}:outbox:{}", shard.prefix, pct(route))
+    }
+
+    /// The Redis key of the owed cancels a task's would be in.
+    pub fn outbox_key(&self, key: &TaskKey) -> String {
+        RedisStore::outbox_in(self.task_shard(key), &key.route)
+    }
+
     /// The Redis key of a context's replica (a string): where a send
     /// continuing the context goes, on a route with several workers.
     pub fn context_key(&self, route: &str, context_id: &str) -> String {
@@ -564,10 +691,6 @@ impl RedisStore {
         format!("{}:kids:{}", self.namespace, pct(reference))
     }
 
-    pub fn outbox_key(&self, route: &str) -> String {
-        format!("{}{}", self.outbox_prefix, pct(route))
-    }
-
     /// This replica's process id as the outbox names holders (its
     /// heartbeat key's `{id}`).
     pub fn replica(&self) -> &str {
@@ -583,23 +706,37 @@ impl RedisStore {
         format!("{}#{n}", self.replica)
     }
 
-    /// The keys `outbox_put` and `outbox_done` take: the task, the lease
-    /// index, both lease retry sets and the route's outbox.
-    fn outbox_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) {
+    /// The keys a task's lease scripts take: the task, its shard's lease
+    /// index, both lease retry sets of its shard.
+    fn lease_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) {
+        let shard = self.task_shard(key);
         inv.key(self.task_key(key))
-            .key(&self.leases_key)
-            .key(&self.retries_key)
-            .key(self.retry_key(&key.route))
-            .key(self.outbox_key(&key.route));
+            .key(&shard.leases)
+            .key(&shard.retries)
+            .key(RedisStore::retry_key(shard, &key.route));
     }
 
-    /// The Redis key of the lease deadline index.
-    pub fn leases_key(&self) -> &str {
-        &self.leases_key
+    /// The keys `outbox_put` and `outbox_done` take: [`Self::lease_keys`]
+    /// and the route's outbox in the task's shard.
+    fn outbox_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) {
+        self.lease_keys(inv, key);
+        inv.key(self.outbox_key(key));
     }
 
-    /// Up to `limit` hashes whose keys match `pattern`, one bounded `SCAN`
-    /// step per round trip (see [`LIST`]).
+    /// The Redis key of the lease deadline index a task's lease is in.
+    pub fn leases_key(&self, key: &TaskKey) -> &str {
+        &self.task_shard(key).leases
+    }
+
+    /// Whether this store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.shards.len() > 1
+    }
+
+    /// Up to `limit` hashes whose keys, after a shard's prefix, match
+    /// `pattern` (`task:*`), shard by shard, one bounded `SCAN` step per
+    /// round trip (see [`LIST`]). On a cluster each shard's step runs on
+    /// the node that has the shard: the script is sent with a key of it.
     async fn scan_hashes(
         &self,
         op: &str,
@@ -608,10 +745,33 @@ impl RedisStore {
     ) -> Result<Vec<Value>, StoreError> {
         let limit = limit.min(MAX_EXACT as usize);
         let mut out = Vec::new();
+        for shard in &self.shards {
+            if out.len() >= limit {
+                break;
+            }
+            let pattern = format!("{}:{pattern}", glob_escape(&shard.prefix));
+            self.scan_shard(op, shard, &pattern, limit, &mut out)
+                .await?;
+        }
+        Ok(out)
+    }
+
+    /// [`Self::scan_hashes`] in one shard, adding to `out` up to `limit`.
+    async fn scan_shard(
+        &self,
+        op: &str,
+        shard: &Shard,
+        pattern: &str,
+        limit: usize,
+        out: &mut Vec<Value>,
+    ) -> Result<(), StoreError> {
         let mut cursor = "0".to_string();
         loop {
             let mut inv = self.scripts.list.prepare_invoke();
-            inv.arg(&cursor).arg(pattern).arg(limit - out.len());
+            inv.key(&shard.leases)
+                .arg(&cursor)
+                .arg(pattern)
+                .arg(limit - out.len());
             let v: Value = self
                 .call(op, |mut c| async move { inv.invoke_async(&mut c).await })
                 .await?;
@@ -627,18 +787,167 @@ impl RedisStore {
                 .ok_or_else(|| StoreError(format!("redis {op}: a cursor that is not text")))?;
             out.extend(items);
             if next == "0" || out.len() >= limit {
-                return Ok(out);
+                return Ok(());
             }
             cursor = next;
         }
     }
 
-    /// Runs one round trip with the call's time bound, naming `op` in errors.
-    async fn call<T, F>(
+    /// [`TaskStore::lease_renew_many`] of tasks in the shard of lease
+    /// index `leases`: `lost` indexes `keys`.
+    async fn renew_in_shard(
+        &self,
+        leases: &str,
+        keys: &[&TaskKey],
+        now_ms: u64,
+    ) -> Result<Renewals, StoreError> {
+        let mut inv = self.scripts.lease_renew_many.prepare_invoke();
+        inv.key(leases);
+        for key in keys {
+            inv.key(self.task_key(key));
+        }
+        inv.arg(now_ms.min(MAX_EXACT));
+        let v: Value = self
+            .call("lease_renew_many", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let bad = || StoreError(format!("redis lease_renew_many: unexpected answer {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        let mut ints = items.iter().map(int_of);
+        let renewed = ints.next().flatten().filter(|n| *n >= 0).ok_or_else(bad)?;
+        let lost = ints
+            .map(|i| {
+                i.and_then(|i| usize::try_from(i).ok())
+                    .filter(|i| *i < keys.len())
+            })
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(bad)?;
+        Ok(Renewals {
+            renewed: renewed as usize,
+            lost,
+        })
+    }
+
+    /// Makes `replica` the context's, unless it has one (which is kept
+    /// alive): where a send continuing the context goes.
+    async fn pin_context(
+        &self,
+        route: &str,
+        context_id: &str,
+        replica: &str,
+    ) -> Result<(), StoreError> {
+        let k = self.context_key(route, context_id);
+        let live = LIVE_TTL.as_millis() as u64;
+        self.call("pin_context", |mut c| async move {
+            redis::pipe()
+                .cmd("SET")
+                .arg(&k)
+                .arg(replica)
+                .arg("NX")
+                .arg("PX")
+                .arg(live)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&k)
+                .arg(live)
+                .ignore()
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// How many of `limit` claims to ask of each shard: all of it on a
+    /// single server; on a cluster, what each shard has due (one `ZCOUNT`
+    /// per sorted set `due` names with its highest due score, every shard
+    /// at once), given out shard by shard from a place that turns with
+    /// each call, so that the claims stay within `limit` and no shard waits
+    /// behind the others for ever.
+    async fn shares(
         &self,
         op: &str,
-        f: impl FnOnce(ConnectionManager) -> F,
-    ) -> Result<T, StoreError>
+        limit: usize,
+        due: impl Fn(&Shard) -> Vec<(String, String)>,
+    ) -> Result<Vec<usize>, StoreError> {
+        let n = self.shards.len();
+        if n == 1 {
+            return Ok(vec![limit]);
+        }
+        let counts = self.shards.iter().map(|shard| {
+            let sets = due(shard);
+            self.call(op, |mut c| async move {
+                let mut pipe = redis::pipe();
+                for (key, max) in &sets {
+                    pipe.cmd("ZCOUNT").arg(key).arg("-inf").arg(max);
+                }
+                pipe.query_async::<Vec<u64>>(&mut c).await
+            })
+        });
+        let counts = futures_util::future::try_join_all(counts).await?;
+        let start = self
+            .tokens
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed) as usize;
+        let mut shares = vec![0; n];
+        let mut left = limit;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let have = counts[i].iter().sum::<u64>().min(usize::MAX as u64) as usize;
+            shares[i] = have.min(left);
+            left -= shares[i];
+        }
+        Ok(shares)
+    }
+
+    /// The owed cancels an `outbox_claim` answer names, held with `token`.
+    fn owed_of(&self, v: &Value, token: &str) -> Result<Vec<OwedCancel>, StoreError> {
+        let bad = || StoreError(format!("redis outbox_claim: unexpected answer {v:?}"));
+        let entries = match &v {
+            Value::Nil => return Ok(Vec::new()),
+            Value::Array(items) => items,
+            _ => return Err(bad()),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let Value::Array(f) = e else {
+                return Err(bad());
+            };
+            let f: Vec<String> = f.iter().map(|x| text_of(x).unwrap_or_default()).collect();
+            let [route, tenant, task_id, binding, path, cause] = &f[..] else {
+                return Err(bad());
+            };
+            let Some(binding) = binding_of(binding) else {
+                tracing::warn!(
+                    route,
+                    tenant,
+                    task_id,
+                    binding,
+                    "an owed cancel names no binding this gateway knows; dropped"
+                );
+                continue;
+            };
+            out.push(OwedCancel {
+                key: TaskKey {
+                    route: route.as_str().into(),
+                    tenant: tenant.as_str().into(),
+                    task_id: task_id.as_str().into(),
+                },
+                target: CancelTarget {
+                    binding,
+                    path: path.clone(),
+                },
+                cause: cause.clone(),
+                owner: self.replica.clone(),
+                token: token.to_owned(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Runs one round trip with the call's time bound, naming `op` in errors.
+    async fn call<T, F>(&self, op: &str, f: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
@@ -673,6 +982,58 @@ async fn manager(url: &str, settings: &config::Store) -> Result<ConnectionManage
     .await
     .map_err(|_| StoreError(format!("redis: no connection within {CONNECT_TIMEOUT:?}")))?
     .map_err(|e| StoreError(format!("redis: cannot connect: {}", connect_error(&e))))
+}
+
+/// A connection to the Redis Cluster the URL's nodes are in, with
+/// `settings`' password and TLS files. The client learns the slots from the
+/// nodes, routes each command to its key's primary, and follows `MOVED`,
+/// `ASK` and a failover's new primary by itself.
+async fn cluster(
+    url: &config::ClusterUrl,
+    settings: &config::Store,
+) -> Result<redis::cluster_async::ClusterConnection, StoreError> {
+    let mut b = redis::cluster::ClusterClient::builder(url.node_urls())
+        .connection_timeout(CONNECT_ATTEMPT_TIMEOUT)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .min_retry_wait(50)
+        .max_retry_wait(500);
+    if let Some(password) = &settings.password {
+        b = b.password(password.expose());
+    }
+    if settings.tls_ca.is_some() || settings.tls_client_cert.is_some() {
+        b = b.certs(certificates(settings));
+    }
+    let client = b
+        .build()
+        .map_err(|e| StoreError(format!("redis: bad url: {e}")))?;
+    tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_connection())
+        .await
+        .map_err(|_| {
+            StoreError(format!(
+                "redis: no cluster connection within {CONNECT_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| {
+            StoreError(format!(
+                "redis: cannot connect to the cluster: {}",
+                connect_error(&e)
+            ))
+        })
+}
+
+/// Shard `i` of `n`'s hash tag: the first `{i}.{j}` whose slot falls in the
+/// `i`-th of `n` equal parts of the slots. A cluster's primaries hold
+/// contiguous slot ranges, so the shards spread over them as evenly as the
+/// ranges do.
+fn shard_tag(i: usize, n: usize) -> String {
+    let (lo, hi) = (i * SLOTS / n, (i + 1) * SLOTS / n);
+    (0..1_000_000)
+        .map(|j| format!("{i}.{j}"))
+        .find(|t| {
+            let slot = usize::from(crc16::State::<crc16::XMODEM>::calculate(t.as_bytes())) % SLOTS;
+            (lo..hi).contains(&slot)
+        })
+        .unwrap_or_else(|| i.to_string())
 }
 
 /// How often a Sentinel-backed store asks which node is the primary: a
@@ -712,7 +1073,7 @@ async fn primary_of(s: &config::SentinelUrl) -> Result<(String, u16), StoreError
 /// (as any store error); the next go to the new primary. Ends with the
 /// store.
 async fn follow_primary(
-    conn: std::sync::Weak<std::sync::RwLock<ConnectionManager>>,
+    conn: std::sync::Weak<std::sync::RwLock<Conn>>,
     sentinels: config::SentinelUrl,
     mut primary: (String, u16),
     settings: config::Store,
@@ -737,7 +1098,7 @@ async fn follow_primary(
                 let Some(conn) = conn.upgrade() else { return };
                 *conn
                     .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = m;
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Conn::One(m);
                 metrics::STORE_FAILOVERS
                     .with_label_values(&[&sentinels.master])
                     .inc();
@@ -767,7 +1128,14 @@ fn client(url: &str, settings: &config::Store) -> Result<redis::Client, StoreErr
     if settings.tls_ca.is_none() && settings.tls_client_cert.is_none() {
         return redis::Client::open(info).map_err(bad_url);
     }
-    let certs = redis::TlsCertificates {
+    redis::Client::build_with_tls(info, certificates(settings))
+        .map_err(|e| StoreError(format!("redis: TLS settings: {e}")))
+}
+
+/// `store.tls_ca_file` and the client certificate, as the Redis client
+/// takes them.
+fn certificates(settings: &config::Store) -> redis::TlsCertificates {
+    redis::TlsCertificates {
         client_tls: settings
             .tls_client_cert
             .as_ref()
@@ -779,9 +1147,7 @@ fn client(url: &str, settings: &config::Store) -> Result<redis::Client, StoreErr
             .tls_ca
             .as_ref()
             .map(|ca| pem("CERTIFICATE", &ca.certs)),
-    };
-    redis::Client::build_with_tls(info, certs)
-        .map_err(|e| StoreError(format!("redis: TLS settings: {e}")))
+    }
 }
 
 /// DER blocks as PEM text, as the Redis client reads certificates and keys.
@@ -854,15 +1220,8 @@ impl TaskStore for RedisStore {
         let k = self.task_key(key);
         let mut inv = self.scripts.update.prepare_invoke();
         inv.key(&k)
-            .key(&self.leases_key)
-            .key(self.outbox_key(&key.route));
-        let pin = match (&update.context_id, update.pin_context) {
-            (Some(c), true) => {
-                inv.key(self.context_key(&key.route, c));
-                true
-            }
-            _ => false,
-        };
+            .key(self.leases_key(key))
+            .key(self.outbox_key(key));
         inv.arg(now_ms.min(MAX_EXACT))
             .arg(&*key.route)
             .arg(&*key.tenant)
@@ -879,7 +1238,6 @@ impl TaskStore for RedisStore {
             .arg(asker_kind(&update.asker))
             .arg(asker_id(&update.asker))
             .arg(update.replica.as_deref().unwrap_or(""))
-            .arg(u8::from(pin))
             .arg(update.message_id.as_deref().unwrap_or(""));
         let v: Value = self
             .call(
@@ -888,7 +1246,18 @@ impl TaskStore for RedisStore {
             )
             .await?;
         let fields = fields_of(&v).map_err(|e| StoreError(format!("redis update: {e}")))?;
-        Ok(record_from(&fields, Some(key)))
+        let record = record_from(&fields, Some(key));
+        // A request naming the task in another tenant pins nothing (the
+        // record keeps the tenant it was first recorded in).
+        if let (Some(context), true, Some(replica), true) = (
+            &update.context_id,
+            update.pin_context,
+            &record.replica,
+            record.key.tenant == key.tenant,
+        ) {
+            self.pin_context(&key.route, context, replica).await?;
+        }
+        Ok(record)
     }
 
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
@@ -917,8 +1286,7 @@ impl TaskStore for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let pattern = format!("{}:task:*", glob_escape(&self.namespace));
-        let hashes = self.scan_hashes("list", &pattern, limit).await?;
+        let hashes = self.scan_hashes("list", "task:*", limit).await?;
         records_of(&Value::Array(hashes)).map_err(|e| StoreError(format!("redis list: {e}")))
     }
 
@@ -932,13 +1300,9 @@ impl TaskStore for RedisStore {
     ) -> Result<(), StoreError> {
         let (now_ms, ttl_ms) = (now_ms.min(MAX_EXACT), ttl_ms.min(MAX_EXACT));
         let deadline_ms = lease::deadline(now_ms, ttl_ms).min(MAX_EXACT);
-        let k = self.task_key(key);
         let mut inv = self.scripts.lease_start.prepare_invoke();
-        inv.key(&k)
-            .key(&self.leases_key)
-            .key(&self.retries_key)
-            .key(self.retry_key(&key.route))
-            .arg(now_ms)
+        self.lease_keys(&mut inv, key);
+        inv.arg(now_ms)
             .arg(deadline_ms)
             .arg(ttl_ms)
             .arg(u8::from(holder.is_some()))
@@ -959,7 +1323,9 @@ impl TaskStore for RedisStore {
     async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError> {
         let k = self.task_key(key);
         let mut inv = self.scripts.lease_renew.prepare_invoke();
-        inv.key(&k).key(&self.leases_key).arg(now_ms.min(MAX_EXACT));
+        inv.key(&k)
+            .key(self.leases_key(key))
+            .arg(now_ms.min(MAX_EXACT));
         let v: Value = self
             .call("lease_renew", |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -982,46 +1348,30 @@ impl TaskStore for RedisStore {
         keys: &[TaskKey],
         now_ms: u64,
     ) -> Result<Renewals, StoreError> {
-        if keys.is_empty() {
-            return Ok(Renewals::default());
+        // One script per shard the tasks are in (one on a single server),
+        // all at once.
+        let mut by_shard: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            by_shard.entry(self.leases_key(key)).or_default().push(i);
         }
-        let mut inv = self.scripts.lease_renew_many.prepare_invoke();
-        inv.key(&self.leases_key);
-        for key in keys {
-            inv.key(self.task_key(key));
+        let calls = by_shard.into_iter().map(|(leases, at)| async move {
+            let batch: Vec<&TaskKey> = at.iter().map(|i| &keys[*i]).collect();
+            let got = self.renew_in_shard(leases, &batch, now_ms).await?;
+            let lost = got.lost.iter().map(|i| at[*i]).collect::<Vec<_>>();
+            Ok::<_, StoreError>((got.renewed, lost))
+        });
+        let mut out = Renewals::default();
+        for (renewed, lost) in futures_util::future::try_join_all(calls).await? {
+            out.renewed += renewed;
+            out.lost.extend(lost);
         }
-        inv.arg(now_ms.min(MAX_EXACT));
-        let v: Value = self
-            .call("lease_renew_many", |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
-        let bad = || StoreError(format!("redis lease_renew_many: unexpected answer {v:?}"));
-        let Value::Array(items) = &v else {
-            return Err(bad());
-        };
-        let mut ints = items.iter().map(int_of);
-        let renewed = ints.next().flatten().filter(|n| *n >= 0).ok_or_else(bad)?;
-        let lost = ints
-            .map(|i| {
-                i.and_then(|i| usize::try_from(i).ok())
-                    .filter(|i| *i < keys.len())
-            })
-            .collect::<Option<Vec<usize>>>()
-            .ok_or_else(bad)?;
-        Ok(Renewals {
-            renewed: renewed as usize,
-            lost,
-        })
+        out.lost.sort_unstable();
+        Ok(out)
     }
 
     async fn lease_end(&self, key: &TaskKey) -> Result<(), StoreError> {
-        let k = self.task_key(key);
         let mut inv = self.scripts.lease_end.prepare_invoke();
-        inv.key(&k)
-            .key(&self.leases_key)
-            .key(&self.retries_key)
-            .key(self.retry_key(&key.route));
+        self.lease_keys(&mut inv, key);
         let _: Value = self
             .call("lease_end", |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -1040,26 +1390,42 @@ impl TaskStore for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut inv = self.scripts.lease_claim.prepare_invoke();
-        inv.key(&self.leases_key).key(&self.retries_key);
-        for route in routes {
-            inv.key(self.retry_key(route));
-        }
-        inv.arg(now_ms.min(MAX_EXACT))
-            .arg(limit.min(MAX_EXACT as usize))
-            .arg(hold_until_ms.min(MAX_EXACT));
-        let v: Value = self
-            .call("lease_claim_lapsed", |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
-        records_of(&v).map_err(|e| StoreError(format!("redis lease_claim_lapsed: {e}")))
+        let due = |shard: &Shard| {
+            let mut sets = vec![(shard.leases.clone(), format!("({now_ms}"))];
+            for key in std::iter::once(shard.retries.clone())
+                .chain(routes.iter().map(|r| RedisStore::retry_key(shard, r)))
+            {
+                sets.push((key, now_ms.to_string()));
+            }
+            sets
+        };
+        let shares = self.shares("lease_claim_lapsed", limit, due).await?;
+        let calls = self.shards.iter().zip(shares).filter(|(_, n)| *n > 0).map(
+            |(shard, share)| async move {
+                let mut inv = self.scripts.lease_claim.prepare_invoke();
+                inv.key(&shard.leases).key(&shard.retries);
+                for route in routes {
+                    inv.key(RedisStore::retry_key(shard, route));
+                }
+                inv.arg(now_ms.min(MAX_EXACT))
+                    .arg(share.min(MAX_EXACT as usize))
+                    .arg(hold_until_ms.min(MAX_EXACT));
+                let v: Value = self
+                    .call("lease_claim_lapsed", |mut c| async move {
+                        inv.invoke_async(&mut c).await
+                    })
+                    .await?;
+                records_of(&v).map_err(|e| StoreError(format!("redis lease_claim_lapsed: {e}")))
+            },
+        );
+        let claimed = futures_util::future::try_join_all(calls).await?;
+        Ok(claimed.into_iter().flatten().collect())
     }
 
     async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError> {
         let mut inv = self.scripts.lease_retry.prepare_invoke();
         inv.key(self.task_key(key))
-            .key(self.retry_key(&key.route))
+            .key(RedisStore::retry_key(self.task_shard(key), &key.route))
             .arg(at_ms.min(MAX_EXACT));
         let _: Value = self
             .call("lease_retry", |mut c| async move {
@@ -1068,7 +1434,6 @@ impl TaskStore for RedisStore {
             .await?;
         Ok(())
     }
-
     async fn account_reserve(
         &self,
         asks: &[Reservation],
@@ -1076,12 +1441,23 @@ impl TaskStore for RedisStore {
         if asks.is_empty() {
             return Ok(Ok(()));
         }
+        // All or nothing is one script: one shard. Every account a send
+        // reserves on is its route's, so they are (`route_shard`).
+        let shard = self.route_shard(&asks[0].account.route);
+        if asks
+            .iter()
+            .any(|a| !std::ptr::eq(self.route_shard(&a.account.route), shard))
+        {
+            return Err(StoreError(
+                "redis account_reserve: the accounts of one reservation are in different shards (routes)".into(),
+            ));
+        }
         let mut inv = self.scripts.account_reserve.prepare_invoke();
         inv.arg(asks.len());
         for a in asks {
             self.reservation_args(&mut inv, a);
         }
-        inv.key(&self.accounts_key)
+        inv.key(&shard.accounts)
             .arg(self.clock_ms().min(MAX_EXACT))
             .arg(self.max_accounts.min(MAX_EXACT));
         let v: Value = self
@@ -1109,19 +1485,26 @@ impl TaskStore for RedisStore {
     }
 
     async fn account_settle(&self, settled: &[(Reservation, u64)]) -> Result<(), StoreError> {
-        if settled.is_empty() {
-            return Ok(());
+        // Each settlement applies once by itself: one script per shard.
+        let mut by_shard: BTreeMap<&str, Vec<&(Reservation, u64)>> = BTreeMap::new();
+        for s in settled {
+            by_shard
+                .entry(&self.route_shard(&s.0.account.route).prefix)
+                .or_default()
+                .push(s);
         }
-        let mut inv = self.scripts.account_settle.prepare_invoke();
-        for (a, charged) in settled {
-            self.reservation_args(&mut inv, a);
-            inv.arg((*charged).min(MAX_EXACT));
-        }
-        let _: Value = self
-            .call("account_settle", |mut c| async move {
-                inv.invoke_async(&mut c).await
+        let calls = by_shard.into_values().map(|batch| async move {
+            let mut inv = self.scripts.account_settle.prepare_invoke();
+            for (a, charged) in batch {
+                self.reservation_args(&mut inv, a);
+                inv.arg((*charged).min(MAX_EXACT));
+            }
+            self.call("account_settle", |mut c| async move {
+                inv.invoke_async::<Value>(&mut c).await
             })
-            .await?;
+            .await
+        });
+        futures_util::future::try_join_all(calls).await?;
         Ok(())
     }
 
@@ -1129,8 +1512,7 @@ impl TaskStore for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let pattern = format!("{}:acct:*", glob_escape(&self.namespace));
-        let hashes = self.scan_hashes("account_list", &pattern, limit).await?;
+        let hashes = self.scan_hashes("account_list", "acct:*", limit).await?;
         let mut out = Vec::new();
         for h in &hashes {
             let f = fields_of(h).map_err(|e| StoreError(format!("redis account_list: {e}")))?;
@@ -1228,7 +1610,7 @@ impl TaskStore for RedisStore {
     ) -> Result<bool, StoreError> {
         let mut inv = self.scripts.outbox_retry.prepare_invoke();
         inv.key(self.task_key(key))
-            .key(self.outbox_key(&key.route))
+            .key(self.outbox_key(key))
             .arg(token)
             .arg(at_ms.min(MAX_EXACT));
         let v: Value = self
@@ -1249,59 +1631,39 @@ impl TaskStore for RedisStore {
             return Ok(Vec::new());
         }
         let token = self.token();
-        let mut inv = self.scripts.outbox_claim.prepare_invoke();
-        for route in routes {
-            inv.key(self.outbox_key(route));
-        }
-        inv.arg(now_ms.min(MAX_EXACT))
-            .arg(limit.min(MAX_EXACT as usize))
-            .arg(&self.replica)
-            .arg(&token)
-            .arg(REPLICA_TTL.as_millis() as u64);
-        let v: Value = self
-            .call("outbox_claim", |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
-        let bad = || StoreError(format!("redis outbox_claim: unexpected answer {v:?}"));
-        let entries = match &v {
-            Value::Nil => return Ok(Vec::new()),
-            Value::Array(items) => items,
-            _ => return Err(bad()),
+        let due = |shard: &Shard| {
+            routes
+                .iter()
+                .map(|r| (RedisStore::outbox_in(shard, r), now_ms.to_string()))
+                .collect()
         };
-        let mut out = Vec::with_capacity(entries.len());
-        for e in entries {
-            let Value::Array(f) = e else {
-                return Err(bad());
-            };
-            let f: Vec<String> = f.iter().map(|x| text_of(x).unwrap_or_default()).collect();
-            let [route, tenant, task_id, binding, path, cause] = &f[..] else {
-                return Err(bad());
-            };
-            let Some(binding) = binding_of(binding) else {
-                tracing::warn!(
-                    route,
-                    tenant,
-                    task_id,
-                    binding,
-                    "an owed cancel names no binding this gateway knows; dropped"
-                );
-                continue;
-            };
-            out.push(OwedCancel {
-                key: TaskKey {
-                    route: route.as_str().into(),
-                    tenant: tenant.as_str().into(),
-                    task_id: task_id.as_str().into(),
-                },
-                target: CancelTarget {
-                    binding,
-                    path: path.clone(),
-                },
-                cause: cause.clone(),
-                owner: self.replica.clone(),
-                token: token.clone(),
+        let shares = self.shares("outbox_claim", limit, due).await?;
+        let calls = self
+            .shards
+            .iter()
+            .zip(shares)
+            .filter(|(_, n)| *n > 0)
+            .map(|(shard, share)| {
+                let token = &token;
+                async move {
+                    let mut inv = self.scripts.outbox_claim.prepare_invoke();
+                    for route in routes {
+                        inv.key(RedisStore::outbox_in(shard, route));
+                    }
+                    inv.arg(now_ms.min(MAX_EXACT))
+                        .arg(share.min(MAX_EXACT as usize))
+                        .arg(&self.replica)
+                        .arg(token)
+                        .arg(REPLICA_TTL.as_millis() as u64);
+                    self.call("outbox_claim", |mut c| async move {
+                        inv.invoke_async::<Value>(&mut c).await
+                    })
+                    .await
+                }
             });
+        let mut out = Vec::new();
+        for v in futures_util::future::try_join_all(calls).await? {
+            out.extend(self.owed_of(&v, &token)?);
         }
         Ok(out)
     }
@@ -1336,18 +1698,24 @@ impl TaskStore for RedisStore {
     }
 
     async fn lease_count(&self) -> Result<u64, StoreError> {
-        let z = self.leases_key.clone();
-        let v: Value = self
-            .call("lease_count", |mut c| async move {
-                redis::cmd("ZCARD").arg(&z).query_async(&mut c).await
-            })
-            .await?;
-        match int_of(&v) {
-            Some(n) if n >= 0 => Ok(n as u64),
-            _ => Err(StoreError(format!(
-                "redis lease_count: unexpected answer {v:?}"
-            ))),
-        }
+        let calls = self.shards.iter().map(|shard| async move {
+            let z = &shard.leases;
+            let v: Value = self
+                .call("lease_count", |mut c| async move {
+                    redis::cmd("ZCARD").arg(z).query_async(&mut c).await
+                })
+                .await?;
+            match int_of(&v) {
+                Some(n) if n >= 0 => Ok(n as u64),
+                _ => Err(StoreError(format!(
+                    "redis lease_count: unexpected answer {v:?}"
+                ))),
+            }
+        });
+        Ok(futures_util::future::try_join_all(calls)
+            .await?
+            .iter()
+            .sum())
     }
 
     async fn replica_alive(&self) -> Result<(), StoreError> {
@@ -1355,23 +1723,38 @@ impl TaskStore for RedisStore {
         if *gone {
             return Ok(());
         }
-        let (k, ttl) = (self.replica_key.clone(), REPLICA_TTL.as_millis() as u64);
+        let ttl = REPLICA_TTL.as_millis() as u64;
         let sent_us = self.clock.mono_us();
-        // The heartbeat and a reading of the server's clock, in one round trip.
-        let ((secs, micros),): ((u64, u64),) = self
-            .call("replica_alive", |mut c| async move {
-                redis::pipe()
-                    .cmd("SET")
-                    .arg(&k)
+        // The heartbeat and a reading of the server's clock (the first
+        // shard's node's, on a cluster), in one round trip; on a cluster the
+        // heartbeat of each other shard at the same time.
+        let first = &self.shards[0].replica_key;
+        let timed = self.call("replica_alive", |mut c| async move {
+            redis::pipe()
+                .cmd("SET")
+                .arg(first)
+                .arg(1)
+                .arg("PX")
+                .arg(ttl)
+                .ignore()
+                .cmd("TIME")
+                .query_async::<((u64, u64),)>(&mut c)
+                .await
+        });
+        let others = self.shards[1..].iter().map(|shard| {
+            self.call("replica_alive", move |mut c| async move {
+                redis::cmd("SET")
+                    .arg(&shard.replica_key)
                     .arg(1)
                     .arg("PX")
                     .arg(ttl)
-                    .ignore()
-                    .cmd("TIME")
-                    .query_async(&mut c)
+                    .query_async::<()>(&mut c)
                     .await
             })
-            .await?;
+        });
+        let (timed, others) = tokio::join!(timed, futures_util::future::try_join_all(others));
+        let ((secs, micros),) = timed?;
+        others?;
         let before = self.clock.offset_ms();
         let offset = self.clock.record(clock::Sample {
             sent_us,
@@ -1395,11 +1778,16 @@ impl TaskStore for RedisStore {
     async fn replica_gone(&self) -> Result<(), StoreError> {
         let mut gone = self.gone.lock().await;
         *gone = true;
-        let k = self.replica_key.clone();
-        self.call("replica_gone", |mut c| async move {
-            redis::cmd("DEL").arg(&k).query_async::<()>(&mut c).await
-        })
-        .await
+        let calls = self.shards.iter().map(|shard| {
+            self.call("replica_gone", move |mut c| async move {
+                redis::cmd("DEL")
+                    .arg(&shard.replica_key)
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+        });
+        futures_util::future::try_join_all(calls).await?;
+        Ok(())
     }
 
     async fn link_child(
@@ -1408,35 +1796,53 @@ impl TaskStore for RedisStore {
         child_ref: &str,
         child: &ChildLink,
     ) -> Result<bool, StoreError> {
+        let retention = super::LINK_RETENTION.as_millis() as u64;
         let mut inv = self.scripts.link_child.prepare_invoke();
         inv.key(self.kids_key(parent))
-            .key(self.parent_key(child_ref))
             .arg(link_json(child))
             .arg(super::MAX_CHILDREN)
-            .arg(super::LINK_RETENTION.as_millis() as u64)
-            .arg(format!("{parent} {}", child.depth));
+            .arg(retention);
         let linked: i64 = self
             .call("link_child", |mut c| async move {
                 inv.invoke_async(&mut c).await
             })
             .await?;
-        Ok(linked == 1)
+        if linked != 1 {
+            return Ok(false);
+        }
+        // The child's parent, for `/tasks/{id}`: its own key (slot).
+        let k = self.parent_key(child_ref);
+        let v = format!("{parent} {}", child.depth);
+        self.call("link_child", |mut c| async move {
+            redis::cmd("SET")
+                .arg(&k)
+                .arg(&v)
+                .arg("PX")
+                .arg(retention)
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await?;
+        Ok(true)
     }
 
     async fn children(&self, parents: &[String]) -> Result<Vec<ChildLink>, StoreError> {
         if parents.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<String> = parents.iter().map(|p| self.kids_key(p)).collect();
-        let lists: Vec<Vec<String>> = self
-            .call("children", |mut c| async move {
-                let mut pipe = redis::pipe();
-                for k in &keys {
-                    pipe.cmd("LRANGE").arg(k).arg(0).arg(-1);
-                }
-                pipe.query_async(&mut c).await
+        // One `LRANGE` per reference, all at once (each its own slot).
+        let calls = parents.iter().map(|p| {
+            let k = self.kids_key(p);
+            self.call("children", |mut c| async move {
+                redis::cmd("LRANGE")
+                    .arg(&k)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async::<Vec<String>>(&mut c)
+                    .await
             })
-            .await?;
+        });
+        let lists = futures_util::future::try_join_all(calls).await?;
         let mut out = Vec::new();
         for item in lists.iter().flatten() {
             match link_of(item) {
@@ -1774,20 +2180,42 @@ mod tests {
         assert!(p.contains("['TASK_STATE_INPUT_REQUIRED']=true,['TASK_STATE_REJECTED']=true,['TASK_STATE_AUTH_REQUIRED']=true,}"));
         assert!(p.contains("redis.call('PEXPIRE', k, 600000)"));
         assert!(p.contains("redis.call('PEXPIRE', k, 86400000)"));
-        assert!(p.contains(r#"redis.call('EXISTS', "ns\"x:replica:" .. string.sub(f, 3))"#));
-        assert!(p.contains(r#"local tomb = "ns\"x:ticket:" .. ARGV[b + 9]"#));
+        assert!(p.contains(r#"local NS = "ns\"x""#));
+        assert!(p.contains("redis.call('EXISTS', rp .. string.sub(f, 3))"));
+        assert!(p.contains("local tomb = shard(k) .. ':ticket:' .. ARGV[b + 9]"));
         assert!(p.contains("redis.call('SET', tomb, '1', 'PX', 120000)"));
         for placeholder in [
             "{TERMINAL}",
             "{SETTLED}",
             "{LIVE_MS}",
             "{SETTLED_MS}",
-            "{REPLICAS}",
-            "{TICKETS}",
+            "{NS}",
             "{TOMBSTONE_MS}",
         ] {
             assert!(!p.contains(placeholder), "{placeholder}");
         }
+    }
+
+    /// The shards' tags spread them over the slots evenly: shard `i` of
+    /// `n` in the `i`-th `n`-th of them, whatever `n`.
+    #[test]
+    fn shard_tags_spread_over_the_slots() {
+        for n in [1, 3, 16, 64] {
+            for i in 0..n {
+                let tag = shard_tag(i, n);
+                let slot =
+                    usize::from(crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes())) % SLOTS;
+                assert!(
+                    (i * SLOTS / n..(i + 1) * SLOTS / n).contains(&slot),
+                    "{i} of {n}: {tag} in {slot}"
+                );
+            }
+        }
+        // Redis's own slot of a known key: CLUSTER KEYSLOT foo is 12182.
+        assert_eq!(
+            crc16::State::<crc16::XMODEM>::calculate(b"foo") % 16384,
+            12182
+        );
     }
 
     #[test]

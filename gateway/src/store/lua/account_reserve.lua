@@ -7,7 +7,7 @@ for i = 1, n do
   local b = 1 + (i - 1) * 9
   local k, meter, amount, limit = KEYS[i], ARGV[b + 1], num(ARGV[b + 2]), num(ARGV[b + 3])
   fresh[i] = redis.call('HEXISTS', k, 't:' .. ARGV[b + 9]) == 0
-    and redis.call('EXISTS', {TICKETS} .. ARGV[b + 9]) == 0
+    and redis.call('EXISTS', shard(k) .. ':ticket:' .. ARGV[b + 9]) == 0
   if fresh[i] then
     local id = k .. '\n' .. meter
     local held = num(redis.call('HGET', k, 'spent:' .. meter))

@@ -1,7 +1,7 @@
 for i = 1, #KEYS do
   local b = (i - 1) * 10
   local k, meter = KEYS[i], ARGV[b + 1]
-  local tomb = {TICKETS} .. ARGV[b + 9]
+  local tomb = shard(k) .. ':ticket:' .. ARGV[b + 9]
   local held = redis.call('HDEL', k, 't:' .. ARGV[b + 9]) == 1
   if held or redis.call('EXISTS', tomb) == 0 then
     local charged = num(ARGV[b + 10])

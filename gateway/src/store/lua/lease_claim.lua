@@ -1,5 +1,6 @@
-local z, limit, hold, tp, rp = KEYS[1], num(ARGV[2]), ARGV[3], {TASK_PREFIX}, {RETRY_PREFIX}
+local z, limit, hold = KEYS[1], num(ARGV[2]), ARGV[3]
 local function held_in(k)
+  local tp, rp = shard(k) .. ':task:', shard(k) .. ':leases:retry:'
   local rest = string.sub(k, #tp + 1)
   local e = string.find(rest, ':', 1, true)
   if string.sub(k, 1, #tp) ~= tp or not e then return KEYS[2] end

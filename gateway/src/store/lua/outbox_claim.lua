@@ -14,7 +14,7 @@ for i = 1, #KEYS do
       redis.call('HDEL', k, 'ob_owner', 'ob_token', 'ob_binding', 'ob_path', 'ob_cause')
     else
       local ttl = -2
-      if owner ~= '' then ttl = redis.call('PTTL', {REPLICAS} .. owner) end
+      if owner ~= '' then ttl = redis.call('PTTL', shard(z) .. ':replica:' .. owner) end
       if ttl == -1 then ttl = look end
       if ttl > 0 then
         redis.call('ZADD', z, fmt(now + ttl), k)

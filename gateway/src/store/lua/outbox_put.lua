@@ -1,6 +1,6 @@
 local k, now = KEYS[1], num(ARGV[1])
 local owner = redis.call('HGET', k, 'ob_owner')
-if owner and owner ~= '' and redis.call('EXISTS', {REPLICAS} .. owner) == 1 then return 0 end
+if owner and owner ~= '' and redis.call('EXISTS', shard(k) .. ':replica:' .. owner) == 1 then return 0 end
 local st = redis.call('HGET', k, 'state')
 if st and SETTLED[st] then return 2 end
 if redis.call('HEXISTS', k, 'lease_ttl') == 1 then

@@ -1,4 +1,13 @@
 local MAX = 9007199254740991
+local NS = {NS}
+-- The prefix of the shard key k is in: the namespace, then in a cluster
+-- `:{tag}` (RedisStore's shards), so that a script touches only keys of
+-- the slot it was sent to.
+local function shard(k)
+  local e = string.find(k, '}', #NS + 1, true)
+  if e then return string.sub(k, 1, e) end
+  return NS
+end
 local TERMINAL = {TERMINAL}
 local SETTLED = {SETTLED}
 local function num(s)
@@ -13,11 +22,11 @@ local function fmt(n) return string.format('%.0f', n) end
 local function record(k)
   local rec = redis.call('HGETALL', k)
   if #rec == 0 then return rec end
-  local out, w = {}, 0
+  local out, w, rp = {}, 0, shard(k) .. ':replica:'
   for i = 1, #rec, 2 do
     local f = rec[i]
     if string.sub(f, 1, 2) == 'w:' then
-      if redis.call('EXISTS', {REPLICAS} .. string.sub(f, 3)) == 1 then
+      if redis.call('EXISTS', rp .. string.sub(f, 3)) == 1 then
         w = w + math.max(num(rec[i + 1]), 0)
       end
     elseif f == 'watchers' then

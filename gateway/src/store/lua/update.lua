@@ -22,14 +22,7 @@ if ARGV[8] == '1' then redis.call('HSET', k, 'binding', ARGV[9], 'target_path', 
 -- ARGV[14]: who asks, 'u' (no auth), 'a' (anonymous) or 'i' (ARGV[15]).
 -- Only an asker that may move the task's state counts (policies::owner).
 if ARGV[16] ~= '' then redis.call('HSETNX', k, 'replica', ARGV[16]) end
-if ARGV[18] ~= '' then redis.call('HSETNX', k, 'message_id', ARGV[18]) end
--- The context's replica: the first pinned task's; a later pin keeps it alive.
-if ARGV[17] == '1' then
-  local r = redis.call('HGET', k, 'replica')
-  if r and not redis.call('SET', KEYS[4], r, 'NX', 'PX', {LIVE_MS}) then
-    redis.call('PEXPIRE', KEYS[4], {LIVE_MS})
-  end
-end
+if ARGV[17] ~= '' then redis.call('HSETNX', k, 'message_id', ARGV[17]) end
 if ARGV[13] ~= '' and redis.call('HEXISTS', k, 'owner') == 0 then
   redis.call('HSET', k, 'owner', ARGV[13])
 end
