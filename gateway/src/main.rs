@@ -32,8 +32,9 @@ struct Cli {
     /// POST /reload.
     #[arg(long, value_parser = known_port)]
     admin: Option<SocketAddr>,
-    /// Task store (overrides `store.url`): `memory://`, `redis://HOST:PORT/DB`
-    /// or `rediss://HOST:PORT/DB` (TLS).
+    /// Task store (overrides `store.url`): `memory://`, `redis://HOST:PORT/DB`,
+    /// `rediss://HOST:PORT/DB` (TLS), `redis+sentinel://HOST:PORT,.../NAME`
+    /// or `redis+cluster://HOST:PORT,...`.
     #[arg(long)]
     store: Option<String>,
     /// Proxy threads (overrides `server.threads`).
