@@ -1,19 +1,22 @@
 //! How the Redis store's lease work grows with the number of live leased
 //! tasks, in one run: `cargo bench -p a2a-gateway --bench scale` (needs
-//! `redis-server`). Issue 47's scale table, standalone Redis column.
+//! `redis-server`). Issue 47's scale table: standalone Redis, and a Redis
+//! Cluster of three primaries with a replica each (all on this machine).
 //!
-//! For 1,000, 10,000 and 100,000 tasks, on a fresh `redis-server` each
-//! time, three replicas (three [`RedisStore`] connections with their own
+//! For 1,000, 10,000 and 100,000 tasks, on a fresh `redis-server` (or
+//! cluster) each time, three replicas (three [`RedisStore`] connections with their own
 //! replica ids, as three gateway processes hold them) each lease a third
 //! of the tasks (`lease_start`, which also creates the task's record, as a
 //! tracked leased child has one), then:
 //! - **memory per task**: Redis's `used_memory` grown, per task (record and
-//!   deadline-index entry);
+//!   deadline-index entry), summed over the primaries (a cluster's replicas
+//!   hold as much again);
 //! - **renewals**: for 5 s each replica renews all its leases as fast as
 //!   the store lets it, through `lease_renew_many` in the gateway's batches
 //!   (one call per [`BATCH`] leases; the gateway makes one call per tick
 //!   with every lease then due): renewals per second, and the CPU each
-//!   renewal costs the Redis server and this process (the client side of
+//!   renewal costs the Redis server (every node of a cluster, its
+//!   replicas' replication included) and this process (the client side of
 //!   three replicas, an upper bound of what one costs a gateway);
 //! - **lapse to claim**: every lease restarted with a deadline spread over
 //!   [`SPREAD_MS`], never renewed; the three replicas' reapers claim as the
@@ -49,7 +52,62 @@ use a2a_gateway::store::redis::RedisStore;
 use a2a_gateway::store::{now_ms, Asker, TaskKey, TaskStore};
 use futures::StreamExt;
 
-use harness::redis::RedisServer;
+use harness::redis::{RedisCluster, RedisServer};
+
+/// The store a run measures.
+enum Redis {
+    One(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    async fn start(cluster: bool) -> Redis {
+        if cluster {
+            Redis::Cluster(RedisCluster::start().await)
+        } else {
+            Redis::One(RedisServer::start().await)
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Redis::One(s) => s.url(),
+            Redis::Cluster(c) => c.url(),
+        }
+    }
+
+    /// The nodes that hold the data once (a cluster's primaries).
+    fn primaries(&self) -> Vec<&RedisServer> {
+        match self {
+            Redis::One(s) => vec![s],
+            Redis::Cluster(c) => c.nodes[..3].iter().collect(),
+        }
+    }
+
+    /// Every server process.
+    fn pids(&self) -> Vec<String> {
+        let nodes: Vec<&RedisServer> = match self {
+            Redis::One(s) => vec![s],
+            Redis::Cluster(c) => c.nodes.iter().collect(),
+        };
+        nodes
+            .iter()
+            .map(|n| n.pid().expect("redis-server's pid").to_string())
+            .collect()
+    }
+
+    async fn used_memory(&self) -> u64 {
+        let mut sum = 0;
+        for n in self.primaries() {
+            sum += used_memory(n).await;
+        }
+        sum
+    }
+
+    fn cpu_ticks(&self) -> u64 {
+        self.pids().iter().map(|p| cpu_ticks(p)).sum()
+    }
+}
 
 /// Live leased tasks per run.
 const COUNTS: [usize; 3] = [1_000, 10_000, 100_000];
@@ -143,6 +201,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 struct Row {
+    cluster: bool,
     n: usize,
     start_per_s: f64,
     bytes_per_task: f64,
@@ -155,9 +214,8 @@ struct Row {
     twice: usize,
 }
 
-async fn run(n: usize) -> Row {
-    let redis = RedisServer::start().await;
-    let redis_pid = redis.pid().expect("redis-server's pid").to_string();
+async fn run(n: usize, cluster: bool) -> Row {
+    let redis = Redis::start(cluster).await;
     let mut stores = Vec::new();
     for r in 0..REPLICAS {
         stores.push(Arc::new(
@@ -171,7 +229,7 @@ async fn run(n: usize) -> Row {
         .collect();
 
     // Leases start: a far deadline (an hour).
-    let mem0 = used_memory(&redis).await;
+    let mem0 = redis.used_memory().await;
     let t = Instant::now();
     futures::future::join_all(
         stores
@@ -181,11 +239,11 @@ async fn run(n: usize) -> Row {
     )
     .await;
     let start_per_s = n as f64 / t.elapsed().as_secs_f64();
-    let mem1 = used_memory(&redis).await;
+    let mem1 = redis.used_memory().await;
     assert_eq!(stores[0].lease_count().await.unwrap(), n as u64);
 
     // Renewals, as fast as they go, for RENEW_FOR.
-    let (redis0, self0) = (cpu_ticks(&redis_pid), cpu_ticks("self"));
+    let (redis0, self0) = (redis.cpu_ticks(), cpu_ticks("self"));
     let t = Instant::now();
     let renewed: usize = futures::future::join_all(stores.iter().zip(&shares).map(|(s, keys)| {
         let s = Arc::clone(s);
@@ -208,7 +266,7 @@ async fn run(n: usize) -> Row {
     .into_iter()
     .sum();
     let took = t.elapsed().as_secs_f64();
-    let (redis1, self1) = (cpu_ticks(&redis_pid), cpu_ticks("self"));
+    let (redis1, self1) = (redis.cpu_ticks(), cpu_ticks("self"));
     let us = tick_us();
 
     // Lapses: every lease restarted to lapse within SPREAD_MS, then three
@@ -258,6 +316,7 @@ async fn run(n: usize) -> Row {
     let twice = per_task.values().filter(|&&c| c > 1).count();
     let claimed = per_task.len();
     Row {
+        cluster,
         n,
         start_per_s,
         bytes_per_task: (mem1.saturating_sub(mem0)) as f64 / n as f64,
@@ -282,11 +341,13 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         let mut rows = Vec::new();
-        for n in COUNTS {
-            rows.push(run(n).await);
+        for cluster in [false, true] {
+            for n in COUNTS {
+                rows.push(run(n, cluster).await);
+            }
         }
         println!(
-            "scale: standalone redis-server {}, {REPLICAS} replicas; {}; load {}",
+            "scale: redis-server {}, standalone and a cluster of 3 primaries + 3 replicas, {REPLICAS} gateway replicas' stores; {}; load {}",
             String::from_utf8_lossy(
                 &std::process::Command::new("redis-server")
                     .arg("--version")
@@ -301,11 +362,12 @@ fn main() {
             machine::loadavg(),
         );
         println!();
-        println!("| live leased tasks | lease starts/s | Redis bytes/task | renewals/s (batches of {BATCH}) | Redis CPU/renewal | client CPU/renewal | lapse to claim p50 / p99 | claimed once |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---|");
+        println!("| store | live leased tasks | lease starts/s | Redis bytes/task | renewals/s (batches of {BATCH}) | Redis CPU/renewal | client CPU/renewal | lapse to claim p50 / p99 | claimed once |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
         for r in rows {
             println!(
-                "| {} | {:.0} | {:.0} | {:.0} | {:.2} µs | {:.2} µs | {:.0} / {:.0} ms | {} of {}, {} twice |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} µs | {:.2} µs | {:.0} / {:.0} ms | {} of {}, {} twice |",
+                if r.cluster { "cluster" } else { "standalone" },
                 r.n,
                 r.start_per_s,
                 r.bytes_per_task,
