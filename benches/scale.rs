@@ -26,9 +26,13 @@
 //!   `CancelTask` to the worker) is measured end to end by the `leases`
 //!   bench; this one measures what grows with the count.
 //!
-//! What the gateway's memory holds per task on Redis is the set of leases
-//! it renews for its live callers (key and next-due time): not measured
-//! here.
+//! Then the gateway's own memory per tracked task: one real gateway on
+//! standalone Redis in front of an a2a-rust worker, on a route that
+//! imposes a lease; [`STREAMS`] leased children streamed through it
+//! (quiet `idle:` streams, each caller holding its connection open): its
+//! resident memory grown, per child. That is the whole cost of a leased
+//! child whose caller streams: the two connections' buffers, the stream's
+//! state, the tracker's record and the lease it renews.
 //!
 //! Under `cargo test` (no `--bench` argument) it only says it was skipped.
 
@@ -124,6 +128,71 @@ const LAPSE_AHEAD_MS: u64 = 2_000;
 const TICK: Duration = Duration::from_millis(100);
 /// Lease calls in flight per replica while leases start.
 const IN_FLIGHT: usize = 64;
+
+/// Leased children held open through one gateway, for its memory.
+const STREAMS: [usize; 2] = [500, 2_000];
+
+/// A process's resident memory (`VmRSS`), in bytes.
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The gateway's resident memory grown per leased child streaming through
+/// it, for each count of [`STREAMS`] (a fresh gateway, worker and Redis
+/// each): `(children, bytes per child)`.
+async fn gateway_memory() -> Vec<(usize, f64)> {
+    use harness::rust_worker::{RustWorker, RustWorkerCapacity, RustWorkerOptions};
+    use harness::worker::{send_stream, Bind};
+    let mut out = Vec::new();
+    for n in STREAMS {
+        let redis = RedisServer::start().await;
+        let worker = RustWorker::start_with_capacity(
+            RustWorkerOptions::default(),
+            Some(RustWorkerCapacity {
+                max_concurrent_streams: 2 * n + 100,
+                max_tasks: 4 * n + 100,
+            }),
+        )
+        .await;
+        let cfg = format!(
+            "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\nlease = {{ ttl = \"30s\" }}\n",
+            redis.url(),
+            worker.url()
+        );
+        let gw = harness::gateway::Gateway::start(&cfg).await;
+        let pid = gw.pid().expect("the gateway's pid");
+        let open = |k: usize| {
+            let url = gw.url.clone();
+            async move {
+                futures::stream::iter(0..k)
+                    .map(|_| {
+                        let url = url.clone();
+                        async move { send_stream(&url, Bind::JsonRpc, None, "idle:600000").await }
+                    })
+                    .buffer_unordered(32)
+                    .collect::<Vec<_>>()
+                    .await
+            }
+        };
+        // Warm: pools, buffers and the allocator's first arenas.
+        let warm = open(100).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = rss(pid);
+        let held = open(n).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let after = rss(pid);
+        out.push((n, after.saturating_sub(before) as f64 / n as f64));
+        drop((warm, held));
+    }
+    out
+}
 
 fn key(i: usize) -> TaskKey {
     TaskKey {
@@ -346,6 +415,7 @@ fn main() {
                 rows.push(run(n, cluster).await);
             }
         }
+        let gateway = gateway_memory().await;
         println!(
             "scale: redis-server {}, standalone and a cluster of 3 primaries + 3 replicas, {REPLICAS} gateway replicas' stores; {}; load {}",
             String::from_utf8_lossy(
@@ -380,6 +450,12 @@ fn main() {
                 r.n,
                 r.twice,
             );
+        }
+        println!();
+        println!("| leased children streaming through one gateway (Redis) | gateway resident memory per child |");
+        println!("|---:|---:|");
+        for (n, per) in gateway {
+            println!("| {n} | {:.1} KiB |", per / 1024.0);
         }
     });
 }

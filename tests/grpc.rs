@@ -648,18 +648,41 @@ async fn rust_poll_lease_holds_while_polled() {
     let Some(proto::send_message_response::Payload::Task(task)) = answer.payload else {
         panic!("{answer:?}")
     };
-    let polled_until = std::time::Instant::now() + Duration::from_secs(5);
-    while std::time::Instant::now() < polled_until {
-        let t = conn.get_task("", &task.id).await.expect("GetTask");
+    // A poll every 500 ms, each on its own connection and not waiting for
+    // the one before: the gateway renews on a poll's arrival, so a slow
+    // answer (the worker shares this process with the tests beside it)
+    // must not hold the next poll back.
+    let started = std::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut polls = Vec::new();
+    let mut sent = Vec::new();
+    while started.elapsed() < Duration::from_secs(5) {
+        tick.tick().await;
+        sent.push(started.elapsed());
+        let (url, id) = (gw.url.clone(), task.id.clone());
+        polls.push(tokio::spawn(async move {
+            let mut c = RawGrpc::connect(&url).await;
+            c.get_task("", &id).await.expect("GetTask")
+        }));
+    }
+    let stopped = std::time::Instant::now();
+    // A gap of a TTL between two polls would let the lease lapse rightly:
+    // this process stalled, not the gateway.
+    let gap = sent.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    assert!(
+        gap < Duration::from_millis(1500),
+        "this test sent no poll for {gap:?} (its process stalled)"
+    );
+    for p in polls {
+        let t = p.await.expect("a poll");
         assert_ne!(
             t.status.map(|s| s.state),
             Some(proto::TaskState::Canceled as i32),
             "cancelled while polled; log:\n{}",
             gw.log_text()
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let stopped = std::time::Instant::now();
     let took = worker
         .wait_state(
             None,
