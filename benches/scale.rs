@@ -60,7 +60,7 @@ use harness::redis::{RedisCluster, RedisServer};
 
 /// The store a run measures.
 enum Redis {
-    One(RedisServer),
+    One(Box<RedisServer>),
     Cluster(RedisCluster),
 }
 
@@ -69,7 +69,7 @@ impl Redis {
         if cluster {
             Redis::Cluster(RedisCluster::start().await)
         } else {
-            Redis::One(RedisServer::start().await)
+            Redis::One(Box::new(RedisServer::start().await))
         }
     }
 
