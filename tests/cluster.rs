@@ -41,9 +41,12 @@ async fn the_store_conforms_on_a_cluster() {
         .unwrap()
         .with_max_accounts(3);
     a2a_gateway::store::conformance::account_bound(&bounded, 3).await;
-    // Records, an owned record, the contexts' four tasks, leases, lapses,
+    // Records, a written one, an owned one, the contexts' four tasks, leases, lapses,
     // handed-back lapses and the outbox's four tasks, over every shard.
-    assert_eq!(s.list(100).await.unwrap().len(), 2 + 1 + 4 + 5 + 3 + 2 + 4);
+    assert_eq!(
+        s.list(100).await.unwrap().len(),
+        2 + 1 + 1 + 4 + 5 + 3 + 2 + 4
+    );
     // Each primary holds some of the namespace's keys (the shards' tags
     // spread over the slot ranges), each replica process one heartbeat per
     // shard.

@@ -56,12 +56,12 @@ async fn redis_store_conformance() {
     // A second namespace on the same server is a separate store.
     let other = store(&server, "conf2").await;
     a2a_gateway::store::conformance::run(&other).await;
-    // Records, an owned record, the contexts' four tasks, leases, lapses,
+    // Records, a written one, an owned one, the contexts' four tasks, leases, lapses,
     // handed-back lapses; and the outbox's four tasks (a put writes the
     // task's hash).
     assert_eq!(
         other.list(100).await.unwrap().len(),
-        2 + 1 + 4 + 5 + 3 + 2 + 4
+        2 + 1 + 1 + 4 + 5 + 3 + 2 + 4
     );
 }
 

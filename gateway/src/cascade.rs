@@ -113,9 +113,10 @@ impl Cascade {
         let mut watchers = 0;
         let mut recorded = None;
         if let Some(key) = &key {
-            // Apply what this stream queued, then uncount it and read the
-            // record back in the same store call (one round trip).
-            self.tracker.flush().await;
+            // Apply what this stream queued for the task, then uncount it
+            // and read the record back in the same store call (one round
+            // trip).
+            self.tracker.flush_key(key).await;
             let rec = if end.was_watching {
                 let update = TaskUpdate {
                     watchers_delta: -1,
@@ -333,7 +334,7 @@ impl Cascade {
     /// Applies queued updates, then reads the task back: other streams may
     /// have seen it settle, and others may be watching it.
     async fn refresh(&self, key: &TaskKey, seen: &mut Seen) -> u32 {
-        self.tracker.flush().await;
+        self.tracker.flush_key(key).await;
         let rec = self.store.get(key).await;
         self.merge(key, rec, seen)
     }

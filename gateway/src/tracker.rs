@@ -73,7 +73,7 @@ impl Tracker {
         while let Some(op) = rx.recv().await {
             match op {
                 Op::Update(key, update) => {
-                    if let Err(e) = store.update(&key, update, store.clock_ms()).await {
+                    if let Err(e) = store.write(&key, update, store.clock_ms()).await {
                         metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
                         tracing::warn!(task = %key, error = %e, "could not record a task");
                     }
@@ -172,6 +172,16 @@ impl Tracker {
             .is_err()
         {
             metrics::Untracked::TrackerQueueFull.count();
+        }
+    }
+
+    /// Waits until every op queued for `key` before this call is applied:
+    /// its shard's alone (one wake-up, where [`Tracker::flush`] wakes every
+    /// shard).
+    pub async fn flush_key(&self, key: &TaskKey) {
+        let (tx, rx) = oneshot::channel();
+        if self.queue(key).send(Op::Flush(tx)).await.is_ok() {
+            let _ = rx.await;
         }
     }
 

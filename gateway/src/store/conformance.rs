@@ -20,6 +20,7 @@ fn key(id: &str) -> TaskKey {
 /// Every check, on an empty store.
 pub async fn run(store: &dyn TaskStore) {
     records(store).await;
+    writes(store).await;
     owners(store).await;
     contexts(store).await;
     leases(store).await;
@@ -27,6 +28,47 @@ pub async fn run(store: &dyn TaskStore) {
     outbox(store).await;
     links(store).await;
     tree_budgets(store).await;
+}
+
+/// A write is an update whose record is not read back: the same changes.
+async fn writes(store: &dyn TaskStore) {
+    let k = TaskKey {
+        route: "w".into(),
+        tenant: "acme".into(),
+        task_id: "written".into(),
+    };
+    let watch = |state: Option<TaskState>, tenant: &str, delta: i32| {
+        (
+            TaskKey {
+                tenant: tenant.into(),
+                ..k.clone()
+            },
+            TaskUpdate {
+                state,
+                watchers_delta: delta,
+                message_id: Some("m1".into()),
+                ..TaskUpdate::default()
+            },
+        )
+    };
+    let (key, u) = watch(Some(TaskState::Working), "acme", 2);
+    store.write(&key, u, 5).await.unwrap();
+    // Another tenant's write moves the state only (as an update does).
+    let (key, u) = watch(Some(TaskState::InputRequired), "other", 5);
+    store.write(&key, u, 6).await.unwrap();
+    let (key, u) = watch(None, "acme", -1);
+    store.write(&key, u, 7).await.unwrap();
+    let rec = store.get(&k).await.unwrap().expect("written");
+    assert_eq!(
+        (
+            &*rec.key.tenant,
+            rec.state,
+            rec.watchers,
+            rec.updated_ms,
+            rec.message_id.as_deref()
+        ),
+        ("acme", Some(TaskState::InputRequired), 1, 7, Some("m1"))
+    );
 }
 
 /// A parent's budget for its children on any replica: opened with its

@@ -394,6 +394,19 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
         now_ms: u64,
     ) -> Result<TaskRecord, StoreError>;
 
+    /// [`TaskStore::update`] for a writer that does not read the record
+    /// back (the tracker, which writes every task a stream sees): a store
+    /// may skip building it (Redis: no `HGETALL` in the script, and a reply
+    /// of one integer).
+    async fn write(
+        &self,
+        key: &TaskKey,
+        update: TaskUpdate,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.update(key, update, now_ms).await.map(|_| ())
+    }
+
     /// The task's record, if the store holds one.
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError>;
 

@@ -170,19 +170,20 @@ const CLOCK_WARN_MS: i64 = 1000;
 const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Helpers every script starts with. `{TERMINAL}`, `{SETTLED}`, `{LIVE_MS}`,
-/// `{SETTLED_MS}`, `{REPLICAS}` (the replica keys' prefix, a Lua string),
-/// `{TICKETS}` (the ticket tombstones' prefix) and `{TOMBSTONE_MS}` are
-/// filled in from Rust, in the prelude and the script after it ([`fill`]).
+/// `{SETTLED_MS}`, `{NS}` (the namespace, a Lua string) and
+/// `{TOMBSTONE_MS}` are filled in from Rust, in the prelude and the script
+/// after it ([`fill`]).
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
-/// KEYS: task, leases, the route's outbox, and (when pinning) the
-/// context's key. ARGV: now, route, tenant, task_id, has_context,
-/// context, state (`""` = none), has_target, binding, path, watchers_delta,
-/// replica (its `w:` field takes the delta), owner, asker kind, asker id,
-/// the worker replica that took the send (`""` none; kept once set),
-/// pin_context (`1`: the record's replica becomes the context's if it has
-/// none). A record keeps the tenant it was created with; an update naming
-/// another changes only the state. Returns the record (`record`).
+/// KEYS: task, its shard's leases, the route's outbox in its shard. ARGV:
+/// now, route, tenant, task_id, has_context, context, state (`""` = none),
+/// has_target, binding, path, watchers_delta, replica (its `w:` field
+/// takes the delta), owner, asker kind, asker id, the worker replica that
+/// took the send (`""` none; kept once set), the send's message id, quiet
+/// (`1`: answer `1`, not the record). A record keeps the tenant it was
+/// created with; an update naming another changes only the state. Returns
+/// the record (`record`). The context's pin is the caller's next call
+/// ([`RedisStore::pin_context`]): the context's key is in its own slot.
 const UPDATE: &str = include_str!("lua/update.lua");
 
 /// KEYS: task. The record (`record`), `{}` when there is none.
@@ -793,6 +794,45 @@ impl RedisStore {
         }
     }
 
+    /// The update script for `key`; with `quiet`, it answers `1` instead
+    /// of the record.
+    async fn run_update(
+        &self,
+        key: &TaskKey,
+        update: &TaskUpdate,
+        now_ms: u64,
+        quiet: bool,
+    ) -> Result<Value, StoreError> {
+        let k = self.task_key(key);
+        let mut inv = self.scripts.update.prepare_invoke();
+        inv.key(&k)
+            .key(self.leases_key(key))
+            .key(self.outbox_key(key));
+        inv.arg(now_ms.min(MAX_EXACT))
+            .arg(&*key.route)
+            .arg(&*key.tenant)
+            .arg(&*key.task_id)
+            .arg(u8::from(update.context_id.is_some()))
+            .arg(update.context_id.as_deref().unwrap_or(""))
+            .arg(update.state.map_or("", TaskState::as_wire))
+            .arg(u8::from(update.target.is_some()))
+            .arg(update.target.as_ref().map_or("", |t| t.binding.as_str()))
+            .arg(update.target.as_ref().map_or("", |t| t.path.as_str()))
+            .arg(update.watchers_delta)
+            .arg(&self.replica)
+            .arg(update.owner.as_deref().unwrap_or(""))
+            .arg(asker_kind(&update.asker))
+            .arg(asker_id(&update.asker))
+            .arg(update.replica.as_deref().unwrap_or(""))
+            .arg(update.message_id.as_deref().unwrap_or(""))
+            .arg(u8::from(quiet));
+        self.call(
+            "update",
+            |mut c| async move { inv.invoke_async(&mut c).await },
+        )
+        .await
+    }
+
     /// [`TaskStore::lease_renew_many`] of tasks in the shard of lease
     /// index `leases`: `lost` indexes `keys`.
     async fn renew_in_shard(
@@ -1217,34 +1257,7 @@ impl TaskStore for RedisStore {
         update: TaskUpdate,
         now_ms: u64,
     ) -> Result<TaskRecord, StoreError> {
-        let k = self.task_key(key);
-        let mut inv = self.scripts.update.prepare_invoke();
-        inv.key(&k)
-            .key(self.leases_key(key))
-            .key(self.outbox_key(key));
-        inv.arg(now_ms.min(MAX_EXACT))
-            .arg(&*key.route)
-            .arg(&*key.tenant)
-            .arg(&*key.task_id)
-            .arg(u8::from(update.context_id.is_some()))
-            .arg(update.context_id.as_deref().unwrap_or(""))
-            .arg(update.state.map_or("", TaskState::as_wire))
-            .arg(u8::from(update.target.is_some()))
-            .arg(update.target.as_ref().map_or("", |t| t.binding.as_str()))
-            .arg(update.target.as_ref().map_or("", |t| t.path.as_str()))
-            .arg(update.watchers_delta)
-            .arg(&self.replica)
-            .arg(update.owner.as_deref().unwrap_or(""))
-            .arg(asker_kind(&update.asker))
-            .arg(asker_id(&update.asker))
-            .arg(update.replica.as_deref().unwrap_or(""))
-            .arg(update.message_id.as_deref().unwrap_or(""));
-        let v: Value = self
-            .call(
-                "update",
-                |mut c| async move { inv.invoke_async(&mut c).await },
-            )
-            .await?;
+        let v = self.run_update(key, &update, now_ms, false).await?;
         let fields = fields_of(&v).map_err(|e| StoreError(format!("redis update: {e}")))?;
         let record = record_from(&fields, Some(key));
         // A request naming the task in another tenant pins nothing (the
@@ -1258,6 +1271,21 @@ impl TaskStore for RedisStore {
             self.pin_context(&key.route, context, replica).await?;
         }
         Ok(record)
+    }
+
+    async fn write(
+        &self,
+        key: &TaskKey,
+        update: TaskUpdate,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        // A pin needs the record's replica and tenant.
+        if update.pin_context {
+            return self.update(key, update, now_ms).await.map(|_| ());
+        }
+        self.run_update(key, &update, now_ms, true)
+            .await
+            .map(|_| ())
     }
 
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {

@@ -153,6 +153,15 @@ impl TaskStore for TimedStore {
         timed!(self, 0, self.inner.update(key, update, now_ms))
     }
 
+    async fn write(
+        &self,
+        key: &TaskKey,
+        update: TaskUpdate,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        timed!(self, 0, self.inner.write(key, update, now_ms))
+    }
+
     async fn get(&self, key: &TaskKey) -> Result<Option<TaskRecord>, StoreError> {
         timed!(self, 1, self.inner.get(key))
     }
