@@ -669,7 +669,11 @@ async fn rust_poll_lease_holds_while_polled() {
     let stopped = std::time::Instant::now();
     // A gap of a TTL between two polls would let the lease lapse rightly:
     // this process stalled, not the gateway.
-    let gap = sent.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    let gap = sent
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
     assert!(
         gap < Duration::from_millis(1500),
         "this test sent no poll for {gap:?} (its process stalled)"
