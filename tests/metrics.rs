@@ -680,3 +680,75 @@ fn metric_names_skip_strings_functions_and_matchers() {
         ["a2agw_requests_total", "process_open_fds"]
     );
 }
+
+/// A stream whose task completes costs the Redis store two writes over
+/// its life, its first sight and its settling (which also ends its watch),
+/// and nothing at its end: no store call, no task spawned for the cascade,
+/// which counts it `keep_settled`. The record is left completed with no
+/// watcher. Before, its end made a third write (the watch's end) and the
+/// cascade's read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_stream_costs_the_store_two_writes() {
+    let redis = RedisServer::start().await;
+    let worker = Worker::start(Kind::Rust).await;
+    let gw = Gateway::start(&format!(
+        "[store]\nurl = \"{}\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        redis.url(),
+        worker.url()
+    ))
+    .await;
+    let calls = |op: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.counter("a2agw_store_op_seconds_count", &[&format!("op=\"{op}\"")])
+                .await
+        }
+    };
+    let (updates, gets) = (calls("update").await, calls("get").await);
+    let (mut stream, id) = send_stream(&gw.url, Bind::JsonRpc, None, "quick").await;
+    let rest = stream.rest(scaled_secs(5)).await;
+    assert!(
+        rest.iter()
+            .any(|e| e.to_string().contains("TASK_STATE_COMPLETED")),
+        "{rest:?}"
+    );
+    let kept = gw
+        .counter_reaching(
+            "a2agw_cascade_decisions_total",
+            &["decision=\"keep_settled\""],
+            1.0,
+        )
+        .await;
+    assert_eq!(kept, 1.0);
+    let written = gw
+        .counter_reaching(
+            "a2agw_store_op_seconds_count",
+            &["op=\"update\""],
+            updates + 2.0,
+        )
+        .await;
+    // Past the moment a third write or a read would have come.
+    tokio::time::sleep(crate::harness::scaled_ms(300)).await;
+    assert_eq!(calls("update").await, updates + 2.0, "{written}");
+    assert_eq!(calls("get").await, gets, "no read at the stream's end");
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let record: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("a2agw:task:w:{id}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        record.get("state").map(String::as_str),
+        Some("TASK_STATE_COMPLETED"),
+        "{record:?}"
+    );
+    let watching: Vec<_> = record
+        .iter()
+        .filter(|(f, v)| f.starts_with("w:") && v.as_str() != "0")
+        .collect();
+    assert!(watching.is_empty(), "no watcher left: {record:?}");
+}

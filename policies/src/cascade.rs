@@ -213,6 +213,14 @@ pub fn decide(policy: &CascadePolicy, seen: &Seen, event: Event, watchers: u32) 
     cancel(seen, cause)
 }
 
+/// Whether a stream's end is decided without the store: it saw its task
+/// settle and no longer counts as a watcher ([`crate::track::unwatches_at_settle`]),
+/// so [`decide`] keeps the task whatever the record says: nothing to read,
+/// nothing to write, nothing to wait for.
+pub fn settled_at_end(seen: &Seen, watching: bool) -> bool {
+    seen.is_settled() && !watching
+}
+
 /// A cancel, or first a probe when the task may have settled unseen.
 fn cancel(seen: &Seen, cause: CancelCause) -> Decision {
     if seen.state_unknown() && !seen.probed {
@@ -234,6 +242,40 @@ mod tests {
             state,
             ..Seen::default()
         }
+    }
+
+    #[test]
+    fn a_settled_stream_that_no_longer_watches_ends_at_once() {
+        use TaskState::*;
+        for (state, watching, at_once) in [
+            (Some(Completed), false, true),
+            (Some(InputRequired), false, true),
+            (Some(Completed), true, false),
+            (Some(Working), false, false),
+            (None, false, false),
+        ] {
+            let s = seen(true, state);
+            assert_eq!(
+                settled_at_end(&s, watching),
+                at_once,
+                "{state:?} {watching}"
+            );
+            if at_once {
+                // What `decide` would say after reading any record.
+                for w in [0, 3] {
+                    let p = policy(CascadeMode::Cancel, Duration::ZERO);
+                    assert_eq!(
+                        decide(&p, &s, Event::CallerGone, w),
+                        Decision::Keep(Keep::Settled)
+                    );
+                }
+            }
+        }
+        let message_only = Seen {
+            message_only: true,
+            ..Seen::default()
+        };
+        assert!(settled_at_end(&message_only, false));
     }
 
     fn policy(mode: CascadeMode, grace: Duration) -> CascadePolicy {

@@ -219,6 +219,16 @@ pub fn records_settling(was_settled: bool, state: Option<TaskState>) -> bool {
     !was_settled && state.is_some_and(TaskState::is_settled)
 }
 
+/// A stream that watches its task (it counts as a watcher in the store)
+/// saw the task settle at `state`: whether the watch ends with the settle's
+/// write, one store write where the stream's end would make a second. Only
+/// at a terminal state, which nothing resumes; a task handed back
+/// (input-required, auth-required) is watched until the stream ends, as
+/// its caller may go on with it.
+pub fn unwatches_at_settle(watching: bool, state: Option<TaskState>) -> bool {
+    watching && state.is_some_and(TaskState::is_terminal)
+}
+
 /// Whether the gateway reads the answer to a call of `shape`. A stream or
 /// subscription is always read (cascade, leases); a `SendMessage` answer
 /// only when its child gets a lease (`leased`: the caller's grant, or a
@@ -530,6 +540,27 @@ mod tests {
         }
         assert_eq!(Poll.as_str(), "poll");
         assert_eq!(GetTask.as_str(), "get_task");
+    }
+
+    #[test]
+    fn a_terminal_settle_ends_the_watch() {
+        for (watching, state, ends) in [
+            (true, Some(Completed), true),
+            (true, Some(Failed), true),
+            (true, Some(Canceled), true),
+            (true, Some(Rejected), true),
+            (true, Some(InputRequired), false),
+            (true, Some(AuthRequired), false),
+            (true, Some(Working), false),
+            (true, None, false),
+            (false, Some(Completed), false),
+        ] {
+            assert_eq!(
+                unwatches_at_settle(watching, state),
+                ends,
+                "{watching} {state:?}"
+            );
+        }
     }
 
     #[test]

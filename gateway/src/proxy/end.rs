@@ -112,6 +112,14 @@ impl Gateway {
             Event::CallerGone => "caller_gone",
             _ => "stream_lost",
         };
+        if policies::cascade::settled_at_end(&end.seen, end.was_watching) {
+            // Kept, as the cascade would decide after reading the store:
+            // no task spawned, no store call.
+            crate::metrics::CASCADE_DECISIONS
+                .with_label_values(&[&end.route, "keep_settled"])
+                .inc();
+            return Some(event);
+        }
         let cascade = self.cascade.clone();
         crate::drain::spawn_work(async move { cascade.stream_ended(end).await });
         Some(event)

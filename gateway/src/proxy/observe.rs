@@ -131,12 +131,20 @@ impl Gateway {
         }
     }
 
-    /// A task already seen has settled: the store learns it (once).
-    pub(super) fn settled(&self, key: TaskKey, state: Option<TaskState>) {
+    /// A task already seen has settled: the store learns it (once); with
+    /// `unwatch`, the stream of that asker stops counting as its watcher in
+    /// the same write (`policies::track::unwatches_at_settle`).
+    pub(super) fn settled(&self, key: TaskKey, state: Option<TaskState>, unwatch: Option<Asker>) {
+        let (watchers_delta, asker) = match unwatch {
+            Some(asker) => (-1, asker),
+            None => (0, Asker::default()),
+        };
         self.cascade.tracker().update(
             key,
             TaskUpdate {
                 state,
+                watchers_delta,
+                asker,
                 ..TaskUpdate::default()
             },
         );
@@ -395,7 +403,15 @@ impl Gateway {
             Some(id) => {
                 if policies::track::records_settling(was_settled, t.seen.state) {
                     let key = TaskKey::new(&route.name, ctx.req.tenant.as_deref(), id);
-                    self.settled(key, ctx.track.seen.state);
+                    let unwatch = policies::track::unwatches_at_settle(
+                        ctx.track.watching,
+                        ctx.track.seen.state,
+                    )
+                    .then(|| ctx.asker(&route));
+                    if unwatch.is_some() {
+                        ctx.track.watching = false;
+                    }
+                    self.settled(key, ctx.track.seen.state, unwatch);
                 }
             }
         }

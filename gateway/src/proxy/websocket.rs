@@ -253,7 +253,7 @@ impl Gateway {
                 t.seen.unsure = false;
             }
             if policies::track::records_settling(was_settled, t.seen.state) {
-                self.settled(key, t.seen.state);
+                self.settled(key, t.seen.state, None);
             }
             return;
         }
