@@ -666,7 +666,7 @@ impl RedisStore {
         format!("{}:outbox:{}", shard.prefix, pct(route))
     }
 
-    /// The Redis key of the owed cancels a task's would be in.
+    /// The Redis key of the outbox a task's owed cancel would be in.
     pub fn outbox_key(&self, key: &TaskKey) -> String {
         RedisStore::outbox_in(self.task_shard(key), &key.route)
     }
