@@ -415,6 +415,39 @@ async fn ping(port: u16) -> bool {
         .is_some()
 }
 
+const CLUSTER_INFO: &[&str] = &["CLUSTER", "INFO"];
+const REPLICATION: &[&str] = &["INFO", "replication"];
+
+impl RedisServer {
+    /// Runs each of `asks` with `redis-cli` every 100 ms until `ok` holds
+    /// for their answers; panics saying the node `what` at `deadline`.
+    async fn until_answers(
+        &self,
+        asks: &[&[&str]],
+        ok: impl Fn(&[String]) -> bool,
+        deadline: Instant,
+        what: &str,
+    ) {
+        loop {
+            let mut answers = Vec::new();
+            for ask in asks {
+                answers.push(String::from_utf8_lossy(&self.cli(ask).await).into_owned());
+            }
+            if ok(&answers) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} {what}:\n{}\n{}",
+                self.port,
+                answers.join("\n"),
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// A Redis Cluster on loopback: three primaries, each with one replica,
 /// joined by `redis-cli --cluster create`; killed on drop. Nodes time out
 /// after a second (`cluster-node-timeout`), so a killed primary's replica
@@ -470,22 +503,12 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes };
         let deadline = Instant::now() + super::scaled_secs(30);
         for n in &cluster.nodes {
-            loop {
-                let info = String::from_utf8_lossy(&n.cli(&["CLUSTER", "INFO"]).await).into_owned();
-                let repl =
-                    String::from_utf8_lossy(&n.cli(&["INFO", "replication"]).await).into_owned();
-                let synced = repl.contains("role:master") || repl.contains("master_link_status:up");
-                if info.contains("cluster_state:ok") && synced {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "cluster node {} not ok:\n{info}\n{repl}\n{}",
-                    n.port,
-                    n.log()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let ok = |a: &[String]| {
+                a[0].contains("cluster_state:ok")
+                    && (a[1].contains("role:master") || a[1].contains("master_link_status:up"))
+            };
+            n.until_answers(&[CLUSTER_INFO, REPLICATION], ok, deadline, "is not ok")
+                .await;
         }
         cluster
     }
@@ -507,7 +530,7 @@ impl RedisCluster {
         let primary = format!("master_port:{}", self.nodes[i].port);
         let mut replica = None;
         for (j, n) in self.nodes.iter().enumerate() {
-            let repl = String::from_utf8_lossy(&n.cli(&["INFO", "replication"]).await).into_owned();
+            let repl = String::from_utf8_lossy(&n.cli(REPLICATION).await).into_owned();
             if repl.lines().any(|l| l.trim() == primary) {
                 replica = Some(j);
             }
@@ -515,39 +538,14 @@ impl RedisCluster {
         let replica = replica.unwrap_or_else(|| panic!("node {i} has no replica"));
         self.nodes[i].kill().await;
         let deadline = Instant::now() + super::scaled_secs(30);
-        loop {
-            let repl =
-                String::from_utf8_lossy(&self.nodes[replica].cli(&["INFO", "replication"]).await)
-                    .into_owned();
-            if repl.contains("role:master") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {replica} did not take over from node {i}:\n{repl}\n{}",
-                self.nodes[replica].log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let promoted = |a: &[String]| a[0].contains("role:master");
+        self.nodes[replica]
+            .until_answers(&[REPLICATION], promoted, deadline, "did not take over")
+            .await;
         for n in self.nodes.iter().filter(|n| n.child.is_some()) {
-            loop {
-                let out = Command::new("redis-cli")
-                    .args(["-p", &n.port.to_string(), "CLUSTER", "INFO"])
-                    .output()
-                    .await
-                    .expect("redis-cli");
-                let info = String::from_utf8_lossy(&out.stdout).into_owned();
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "the cluster did not fail over on node {}:\n{info}\n{}",
-                    n.port,
-                    n.log()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let ok = |a: &[String]| a[0].contains("cluster_state:ok");
+            n.until_answers(&[CLUSTER_INFO], ok, deadline, "did not see the failover")
+                .await;
         }
         replica
     }
