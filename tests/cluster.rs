@@ -49,7 +49,10 @@ async fn the_store_conforms_on_a_cluster() {
     );
     // Each primary holds some of the namespace's keys (the shards' tags
     // spread over the slot ranges), each replica process one heartbeat per
-    // shard.
+    // shard. The heartbeats live 6 s and nothing here beats every second as
+    // a gateway does: one beat now, so that a suite slower than 6 s still
+    // finds them.
+    s.replica_alive().await.unwrap();
     for n in &cluster.nodes[..3] {
         let keys = n.cli(&["--scan", "--pattern", "conf:*"]).await;
         let keys = String::from_utf8_lossy(&keys);
