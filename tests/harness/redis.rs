@@ -354,15 +354,8 @@ impl RedisServer {
     /// Asks this sentinel `ask` every 100 ms until its answer has `port`
     /// as a field; panics saying it `what` at `deadline`.
     async fn until_naming(&self, ask: &[&str], port: u16, deadline: Instant, what: &str) {
-        while !names_port(&self.cli(ask).await, port) {
-            assert!(
-                Instant::now() < deadline,
-                "sentinel {} {what}:\n{}",
-                self.port,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let names = |a: &[String]| names_port(a[0].as_bytes(), port);
+        self.until_answers(&[ask], names, deadline, what).await;
     }
 
     /// Runs `redis-server CONF --sentinel` and waits until it answers `PING`.

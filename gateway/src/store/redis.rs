@@ -591,36 +591,39 @@ impl RedisStore {
     /// of its route and id), so that its record, lease, owed cancel and
     /// their indexes are in one slot.
     fn task_shard(&self, key: &TaskKey) -> &Shard {
-        let n = self.shards.len();
-        let i = if n == 1 {
-            0
-        } else {
-            let mut h = crc16::State::<crc16::XMODEM>::new();
-            h.update(key.route.as_bytes());
-            h.update(&[0xff]);
-            h.update(key.task_id.as_bytes());
-            usize::from(h.get()) % n
-        };
-        &self.shards[i]
+        self.shard_of(&[key.route.as_bytes(), &[0xff], key.task_id.as_bytes()])
     }
 
     /// The shard a route's budget accounts are in: every account one send
     /// reserves on is its route's, so one script reserves them all.
     fn route_shard(&self, route: &str) -> &Shard {
+        self.shard_of(&[route.as_bytes()])
+    }
+
+    /// The shard the CRC16 of `parts` (one after another) picks; the only
+    /// one on a single server.
+    fn shard_of(&self, parts: &[&[u8]]) -> &Shard {
         let n = self.shards.len();
-        let i = if n == 1 {
-            0
-        } else {
-            usize::from(crc16::State::<crc16::XMODEM>::calculate(route.as_bytes())) % n
-        };
-        &self.shards[i]
+        if n == 1 {
+            return &self.shards[0];
+        }
+        let mut h = crc16::State::<crc16::XMODEM>::new();
+        for p in parts {
+            h.update(p);
+        }
+        &self.shards[usize::from(h.get()) % n]
     }
 
     /// The Redis key of a task's hash.
     pub fn task_key(&self, key: &TaskKey) -> String {
+        RedisStore::task_key_in(self.task_shard(key), key)
+    }
+
+    /// [`Self::task_key`] of a task in `shard` (its [`Self::task_shard`]).
+    fn task_key_in(shard: &Shard, key: &TaskKey) -> String {
         format!(
             "{}:task:{}:{}",
-            self.task_shard(key).prefix,
+            shard.prefix,
             pct(&key.route),
             pct(&key.task_id)
         )
@@ -709,19 +712,20 @@ impl RedisStore {
 
     /// The keys a task's lease scripts take: the task, its shard's lease
     /// index, both lease retry sets of its shard.
-    fn lease_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) {
+    fn lease_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) -> &Shard {
         let shard = self.task_shard(key);
-        inv.key(self.task_key(key))
+        inv.key(RedisStore::task_key_in(shard, key))
             .key(&shard.leases)
             .key(&shard.retries)
             .key(RedisStore::retry_key(shard, &key.route));
+        shard
     }
 
     /// The keys `outbox_put` and `outbox_done` take: [`Self::lease_keys`]
     /// and the route's outbox in the task's shard.
     fn outbox_keys(&self, inv: &mut redis::ScriptInvocation<'_>, key: &TaskKey) {
-        self.lease_keys(inv, key);
-        inv.key(self.outbox_key(key));
+        let shard = self.lease_keys(inv, key);
+        inv.key(RedisStore::outbox_in(shard, &key.route));
     }
 
     /// The Redis key of the lease deadline index a task's lease is in.
@@ -803,11 +807,11 @@ impl RedisStore {
         now_ms: u64,
         quiet: bool,
     ) -> Result<Value, StoreError> {
-        let k = self.task_key(key);
+        let shard = self.task_shard(key);
         let mut inv = self.scripts.update.prepare_invoke();
-        inv.key(&k)
-            .key(self.leases_key(key))
-            .key(self.outbox_key(key));
+        inv.key(RedisStore::task_key_in(shard, key))
+            .key(&shard.leases)
+            .key(RedisStore::outbox_in(shard, &key.route));
         inv.arg(now_ms.min(MAX_EXACT))
             .arg(&*key.route)
             .arg(&*key.tenant)
@@ -1069,11 +1073,13 @@ fn shard_tag(i: usize, n: usize) -> String {
     let (lo, hi) = (i * SLOTS / n, (i + 1) * SLOTS / n);
     (0..1_000_000)
         .map(|j| format!("{i}.{j}"))
-        .find(|t| {
-            let slot = usize::from(crc16::State::<crc16::XMODEM>::calculate(t.as_bytes())) % SLOTS;
-            (lo..hi).contains(&slot)
-        })
+        .find(|t| (lo..hi).contains(&slot(t)))
         .unwrap_or_else(|| i.to_string())
+}
+
+/// The cluster slot of a hash tag (Redis's CRC16/XMODEM, modulo the slots).
+fn slot(tag: &str) -> usize {
+    usize::from(crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes())) % SLOTS
 }
 
 /// How often a Sentinel-backed store asks which node is the primary: a
@@ -2231,8 +2237,7 @@ mod tests {
         for n in [1, 3, 16, 64] {
             for i in 0..n {
                 let tag = shard_tag(i, n);
-                let slot =
-                    usize::from(crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes())) % SLOTS;
+                let slot = slot(&tag);
                 assert!(
                     (i * SLOTS / n..(i + 1) * SLOTS / n).contains(&slot),
                     "{i} of {n}: {tag} in {slot}"
@@ -2240,10 +2245,7 @@ mod tests {
             }
         }
         // Redis's own slot of a known key: CLUSTER KEYSLOT foo is 12182.
-        assert_eq!(
-            crc16::State::<crc16::XMODEM>::calculate(b"foo") % 16384,
-            12182
-        );
+        assert_eq!(slot("foo"), 12182);
     }
 
     #[test]
