@@ -1,7 +1,10 @@
 //! The tracker: store writes from the proxy's synchronous hooks (a task
 //! seen, settled, watched; a lease started; a delegation link), queued
 //! without waiting and applied by background loops, sharded by task so
-//! that a task's writes stay in order.
+//! that a task's writes stay in order. On a store whose calls complete at
+//! once (the memory store: [`TaskStore::completes_at_once`]) they are
+//! applied where they are made instead: in order by construction, and
+//! without waking the loops' thread for each.
 
 use std::sync::Arc;
 
@@ -35,6 +38,9 @@ enum Op {
 pub struct Tracker {
     /// One queue per shard; a task's ops all go to one, in order.
     txs: Arc<[mpsc::Sender<Op>]>,
+    /// The store, when its calls complete at once: ops are applied here,
+    /// nothing is queued.
+    at_once: Option<Arc<dyn TaskStore>>,
 }
 
 /// Capacity of the tracker's queues, all shards together. A full queue
@@ -62,61 +68,73 @@ impl Tracker {
             txs.push(tx);
             shards.push(Self::apply(store.clone(), rx));
         }
+        let at_once = store.completes_at_once().then_some(store);
         let run = async move {
             futures_util::future::join_all(shards).await;
         };
-        (Tracker { txs: txs.into() }, run)
+        (
+            Tracker {
+                txs: txs.into(),
+                at_once,
+            },
+            run,
+        )
     }
 
     /// One shard's loop: its ops, one after another.
     async fn apply(store: Arc<dyn TaskStore>, mut rx: mpsc::Receiver<Op>) {
         while let Some(op) = rx.recv().await {
-            match op {
-                Op::Update(key, update) => {
-                    if let Err(e) = store.write(&key, update, store.clock_ms()).await {
-                        metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
-                        tracing::warn!(task = %key, error = %e, "could not record a task");
-                    }
+            Self::apply_one(store.clone(), op).await;
+        }
+    }
+
+    /// Applies one op to `store`.
+    async fn apply_one(store: Arc<dyn TaskStore>, op: Op) {
+        match op {
+            Op::Update(key, update) => {
+                if let Err(e) = store.write(&key, update, store.clock_ms()).await {
+                    metrics::STORE_ERRORS.with_label_values(&["update"]).inc();
+                    tracing::warn!(task = %key, error = %e, "could not record a task");
                 }
-                Op::LeaseStart {
-                    key,
-                    ttl_ms,
-                    holder,
-                    asker,
-                } => {
-                    if let Err(e) = store
-                        .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms(), &asker)
-                        .await
-                    {
-                        metrics::STORE_ERRORS
-                            .with_label_values(&["lease_start"])
-                            .inc();
-                        tracing::warn!(task = %key, error = %e, "could not start a lease");
-                    }
-                }
-                Op::Link {
-                    parent,
-                    child_ref,
-                    child,
-                } => {
-                    let outcome = match store.link_child(&parent, &child_ref, &child).await {
-                        Ok(true) => "child",
-                        Ok(false) => "dropped",
-                        Err(e) => {
-                            metrics::STORE_ERRORS
-                                .with_label_values(&["link_child"])
-                                .inc();
-                            tracing::warn!(route = %child.route, error = %e, "could not link a child to its parent; it is not cancelled with it");
-                            "store_error"
-                        }
-                    };
-                    metrics::TREE_LINKS
-                        .with_label_values(&[&child.route, outcome])
+            }
+            Op::LeaseStart {
+                key,
+                ttl_ms,
+                holder,
+                asker,
+            } => {
+                if let Err(e) = store
+                    .lease_start(&key, ttl_ms, holder.as_deref(), store.clock_ms(), &asker)
+                    .await
+                {
+                    metrics::STORE_ERRORS
+                        .with_label_values(&["lease_start"])
                         .inc();
+                    tracing::warn!(task = %key, error = %e, "could not start a lease");
                 }
-                Op::Flush(done) => {
-                    let _ = done.send(());
-                }
+            }
+            Op::Link {
+                parent,
+                child_ref,
+                child,
+            } => {
+                let outcome = match store.link_child(&parent, &child_ref, &child).await {
+                    Ok(true) => "child",
+                    Ok(false) => "dropped",
+                    Err(e) => {
+                        metrics::STORE_ERRORS
+                            .with_label_values(&["link_child"])
+                            .inc();
+                        tracing::warn!(route = %child.route, error = %e, "could not link a child to its parent; it is not cancelled with it");
+                        "store_error"
+                    }
+                };
+                metrics::TREE_LINKS
+                    .with_label_values(&[&child.route, outcome])
+                    .inc();
+            }
+            Op::Flush(done) => {
+                let _ = done.send(());
             }
         }
     }
@@ -131,19 +149,45 @@ impl Tracker {
         &self.txs[(h % self.txs.len() as u64) as usize]
     }
 
+    /// Applies `op` here when the store completes at once, else queues it
+    /// on its shard's queue without waiting. `false`: the queue was full,
+    /// the op dropped (counted).
+    fn send(&self, op: Op) -> bool {
+        let Some(store) = &self.at_once else {
+            let q = match &op {
+                Op::Update(key, _) | Op::LeaseStart { key, .. } => self.queue(key),
+                Op::Link { parent, .. } => self.queue(parent.as_str()),
+                Op::Flush(_) => &self.txs[0],
+            };
+            if q.try_send(op).is_err() {
+                metrics::Untracked::TrackerQueueFull.count();
+                return false;
+            }
+            return true;
+        };
+        let mut applying = Box::pin(Self::apply_one(store.clone(), op));
+        if futures_util::FutureExt::now_or_never(&mut applying).is_none() {
+            // Not a store that completes at once after all: the op is
+            // finished in the background rather than lost.
+            tracing::warn!(
+                store = store.kind(),
+                "a store write did not complete at once; finishing it in the background"
+            );
+            tokio::spawn(applying);
+        }
+        true
+    }
+
     /// Queues a child's link under `parent` (a reference, hex) without
     /// waiting: written before the child's send is answered, off its path.
     pub fn link(&self, parent: String, child_ref: String, child: crate::store::ChildLink) {
-        let q = self.queue(parent.as_str());
         let route = child.route.clone();
-        if q.try_send(Op::Link {
+        let op = Op::Link {
             parent,
             child_ref,
             child: Box::new(child),
-        })
-        .is_err()
-        {
-            metrics::Untracked::TrackerQueueFull.count();
+        };
+        if !self.send(op) {
             metrics::TREE_LINKS
                 .with_label_values(&[&route, "dropped"])
                 .inc();
@@ -152,33 +196,28 @@ impl Tracker {
 
     /// Queues an update without waiting.
     pub fn update(&self, key: TaskKey, update: TaskUpdate) {
-        if self.queue(&key).try_send(Op::Update(key, update)).is_err() {
-            metrics::Untracked::TrackerQueueFull.count();
-        }
+        self.send(Op::Update(key, update));
     }
 
     /// Queues the start of a lease (after the update that recorded the
     /// task), for `asker`'s request: it starts nothing on a task `asker` may
     /// not move.
     pub fn lease_start(&self, key: TaskKey, ttl_ms: u64, holder: Option<String>, asker: Asker) {
-        if self
-            .queue(&key)
-            .try_send(Op::LeaseStart {
-                key,
-                ttl_ms,
-                holder,
-                asker,
-            })
-            .is_err()
-        {
-            metrics::Untracked::TrackerQueueFull.count();
-        }
+        self.send(Op::LeaseStart {
+            key,
+            ttl_ms,
+            holder,
+            asker,
+        });
     }
 
     /// Waits until every op queued for `key` before this call is applied:
     /// its shard's alone (one wake-up, where [`Tracker::flush`] wakes every
-    /// shard).
+    /// shard). At once when nothing is queued (the store completes at once).
     pub async fn flush_key(&self, key: &TaskKey) {
+        if self.at_once.is_some() {
+            return;
+        }
         let (tx, rx) = oneshot::channel();
         if self.queue(key).send(Op::Flush(tx)).await.is_ok() {
             let _ = rx.await;
@@ -187,6 +226,9 @@ impl Tracker {
 
     /// Waits until every update queued before this call is applied.
     pub async fn flush(&self) {
+        if self.at_once.is_some() {
+            return;
+        }
         let waits = self.txs.iter().map(|q| async move {
             let (tx, rx) = oneshot::channel();
             if q.send(Op::Flush(tx)).await.is_ok() {
@@ -194,5 +236,44 @@ impl Tracker {
             }
         });
         futures_util::future::join_all(waits).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::timed::TimedStore;
+    use policies::TaskState;
+    use std::time::Duration;
+
+    /// On the memory store the tracker writes where the hook calls it: the
+    /// record and its lease are there with the tracker's loop never run,
+    /// and a flush does not wait for that loop.
+    #[tokio::test]
+    async fn a_store_that_completes_at_once_is_written_in_the_call() {
+        let store = TimedStore::wrap(Arc::new(MemoryStore::new(1_000, Duration::from_secs(60))));
+        assert!(store.completes_at_once());
+        let (tracker, _never_run) = Tracker::new(store.clone());
+        let key = TaskKey::new(&Arc::from("r"), None, "t1");
+        tracker.update(
+            key.clone(),
+            TaskUpdate {
+                state: Some(TaskState::Working),
+                watchers_delta: 1,
+                ..TaskUpdate::default()
+            },
+        );
+        tracker.lease_start(key.clone(), 5_000, None, Asker::default());
+        tracker.flush_key(&key).await;
+        tracker.flush().await;
+        let rec = store
+            .get(&key)
+            .await
+            .unwrap()
+            .expect("recorded in the call");
+        assert_eq!(rec.state, Some(TaskState::Working));
+        assert_eq!(rec.watchers, 1);
+        assert_eq!(rec.lease.map(|l| l.ttl_ms), Some(5_000));
     }
 }

@@ -383,7 +383,7 @@ impl ProxyHttp for Gateway {
     }
 
     /// Observe: read the answer as it passes. Synchronous: store updates go
-    /// to the tracker's queue.
+    /// to the tracker.
     fn response_body_filter(
         &self,
         session: &mut Session,

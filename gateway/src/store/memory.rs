@@ -844,6 +844,11 @@ impl TaskStore for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
+
+    /// Every method is synchronous code behind an `async` signature.
+    fn completes_at_once(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -639,6 +639,16 @@ pub trait TaskStore: Send + Sync + fmt::Debug + 'static {
 
     /// `memory` or `redis`, for logs and metrics.
     fn kind(&self) -> &'static str;
+
+    /// Whether every call completes on its first poll, without I/O or
+    /// waiting (a store in this process's memory). The tracker then applies
+    /// its writes where they are made instead of queueing them for its
+    /// background loop: a queued write wakes that loop's thread, two or
+    /// three system calls per tracked stream, more than the write itself
+    /// costs.
+    fn completes_at_once(&self) -> bool {
+        false
+    }
 }
 
 /// How long a store remembers a settled reservation's ticket (Redis:

@@ -350,6 +350,10 @@ impl TaskStore for TimedStore {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+
+    fn completes_at_once(&self) -> bool {
+        self.inner.completes_at_once()
+    }
 }
 
 #[cfg(test)]
