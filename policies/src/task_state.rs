@@ -68,6 +68,23 @@ impl TaskState {
         })
     }
 
+    /// Every name [`TaskState::from_wire`] reads as this state: the v1.0
+    /// name, and its lower-case alias where it has one. For a reader that
+    /// looks for states in raw bytes before it reads them.
+    pub fn wire_names(self) -> &'static [&'static str] {
+        match self {
+            TaskState::Unspecified => &["TASK_STATE_UNSPECIFIED"],
+            TaskState::Submitted => &["TASK_STATE_SUBMITTED", "submitted"],
+            TaskState::Working => &["TASK_STATE_WORKING", "working"],
+            TaskState::Completed => &["TASK_STATE_COMPLETED", "completed"],
+            TaskState::Failed => &["TASK_STATE_FAILED", "failed"],
+            TaskState::Canceled => &["TASK_STATE_CANCELED", "canceled"],
+            TaskState::InputRequired => &["TASK_STATE_INPUT_REQUIRED", "input-required"],
+            TaskState::Rejected => &["TASK_STATE_REJECTED", "rejected"],
+            TaskState::AuthRequired => &["TASK_STATE_AUTH_REQUIRED", "auth-required"],
+        }
+    }
+
     /// The v1.0 wire name.
     pub fn as_wire(self) -> &'static str {
         match self {
@@ -141,6 +158,10 @@ mod tests {
     fn wire_names_round_trip() {
         for state in TaskState::ALL {
             assert_eq!(TaskState::from_wire(state.as_wire()), Some(state));
+            assert_eq!(state.wire_names()[0], state.as_wire());
+            for name in state.wire_names() {
+                assert_eq!(TaskState::from_wire(name), Some(state), "{name}");
+            }
         }
     }
 

@@ -9,7 +9,7 @@
 //! does to a request that needs the store. The gateway applies the result in
 //! one place (`gateway/src/proxy/observe.rs`, `track`).
 
-use crate::cascade::CascadeMode;
+use crate::cascade::{CascadeMode, Seen};
 use crate::TaskState;
 
 /// The shape of the call a task is seen through.
@@ -227,6 +227,27 @@ pub fn records_settling(was_settled: bool, state: Option<TaskState>) -> bool {
 /// its caller may go on with it.
 pub fn unwatches_at_settle(watching: bool, state: Option<TaskState>) -> bool {
     watching && state.is_some_and(TaskState::is_terminal)
+}
+
+/// Whether an event of a stream must be read (walked for its task id,
+/// state and reported spend), when its bytes show it cannot report a
+/// settled state (`may_settle` false: it holds no escape and no settled
+/// state's wire name as a whole string). Such an event can change nothing
+/// once the stream knows its task (`seen.id_known`), has seen it in a
+/// state that is not settled (a later unsettled state decides nothing a
+/// `WORKING` does not: every decision asks whether the task settled) and
+/// is sure of it (`unsure`: an unreadable event is cleared only by a
+/// state read), and no budget reads the spend it may report. It is not
+/// read then: most events of a long stream are progress (artifacts,
+/// `WORKING` updates), and a tracked stream's cost was their reading.
+/// `may_settle` is asked last, only when nothing else decides.
+pub fn reads_event(seen: &Seen, budgeted: bool, may_settle: impl FnOnce() -> bool) -> bool {
+    budgeted
+        || !seen.id_known
+        || seen.unsure
+        || seen.is_settled()
+        || seen.state.is_none()
+        || may_settle()
 }
 
 /// Whether the gateway reads the answer to a call of `shape`. A stream or
@@ -570,6 +591,38 @@ mod tests {
         assert!(!records_settling(true, Some(Completed)));
         assert!(!records_settling(false, Some(Working)));
         assert!(!records_settling(false, None));
+    }
+
+    #[test]
+    fn which_events_are_read() {
+        let sure = |state| Seen {
+            id_known: true,
+            state,
+            ..Seen::default()
+        };
+        #[rustfmt::skip]
+        let table = [
+            // The one case left unread: task known, working, sure, no budget,
+            // and the event cannot settle it.
+            (sure(Some(Working)), false, false, false),
+            (sure(Some(Submitted)), false, false, false),
+            (sure(Some(Working)), false, true, true),
+            (sure(Some(Working)), true, false, true),
+            (Seen { id_known: false, ..sure(Some(Working)) }, false, false, true),
+            (Seen { unsure: true, ..sure(Some(Working)) }, false, false, true),
+            (sure(None), false, false, true),
+            // Handed back: an event may resume it.
+            (sure(Some(InputRequired)), false, false, true),
+            (sure(Some(Completed)), false, false, true),
+            (Seen { message_only: true, ..sure(Some(Working)) }, false, false, true),
+        ];
+        for (seen, budgeted, may_settle, want) in table {
+            assert_eq!(
+                reads_event(&seen, budgeted, || may_settle),
+                want,
+                "{seen:?} {budgeted} {may_settle}"
+            );
+        }
     }
 
     #[test]

@@ -462,10 +462,147 @@ pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
     }
 }
 
+/// Every name [`TaskState::from_wire`] reads as a settled state
+/// (`TASK_STATE_COMPLETED`, `completed`, ...); each ends in `ed` or `ED`.
+#[cfg(test)]
+fn settled_names() -> Vec<&'static str> {
+    TaskState::ALL
+        .into_iter()
+        .filter(|s| s.is_settled())
+        .flat_map(|s| s.wire_names().iter().copied())
+        .collect()
+}
+
+/// The longest name of a state (`TASK_STATE_INPUT_REQUIRED`).
+const LONGEST_STATE_NAME: usize = 25;
+
+/// Where a settled state's name may end: `ed"` and `ED"`.
+static SETTLED_ENDS: std::sync::LazyLock<[memchr::memmem::Finder<'static>; 2]> =
+    std::sync::LazyLock::new(|| {
+        [
+            memchr::memmem::Finder::new(b"ed\""),
+            memchr::memmem::Finder::new(b"ED\""),
+        ]
+    });
+
+/// Whether [`observe`] may read a settled state from `doc`: it holds an
+/// escape (a name can be spelled with one), or a settled state's name as a
+/// whole string (`"TASK_STATE_COMPLETED"`, `"completed"`, ...), wherever it
+/// is (a struct read from an array has no `state` key). `false` proves that
+/// the walk reads no settled state from it, as it reads a state from a
+/// string's raw bytes when the string has no escape; the differential
+/// tests check that on every document they generate. Every settled name
+/// ends in `ed` or `ED`: only the strings that do are looked at (found
+/// with `memmem`, each checked back to its opening quote); no allocation.
+/// What `false` allows is `policies::track::reads_event`'s.
+pub fn may_settle(doc: &[u8]) -> bool {
+    if memchr::memchr(b'\\', doc).is_some() {
+        return true;
+    }
+    // `find` in a loop: `find_iter` copies the searcher for each document.
+    SETTLED_ENDS.iter().any(|ends| {
+        let mut from = 0;
+        while let Some(at) = ends.find(&doc[from..]) {
+            let close = from + at + 2;
+            if settled_name_before(doc, close) {
+                return true;
+            }
+            from = close;
+        }
+        false
+    })
+}
+
+/// Whether the string that the quote at `close` ends is a settled state's
+/// name. With no escape in the document, no string holds a quote: the one
+/// before `close` opens it.
+fn settled_name_before(doc: &[u8], close: usize) -> bool {
+    let from = close.saturating_sub(LONGEST_STATE_NAME + 1);
+    memchr::memrchr(b'"', &doc[from..close]).is_some_and(|open| {
+        std::str::from_utf8(&doc[from + open + 1..close])
+            .ok()
+            .and_then(TaskState::from_wire)
+            .is_some_and(TaskState::is_settled)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use TaskState::*;
+
+    #[test]
+    fn settled_names_are_whole_strings_that_end_in_ed() {
+        assert_eq!(settled_names().len(), 12);
+        let longest = TaskState::ALL
+            .iter()
+            .flat_map(|s| s.wire_names())
+            .map(|n| n.len());
+        assert_eq!(longest.max(), Some(LONGEST_STATE_NAME));
+        for text in settled_names() {
+            assert!(TaskState::from_wire(text).is_some_and(TaskState::is_settled));
+            assert!(text.ends_with("ed") || text.ends_with("ED"), "{text}");
+            let quoted = format!(r#"{{"state":"{text}"}}"#);
+            assert!(may_settle(quoted.as_bytes()), "{quoted}");
+            // Not as a part of a longer string, nor unquoted.
+            for other in [
+                format!(r#"{{"state":"x{text}"}}"#),
+                format!(r#"{{"state":"{text}x"}}"#),
+                format!(r#"{{"note":{text}}}"#),
+            ] {
+                assert!(!may_settle(other.as_bytes()), "{other}");
+            }
+        }
+        for doc in [
+            r#"{"state":"TASK_STATE_WORKING"}"#,
+            r#"{"state":"submitted","contextId":"canned"}"#,
+            "",
+            r#"""#,
+            r#"ed""#,
+        ] {
+            assert!(!may_settle(doc.as_bytes()), "{doc}");
+        }
+        assert!(may_settle(br#"{"state":"TASK_STATE_\u0043ANCELED"}"#));
+        assert!(may_settle(br#"{"status":["failed"]}"#));
+    }
+
+    /// Events as the peers send them: progress is cleared, a settling
+    /// event is not, and a progress event that merely holds a settled
+    /// name as a string is read (and found to settle nothing).
+    #[test]
+    fn progress_events_are_told_from_settling_ones() {
+        let rpc = |result: &str| format!(r#"{{"jsonrpc":"2.0","id":"1","result":{result}}}"#);
+        let update = |state: &str| {
+            rpc(&format!(
+                r#"{{"statusUpdate":{{"taskId":"t1","contextId":"c1","status":{{"state":"{state}","timestamp":"2026-12-07T18:00:00Z"}}}}}}"#
+            ))
+        };
+        let artifact = |text: &str| {
+            rpc(&format!(
+                r#"{{"artifactUpdate":{{"taskId":"t1","contextId":"c1","artifact":{{"artifactId":"a","parts":[{{"text":"{text}"}}]}},"append":true}}}}"#
+            ))
+        };
+        let table = [
+            (update("TASK_STATE_WORKING"), false, Some(Working)),
+            (update("working"), false, Some(Working)),
+            (artifact("step 3 of 5, nothing failed"), false, None),
+            (update("TASK_STATE_COMPLETED"), true, Some(Completed)),
+            (
+                update("TASK_STATE_INPUT_REQUIRED"),
+                true,
+                Some(InputRequired),
+            ),
+            (update("auth-required"), true, Some(AuthRequired)),
+            (artifact("completed"), true, None),
+            (artifact(r#"a \"quoted\" word"#), true, None),
+        ];
+        for (doc, may, state) in table {
+            assert_eq!(may_settle(doc.as_bytes()), may, "{doc}");
+            let o = observe(Binding::JsonRpc, doc.as_bytes()).expect(&doc);
+            assert_eq!(o.state, state, "{doc}");
+            assert_eq!(o.task_id.as_deref(), Some("t1"), "{doc}");
+        }
+    }
 
     /// The reader this walk replaced: serde's derived structs, typed and
     /// borrowing. The reference the walk is compared with.
@@ -804,6 +941,14 @@ mod tests {
     /// refused a well-formed one.
     fn compare(binding: Binding, doc: &[u8]) -> (Option<Observation<'_>>, bool, bool) {
         let got = observe(binding, doc);
+        if !may_settle(doc) {
+            let state = got.as_ref().and_then(|o| o.state);
+            assert!(
+                !state.is_some_and(TaskState::is_settled),
+                "may_settle missed {state:?} in {}",
+                String::from_utf8_lossy(doc)
+            );
+        }
         let want = reference::observe(binding, doc);
         let text = String::from_utf8_lossy(doc);
         let well_formed = serde_json::from_slice::<serde_json::Value>(doc).is_ok();
@@ -1044,6 +1189,8 @@ mod tests {
 
         let mut g = Gen(0x2545_F491_4F6C_DD1D);
         let (mut read, mut tasks, mut spent, mut lenient, mut refused) = (0, 0, 0, 0, 0);
+        // Documents `may_settle` clears, and of them those read with a state.
+        let (mut unsettling, mut stated) = (0, 0);
         for round in 0..40_000 {
             let binding = if round % 2 == 0 {
                 Binding::JsonRpc
@@ -1075,6 +1222,14 @@ mod tests {
             }
             doc.push_str(g.ws());
             let (o, _, no) = compare(binding, doc.as_bytes());
+            // The same document without its escapes (some then malformed),
+            // for `may_settle`: most generated documents hold one.
+            let plain = doc.replace('\\', "");
+            let (p, _, _) = compare(binding, plain.as_bytes());
+            if !may_settle(plain.as_bytes()) {
+                unsettling += 1;
+                stated += usize::from(p.is_some_and(|p| p.state.is_some()));
+            }
             refused += usize::from(no);
             if let Some(o) = o {
                 read += 1;
@@ -1099,6 +1254,10 @@ mod tests {
         assert!(read > 8_000, "only {read} documents were read");
         assert!(tasks > 3_000, "only {tasks} named a task");
         assert!(spent > 100, "only {spent} reported a spend");
+        assert!(
+            unsettling > 5_000 && stated > 20,
+            "may_settle cleared {unsettling} documents, {stated} of them with a state"
+        );
         // Well-formed documents both refuse (a member given twice or of the
         // wrong type): many.
         assert!(refused > 5_000, "only {refused} well-formed refusals");

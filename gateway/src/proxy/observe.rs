@@ -8,7 +8,7 @@
 //! non-blocking send's task included, tell the budget) is decided
 //! by `policies::track` and applied by [`Gateway::first_sight`] and
 //! [`Gateway::settled`], for HTTP and WebSocket alike. Synchronous: store
-//! updates go to the tracker's queue, nothing here awaits.
+//! updates go to the tracker, nothing here awaits.
 
 use std::sync::Arc;
 
@@ -255,8 +255,15 @@ impl Gateway {
                 if let (Some(chunk), Some(binding)) = (body.as_ref(), ctx.req.binding) {
                     // Each event is acted on as the parser finds it, its
                     // strings borrowed from the parser: nothing is allocated
-                    // per event.
+                    // per event. An event that can change nothing is not
+                    // read (`policies::track::reads_event`).
                     parser.feed(chunk, |item| match item {
+                        SseItem::Event { data, .. }
+                            if !policies::track::reads_event(
+                                &ctx.track.seen,
+                                ctx.budget.is_some(),
+                                || observe::may_settle(data),
+                            ) => {}
                         SseItem::Event { data, .. } => match observe::observe(binding, data) {
                             Some(o) if !o.is_empty() => self.observed(ctx, o),
                             Some(_) => {}
