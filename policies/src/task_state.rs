@@ -54,16 +54,23 @@ impl TaskState {
     /// the lower-case input aliases (`input-required`, …) that peers accept;
     /// anything else is `None`, so an unknown state never counts as settled.
     pub fn from_wire(s: &str) -> Option<TaskState> {
+        Self::from_wire_bytes(s.as_bytes())
+    }
+
+    /// [`TaskState::from_wire`] on raw bytes: a reader that looks for a
+    /// state in a document before reading it need not check the bytes are
+    /// UTF-8 first (every name is ASCII).
+    pub fn from_wire_bytes(s: &[u8]) -> Option<TaskState> {
         Some(match s {
-            "TASK_STATE_UNSPECIFIED" => TaskState::Unspecified,
-            "TASK_STATE_SUBMITTED" | "submitted" => TaskState::Submitted,
-            "TASK_STATE_WORKING" | "working" => TaskState::Working,
-            "TASK_STATE_COMPLETED" | "completed" => TaskState::Completed,
-            "TASK_STATE_FAILED" | "failed" => TaskState::Failed,
-            "TASK_STATE_CANCELED" | "canceled" => TaskState::Canceled,
-            "TASK_STATE_INPUT_REQUIRED" | "input-required" => TaskState::InputRequired,
-            "TASK_STATE_REJECTED" | "rejected" => TaskState::Rejected,
-            "TASK_STATE_AUTH_REQUIRED" | "auth-required" => TaskState::AuthRequired,
+            b"TASK_STATE_UNSPECIFIED" => TaskState::Unspecified,
+            b"TASK_STATE_SUBMITTED" | b"submitted" => TaskState::Submitted,
+            b"TASK_STATE_WORKING" | b"working" => TaskState::Working,
+            b"TASK_STATE_COMPLETED" | b"completed" => TaskState::Completed,
+            b"TASK_STATE_FAILED" | b"failed" => TaskState::Failed,
+            b"TASK_STATE_CANCELED" | b"canceled" => TaskState::Canceled,
+            b"TASK_STATE_INPUT_REQUIRED" | b"input-required" => TaskState::InputRequired,
+            b"TASK_STATE_REJECTED" | b"rejected" => TaskState::Rejected,
+            b"TASK_STATE_AUTH_REQUIRED" | b"auth-required" => TaskState::AuthRequired,
             _ => return None,
         })
     }

@@ -519,10 +519,7 @@ pub fn may_settle(doc: &[u8]) -> bool {
 fn settled_name_before(doc: &[u8], close: usize) -> bool {
     let from = close.saturating_sub(LONGEST_STATE_NAME + 1);
     memchr::memrchr(b'"', &doc[from..close]).is_some_and(|open| {
-        std::str::from_utf8(&doc[from + open + 1..close])
-            .ok()
-            .and_then(TaskState::from_wire)
-            .is_some_and(TaskState::is_settled)
+        TaskState::from_wire_bytes(&doc[from + open + 1..close]).is_some_and(TaskState::is_settled)
     })
 }
 
