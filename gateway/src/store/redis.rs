@@ -1355,10 +1355,10 @@ impl TaskStore for RedisStore {
     }
 
     async fn lease_renew(&self, key: &TaskKey, now_ms: u64) -> Result<Renewal, StoreError> {
-        let k = self.task_key(key);
+        let shard = self.task_shard(key);
         let mut inv = self.scripts.lease_renew.prepare_invoke();
-        inv.key(&k)
-            .key(self.leases_key(key))
+        inv.key(RedisStore::task_key_in(shard, key))
+            .key(&shard.leases)
             .arg(now_ms.min(MAX_EXACT));
         let v: Value = self
             .call("lease_renew", |mut c| async move {
@@ -1457,9 +1457,10 @@ impl TaskStore for RedisStore {
     }
 
     async fn lease_retry(&self, key: &TaskKey, at_ms: u64) -> Result<(), StoreError> {
+        let shard = self.task_shard(key);
         let mut inv = self.scripts.lease_retry.prepare_invoke();
-        inv.key(self.task_key(key))
-            .key(RedisStore::retry_key(self.task_shard(key), &key.route))
+        inv.key(RedisStore::task_key_in(shard, key))
+            .key(RedisStore::retry_key(shard, &key.route))
             .arg(at_ms.min(MAX_EXACT));
         let _: Value = self
             .call("lease_retry", |mut c| async move {
@@ -1642,9 +1643,10 @@ impl TaskStore for RedisStore {
         token: &str,
         at_ms: u64,
     ) -> Result<bool, StoreError> {
+        let shard = self.task_shard(key);
         let mut inv = self.scripts.outbox_retry.prepare_invoke();
-        inv.key(self.task_key(key))
-            .key(self.outbox_key(key))
+        inv.key(RedisStore::task_key_in(shard, key))
+            .key(RedisStore::outbox_in(shard, &key.route))
             .arg(token)
             .arg(at_ms.min(MAX_EXACT));
         let v: Value = self
