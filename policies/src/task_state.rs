@@ -59,7 +59,10 @@ impl TaskState {
 
     /// [`TaskState::from_wire`] on raw bytes: a reader that looks for a
     /// state in a document before reading it need not check the bytes are
-    /// UTF-8 first (every name is ASCII).
+    /// UTF-8 first (every name is ASCII). A name added here goes into
+    /// [`TaskState::wire_names`] too: the gateway's `may_settle` finds
+    /// settled states by their names' ends (`ed`/`ED`) and length, checked
+    /// on that list.
     pub fn from_wire_bytes(s: &[u8]) -> Option<TaskState> {
         Some(match s {
             b"TASK_STATE_UNSPECIFIED" => TaskState::Unspecified,

@@ -462,17 +462,6 @@ pub fn observe(binding: Binding, doc: &[u8]) -> Option<Observation<'_>> {
     }
 }
 
-/// Every name [`TaskState::from_wire`] reads as a settled state
-/// (`TASK_STATE_COMPLETED`, `completed`, ...); each ends in `ed` or `ED`.
-#[cfg(test)]
-fn settled_names() -> Vec<&'static str> {
-    TaskState::ALL
-        .into_iter()
-        .filter(|s| s.is_settled())
-        .flat_map(|s| s.wire_names().iter().copied())
-        .collect()
-}
-
 /// The longest name of a state (`TASK_STATE_INPUT_REQUIRED`).
 const LONGEST_STATE_NAME: usize = 25;
 
@@ -527,6 +516,16 @@ fn settled_name_before(doc: &[u8], close: usize) -> bool {
 mod tests {
     use super::*;
     use TaskState::*;
+
+    /// Every name [`TaskState::from_wire`] reads as a settled state
+    /// (`TASK_STATE_COMPLETED`, `completed`, ...); each ends in `ed` or `ED`.
+    fn settled_names() -> Vec<&'static str> {
+        TaskState::ALL
+            .into_iter()
+            .filter(|s| s.is_settled())
+            .flat_map(|s| s.wire_names().iter().copied())
+            .collect()
+    }
 
     #[test]
     fn settled_names_are_whole_strings_that_end_in_ed() {
