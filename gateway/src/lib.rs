@@ -16,6 +16,7 @@ pub mod drain;
 pub mod health;
 pub mod lease;
 pub mod link;
+pub mod log_line;
 pub mod metrics;
 pub mod proxy;
 pub mod redact;

@@ -125,7 +125,11 @@ where
         .with_env_filter(filter)
         .with_writer(writer);
     match format {
-        config::LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
+        config::LogFormat::Text => fmt
+            .with_ansi(std::io::stderr().is_terminal())
+            .event_format(a2a_gateway::log_line::Line::default())
+            .fmt_fields(a2a_gateway::log_line::Fields)
+            .init(),
         config::LogFormat::Json => fmt
             .json()
             .flatten_event(true)
