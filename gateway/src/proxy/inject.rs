@@ -119,10 +119,12 @@ impl super::Gateway {
             (None, None) => return Ok(()),
         };
         let tenant = ctx.req.tenant.as_deref().unwrap_or("");
-        let tracestate = joined(&upstream.headers, "tracestate");
-        let parent = self.parent_of(&upstream.headers);
+        let tracestate = joined(&upstream.headers, &TRACESTATE);
+        let parent = self.parent_in(&upstream.headers, tracestate.as_deref());
         // The header is the gateway's, not the worker's.
-        upstream.remove_header(d::PARENT_HEADER);
+        if upstream.headers.contains_key(&PARENT_TASK) {
+            upstream.remove_header(&PARENT_TASK);
+        }
         let link = d::link(
             parent.as_ref().map(|p| p.depth),
             ctx.req.task_id.is_none(),
@@ -156,7 +158,7 @@ impl super::Gateway {
                 .register_reference(&self.budgets, crate::link::hex(&own), me.clone())
         });
         let value = linker.wire(own, link.depth(), deadline, metered);
-        let mut parents = upstream.headers.get_all("traceparent").iter();
+        let mut parents = upstream.headers.get_all(&TRACEPARENT).iter();
         let traced = match (parents.next(), parents.next()) {
             (Some(tp), None) => tp.to_str().is_ok_and(d::traceparent_valid),
             _ => false,
@@ -166,12 +168,12 @@ impl super::Gateway {
         } else {
             // A tracestate without a valid traceparent is discarded by
             // the worker: a fresh trace, with only the gateway's member.
-            upstream.insert_header("traceparent", crate::link::new_traceparent())?;
+            upstream.insert_header("traceparent", per_call(crate::link::new_traceparent())?)?;
             None
         };
         upstream.insert_header(
             "tracestate",
-            d::with_member(caller_state, d::MEMBER, &value),
+            per_call(d::with_member(caller_state, d::MEMBER, &value))?,
         )?;
         if std::mem::replace(&mut ctx.req.linked, true) {
             return Ok(());
@@ -218,12 +220,21 @@ impl super::Gateway {
     /// the gateway gave in its `tracestate` member, else in its `baggage`
     /// member, if the tag holds.
     pub(super) fn parent_of(&self, headers: &http::HeaderMap) -> Option<Parent> {
+        if !self.cascade.tree().linker().on {
+            return None;
+        }
+        self.parent_in(headers, joined(headers, &TRACESTATE).as_deref())
+    }
+
+    /// [`Self::parent_of`], the request's `tracestate` lines already
+    /// joined.
+    fn parent_in(&self, headers: &http::HeaderMap, tracestate: Option<&str>) -> Option<Parent> {
         use policies::delegation as d;
         let linker = self.cascade.tree().linker();
         if !linker.on {
             return None;
         }
-        if let Some(p) = joined(headers, d::PARENT_HEADER)
+        if let Some(p) = joined(headers, &PARENT_TASK)
             .as_deref()
             .and_then(d::explicit_parent)
         {
@@ -234,13 +245,11 @@ impl super::Gateway {
                 metered: false,
             });
         }
-        let tracestate = joined(headers, "tracestate");
         let w = tracestate
-            .as_deref()
             .and_then(|ts| d::tracestate_member(ts, d::MEMBER))
             .or_else(|| {
                 headers
-                    .get_all("baggage")
+                    .get_all(&BAGGAGE)
                     .iter()
                     .filter_map(|v| v.to_str().ok())
                     .find_map(|b| d::baggage_member(b, d::MEMBER))
@@ -255,9 +264,31 @@ impl super::Gateway {
     }
 }
 
+/// A header value the gateway makes anew for each call (its `tracestate`
+/// member, a fresh `traceparent`), marked sensitive: HPACK then sends it as
+/// a never-indexed literal on an HTTP/2 connection to the worker. Indexed,
+/// each call would add an entry that no later call uses to both ends'
+/// dynamic tables (4 KiB by default), pushing out the entries that
+/// repeat (`content-type`, `:authority`, `user-agent`, ...) so that they
+/// are sent and decoded as literals again. HTTP/1 ignores the mark.
+fn per_call(value: String) -> Result<http::HeaderValue> {
+    let mut v = http::HeaderValue::try_from(value)
+        .map_err(|e| Error::because(ErrorType::InvalidHTTPHeader, "a delegation header", e))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+// The trace-context headers, named once (a name given as `&str` is parsed
+// and lower-cased on every lookup).
+static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+static TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+static BAGGAGE: http::HeaderName = http::HeaderName::from_static("baggage");
+static PARENT_TASK: http::HeaderName =
+    http::HeaderName::from_static(policies::delegation::PARENT_HEADER);
+
 /// A header's lines joined by `,` (a list header sent in several lines is
 /// one list); `None` when absent.
-fn joined(headers: &http::HeaderMap, name: &str) -> Option<String> {
+fn joined(headers: &http::HeaderMap, name: &http::HeaderName) -> Option<String> {
     let mut out: Option<String> = None;
     for v in headers.get_all(name) {
         let Ok(v) = v.to_str() else { continue };
@@ -399,5 +430,17 @@ mod tests {
         let mut same = head(b"/rpc?q=%2F");
         upstream_head(&mut same, &ctx("/rpc?q=%2F")).unwrap();
         assert_eq!(same.raw_path(), b"/rpc?q=%2F");
+    }
+
+    #[test]
+    fn per_call_values_are_never_indexed() {
+        let v = per_call(crate::link::new_traceparent()).unwrap();
+        assert!(v.is_sensitive());
+        // The mark travels with the value into the head pingora sends.
+        let mut h = head(b"/rpc");
+        h.insert_header("traceparent", v).unwrap();
+        assert!(h.headers["traceparent"].is_sensitive());
+        assert!(h.as_owned_parts().headers["traceparent"].is_sensitive());
+        assert!(per_call("bad\nvalue".into()).is_err());
     }
 }
