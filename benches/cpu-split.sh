@@ -31,7 +31,7 @@
 # - bare pingora (`benches/bare_pingora.rs`, 2 threads, pingora's 64 KiB
 #   read-ahead on callers' connections, as `--canned` runs it);
 # - the gateway, memory store, task tracking on, `blocking_sends = "pass"`,
-#   2 threads, as `--canned` runs it.
+#   2 threads, as `--canned` runs it, with the product's default log.
 # Each runs twice, once with N sequential keep-alive requests on one
 # connection and once with none, left up as long (after one request to
 # warm up in both); (Ir(N) - Ir(0)) / N per bucket is the cost of one
@@ -51,8 +51,10 @@ for c in valgrind nginx; do
     command -v $c >/dev/null || { echo "$c not installed" >&2; exit 1; }
 done
 dir=$(mktemp -d /tmp/a2agw-cpu-split.XXXXXX)
-# The gateway's log: warnings only (not its debug lines' formatting).
-export A2A_GATEWAY_LOG=warn
+# The gateway logs as a user's does (`info`, an access line per request,
+# to a file) unless A2A_GATEWAY_LOG says otherwise (`warn`: no access
+# line). A2AGW_GATEWAY_TOML: lines added to its config (say
+# `[delegation]` and `link = false`, to count what the references cost).
 
 # The canned responder, from the proxy bench binary.
 "$bare" --canned --responder > "$dir/responder.out" 2> "$dir/responder.err" &
@@ -90,6 +92,7 @@ run() {
             gateway_toml "$dir/gw.$p.toml" 2
             sed -i "s/@PORT@/$p/" "$dir/gw.$p.toml"
             echo 'blocking_sends = "pass"' >> "$dir/gw.$p.toml"
+            [[ -n ${A2AGW_GATEWAY_TOML:-} ]] && printf '%s\n' "$A2AGW_GATEWAY_TOML" >> "$dir/gw.$p.toml"
             cmd=("$gw" --config "$dir/gw.$p.toml") ;;
     esac
     local out="$dir/$name.$kind.$n"
