@@ -256,13 +256,15 @@ impl Gateway {
                     // Each event is acted on as the parser finds it, its
                     // strings borrowed from the parser: nothing is allocated
                     // per event. An event that can change nothing is not
-                    // read (`policies::track::reads_event`).
+                    // read (`policies::track::reads_event`); the chunk is
+                    // searched for what may settle once, not each event.
+                    let mut scan = observe::SettleScan::new(chunk);
                     parser.feed(chunk, |item| match item {
                         SseItem::Event { data, .. }
                             if !policies::track::reads_event(
                                 &ctx.track.seen,
                                 ctx.budget.is_some(),
-                                || observe::may_settle(data),
+                                || scan.may_settle(data),
                             ) => {}
                         SseItem::Event { data, .. } => match observe::observe(binding, data) {
                             Some(o) if !o.is_empty() => self.observed(ctx, o),
