@@ -264,3 +264,60 @@ async fn access_lines_for_rest_tenant_websocket_and_callers() {
     let log = gw.log_text();
     assert!(!log.contains(key), "the API key is in the log:\n{log}");
 }
+
+/// `server.log_flush`: `info` lines (the access line) wait in the buffer,
+/// written by the flush tick (the default, a second) or when the gateway
+/// stops (SIGTERM); with a minute's flush a line is not there before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_log_lines_are_written_by_the_tick_or_at_the_end() {
+    let worker = Worker::start(Kind::Rust).await;
+    let get_task =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": "nope"}});
+    let access = |log: &str| {
+        log.lines()
+            .any(|l| l.contains("a2agw::access") && l.contains("method=\"GetTask\""))
+    };
+    // The default (the harness writes every line at once unless the body
+    // names `log_flush`, as this comment does).
+    let gw = Gateway::start(&format!(
+        "# server.log_flush: its default\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        worker.url()
+    ))
+    .await;
+    assert_eq!(post_json(&gw.url, "/", &[], &get_task).await.status, 200);
+    let mut seen = false;
+    for _ in 0..scaled_count(60) {
+        if access(&gw.log_text()) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen,
+        "no access line within the flush; log:\n{}",
+        gw.log_text()
+    );
+
+    // A minute: the line waits (the tick ran once, at the start), and the
+    // gateway's end writes it.
+    let mut gw = Gateway::start(&format!(
+        "log_flush = \"1m\"\n\n[[routes]]\nname = \"w\"\nworker = \"{}\"\n",
+        worker.url()
+    ))
+    .await;
+    assert_eq!(post_json(&gw.url, "/", &[], &get_task).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = gw.log_text();
+    assert!(!access(&before), "written before its flush:\n{before}");
+    gw.terminate();
+    let status = gw
+        .wait_exit(crate::harness::scaled(Duration::from_secs(30)))
+        .await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let after = gw.log_text();
+    assert!(access(&after), "not written at the end:\n{after}");
+    // What waited came first: the access line before the drain's own.
+    let at = |needle: &str| after.find(needle).unwrap_or(usize::MAX);
+    assert!(at("a2agw::access") < at("drained; exiting"), "{after}");
+}

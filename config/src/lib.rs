@@ -99,7 +99,17 @@ pub struct Server {
     /// One access-log line per request as it ends (target `a2agw::access`).
     /// Default on.
     pub access_log: bool,
+    /// How long `info` and `debug` lines may wait in the log's buffer
+    /// before they are written to stderr (a warning or an error is written
+    /// at once, with what waited before it; so is a full buffer). Zero:
+    /// every line at once. At most a minute. Default
+    /// [`DEFAULT_LOG_FLUSH`].
+    pub log_flush: std::time::Duration,
 }
+
+/// `server.log_flush`'s default: one write to stderr per second (or per
+/// 64 KiB of lines) instead of one per request's access line.
+pub const DEFAULT_LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A secret read from the environment or a file; `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -159,6 +169,7 @@ impl Default for Server {
             tls: None,
             log_format: LogFormat::Text,
             access_log: true,
+            log_flush: DEFAULT_LOG_FLUSH,
         }
     }
 }

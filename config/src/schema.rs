@@ -301,6 +301,13 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
         one_of(&[("text", LogFormat::Text), ("json", LogFormat::Json)]),
     );
     let access_log = r.or("access_log", d.access_log, boolean);
+    let log_flush = r.or("log_flush", d.log_flush, |item: &Item| {
+        let d = duration(item)?;
+        if d > Duration::from_secs(60) {
+            return Err(format!("must be at most 1m, found {}", found(item)));
+        }
+        Ok(d)
+    });
     let tls_reader = r.section("tls");
     let tls = if with_tls {
         server_tls(tls_reader, env, &listen, admin)
@@ -318,6 +325,7 @@ fn server(mut r: Reader<'_>, env: Env<'_>) -> Server {
         tls,
         log_format,
         access_log,
+        log_flush,
     }
 }
 

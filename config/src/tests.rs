@@ -137,6 +137,7 @@ fn defaults() {
     assert_eq!(c.server.read_buffer, 0);
     assert_eq!(c.server.log_format, LogFormat::Text);
     assert!(c.server.access_log);
+    assert_eq!(c.server.log_flush, Duration::from_secs(1));
     assert_eq!(c.store.kind, StoreKind::Memory);
     assert_eq!(c.store.on_store_error, OnStoreError::FailOpen);
     assert_eq!(c.limits.max_inspect_body, 1 << 20);
@@ -497,6 +498,8 @@ fn valid_files() {
         ("[server]\nlog_format = \"text\"", |c| c.server.log_format == LogFormat::Text),
         ("[server]\naccess_log = false", |c| !c.server.access_log),
         ("[server]\naccess_log = true", |c| c.server.access_log),
+        ("[server]\nlog_flush = \"0s\"", |c| c.server.log_flush.is_zero()),
+        ("[server]\nlog_flush = \"250ms\"", |c| c.server.log_flush == Duration::from_millis(250)),
         ("[store]\nurl = \"redis://cache:6379/0\"", |c| {
             c.store.kind
                 == StoreKind::Redis {
@@ -609,6 +612,8 @@ fn single_errors() {
         // logs
         ("[server]\nlog_format = \"xml\"\n", "2:14: server.log_format: expected one of \"text\", \"json\", found \"xml\""),
         ("[server]\naccess_log = \"off\"\n", "2:14: server.access_log: expected true or false, found \"off\""),
+        ("[server]\nlog_flush = \"2m\"\n", "2:13: server.log_flush: must be at most 1m, found \"2m\""),
+        ("[server]\nlog_flush = 1\n", "2:13: server.log_flush: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 1"),
         // header injection
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ninject_extensions = [\"a,b\"]", "4:21: routes[0].inject_extensions: \"a,b\" is not an extension URI (no commas, spaces or non-ASCII)"),
         ("[[routes]]\nname = \"a\"\nworker = \"http://w\"\ninject_headers = { \"bad name\" = \"x\" }", "4:18: routes[0].inject_headers: \"bad name\" is not a header name"),
@@ -641,7 +646,7 @@ fn single_errors() {
         ),
         (
             "[server]\nlisten_on = \"0.0.0.0:1\"\n[[routes]]\nname = \"a\"\nworker = \"http://w\"",
-            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, admin_token_env, admin_token_file, threads, read_buffer, log_format, access_log, tls",
+            "2:1: server.listen_on: unknown key \"listen_on\"; expected one of: listen, public_url, admin, admin_token_env, admin_token_file, threads, read_buffer, log_format, access_log, log_flush, tls",
         ),
         (
             "[[routes]]\nname = \"a\"\nworker = \"http://w\"\nprefix = \"/a\"",
@@ -791,7 +796,7 @@ worker = "http://127.0.0.1:9002"
     let want = [
         "2:27: server.listen[1]: expected an IP address and port like \"127.0.0.1:8080\" or \"[::]:8080\", found \"nope\"",
         "3:11: server.threads: must be between 1 and 256, found 0",
-        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, admin_token_env, admin_token_file, threads, read_buffer, log_format, access_log, tls",
+        "4:1: server.colour: unknown key \"colour\"; expected one of: listen, public_url, admin, admin_token_env, admin_token_file, threads, read_buffer, log_format, access_log, log_flush, tls",
         "7:17: limits.max_sse_event: invalid size \"1 lightyear\": unknown unit \"lightyear\"; use B, KiB, MiB, GiB, KB, MB or GB",
         "11:15: cancel.backoff_max: must be at least backoff",
         "15:10: routes[0].worker: expected an http or https URL with a host, found \"ftp://x\"",

@@ -365,7 +365,8 @@ async fn run(setup: Setup) -> Result<(), String> {
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = [\"127.0.0.1:{gw_port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\n\n\
+            "[server]\nlisten = [\"127.0.0.1:{gw_port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\n\
+             log_flush = \"0s\"\n\n\
              [[routes]]\nname = \"leased\"\nworker = \"{worker_url}\"\n\
              path_prefix = \"/leased\"\nstrip_prefix = true\ncascade = \"detach\"\n\n\
              [[routes]]\nname = \"default\"\nworker = \"{worker_url}\"\n"

@@ -156,6 +156,7 @@ impl Drainer {
         tracing::warn!(requests, work, "{what} during the drain; exiting now");
         let _ = tokio::time::timeout(Duration::from_millis(200), self.store.replica_gone()).await;
         export_last_spans().await;
+        crate::log_writer::flush();
         std::process::exit(code);
     }
 }
@@ -200,6 +201,7 @@ impl BackgroundService for Drainer {
                 if flushed.is_ok() && pending() == (0, 0) {
                     tracing::info!(took = ?started.elapsed(), "drained; exiting");
                     export_last_spans().await;
+                    crate::log_writer::flush();
                     std::process::exit(0);
                 }
             }

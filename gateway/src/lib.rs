@@ -17,6 +17,7 @@ pub mod health;
 pub mod lease;
 pub mod link;
 pub mod log_line;
+pub mod log_writer;
 pub mod metrics;
 pub mod proxy;
 pub mod redact;

@@ -95,23 +95,29 @@ fn health(admin: SocketAddr, path: &str, timeout: std::time::Duration) -> Result
     }
 }
 
-/// Starts logging to stderr in `format`: the filter from `A2A_GATEWAY_LOG`;
+/// Starts logging to stderr in `format`, `info` and `debug` lines buffered
+/// for up to `flush` (`server.log_flush`; zero: none, see `log_writer.rs`):
+/// the filter from `A2A_GATEWAY_LOG`;
 /// ANSI colour only when stderr is a terminal (never in a file or a
 /// container's log); JSON one object per line, the event's fields at its
 /// top level. When the filter enables `debug` or `trace` anywhere, every
 /// line is scrubbed of credentials (pingora prints whole request heads
 /// there; `redact.rs`); otherwise nothing is scanned.
-fn init_logs(format: config::LogFormat) {
+fn init_logs(format: config::LogFormat, flush: std::time::Duration) {
+    use a2a_gateway::log_writer::{Buffered, ToStderr, BUFFER};
+    use a2a_gateway::redact::Redacting;
     let filter = tracing_subscriber::EnvFilter::try_from_env("A2A_GATEWAY_LOG")
         .unwrap_or_else(|_| "info,pingora_core=warn,pingora_proxy=warn".into());
-    if a2a_gateway::redact::needed(filter.max_level_hint()) {
-        install_logs(
+    let redact = a2a_gateway::redact::needed(filter.max_level_hint());
+    match (flush.is_zero(), redact) {
+        (true, true) => install_logs(format, filter, Redacting(std::io::stderr)),
+        (true, false) => install_logs(format, filter, std::io::stderr),
+        (false, true) => install_logs(
             format,
             filter,
-            a2a_gateway::redact::Redacting(std::io::stderr),
-        );
-    } else {
-        install_logs(format, filter, std::io::stderr);
+            Redacting(ToStderr(Buffered::start(flush, BUFFER))),
+        ),
+        (false, false) => install_logs(format, filter, ToStderr(Buffered::start(flush, BUFFER))),
     }
 }
 
@@ -171,7 +177,10 @@ fn main() -> ExitCode {
         };
     }
     if let Some(Command::CheckConfig { file }) = &cli.command {
-        init_logs(cli.log_format.unwrap_or_default());
+        init_logs(
+            cli.log_format.unwrap_or_default(),
+            std::time::Duration::ZERO,
+        );
         return match config::load(file) {
             // The TLS key pairs are checked as at start-up: a key that is not
             // its certificate's would stop the gateway, so it fails the check.
@@ -261,7 +270,7 @@ fn main() -> ExitCode {
                 a2a_gateway::redact::learn(cfg);
             }),
         });
-    init_logs(cfg.server.log_format);
+    init_logs(cfg.server.log_format, cfg.server.log_flush);
     tracing::debug!(
         allocator = a2a_gateway::allocator::in_use(),
         "heap allocator"
@@ -272,6 +281,7 @@ fn main() -> ExitCode {
     }
     let ran = a2a_gateway::server::run(cfg, source);
     a2a_gateway::trace::shutdown();
+    a2a_gateway::log_writer::flush();
     match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

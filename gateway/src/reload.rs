@@ -350,6 +350,7 @@ pub fn restart_only(running: &config::Config, new: &config::Config) -> Vec<&'sta
         server.read_buffer => "server.read_buffer",
         server.log_format => "server.log_format",
         server.access_log => "server.access_log",
+        server.log_flush => "server.log_flush",
         store.kind => "store.url",
         store.on_store_error => "store.on_store_error",
         store.password => "store.password_env/password_file",

@@ -338,7 +338,10 @@ pub fn run(cfg: config::Config, source: Option<ConfigSource>) -> Result<(), Stri
             tracing::info!(route = %r.name, checks = %checks.join(","), "the route checks every send: what it cannot read as an A2A call is refused (docs/behaviour.md, strict reading)");
         }
     }
-    server.run_forever()
+    server.run(pingora::server::RunArgs::default());
+    // pingora's `run_forever`, with the log's last lines written first.
+    crate::log_writer::flush();
+    std::process::exit(0)
 }
 
 /// The socket options of a listener on `addr`: an IPv6 one is IPv6 only

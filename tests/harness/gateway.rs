@@ -65,7 +65,15 @@ pub fn product_log_unless_set() {
     if std::env::var_os(LOG_ENV).is_none() {
         std::env::set_var(LOG_ENV, PRODUCT_LOG);
     }
+    std::env::set_var(PRODUCT_FLUSH_ENV, "1");
 }
+
+/// Set (by [`product_log_unless_set`]): the gateways buffer their log as
+/// a user's do (`server.log_flush`'s default). Unset, as in tests: every
+/// line is written at once (`log_flush = "0s"`), since tests read the log
+/// as soon as what they look for has happened; a test that sets
+/// `log_flush` itself keeps its own.
+const PRODUCT_FLUSH_ENV: &str = "A2AGW_HARNESS_PRODUCT_LOG_FLUSH";
 
 /// A running gateway process; killed on drop.
 #[derive(Debug)]
@@ -131,8 +139,13 @@ impl Gateway {
         let port = free_port();
         let admin_port = free_port();
         let dir = scratch_dir("gw");
+        let flush = if std::env::var_os(PRODUCT_FLUSH_ENV).is_some() || body.contains("log_flush") {
+            ""
+        } else {
+            "log_flush = \"0s\"\n"
+        };
         let server_head = format!(
-            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\nthreads = 2\n\n"
+            "[server]\nlisten = [\"127.0.0.1:{port}\"]\nadmin = \"127.0.0.1:{admin_port}\"\nthreads = 2\n{flush}\n"
         );
         let cfg = format!("{server_head}{body}");
         let cfg_path = dir.join("gateway.toml");
