@@ -47,7 +47,13 @@ impl Buffered {
         if INSTALLED.set(b.clone()).is_ok() {
             let previous = std::panic::take_hook();
             std::panic::set_hook(Box::new(move |info| {
-                flush();
+                // Not `flush`: a panic on a thread that holds the buffer
+                // (inside `push`) would wait for itself.
+                if let Some(b) = INSTALLED.get() {
+                    if let Ok(mut waiting) = b.waiting.try_lock() {
+                        let _ = write_all(&mut waiting);
+                    }
+                }
                 previous(info);
             }));
         }
