@@ -10,9 +10,10 @@
 //!
 //! [`Line`] and [`Fields`] write the same bytes for what they can do
 //! directly: no colour, no span around the event, not a `log` record, and
-//! fields that are integers, booleans and strings of printable ASCII
-//! without a quote or a backslash (whose `Debug` is the string in
-//! quotes). Everything else (colour on a terminal, the `message` field,
+//! fields that are integers, booleans, floats from 1e-4 to 1e16 (`ryu`
+//! writes those as `Debug` does) and strings of printable ASCII without a
+//! quote or a backslash (whose `Debug` is the string in quotes).
+//! Everything else (colour on a terminal, the `message` field, other
 //! floats, errors, `Debug` values, other strings) is handed to
 //! tracing-subscriber's own `Full` format and `DefaultFields`, so a line
 //! reads the same either way; the tests compare both on the same events.
@@ -89,7 +90,7 @@ where
 }
 
 /// The field format of the text log: `DefaultFields`' output, integers,
-/// booleans and plain strings written directly.
+/// booleans, plain floats and plain strings written directly.
 #[derive(Debug, Default)]
 pub struct Fields;
 
@@ -194,7 +195,18 @@ impl Visit for Visitor<'_> {
         if self.skips(field) {
             return;
         }
-        self.default(|v| v.record_f64(field, value));
+        // `f64`'s `Debug` is the shortest decimal that reads back as the
+        // value, written out in full from 1e-4 up to 1e16 (and 0), with
+        // `.0` on a whole number: what `ryu` writes in that range. Outside
+        // it (or for NaN and infinities) the two differ.
+        let plain = value == 0.0 || (1e-4..1e16).contains(&value.abs());
+        if self.writer.has_ansi_escapes() || field.name() == "message" || !plain {
+            return self.default(|v| v.record_f64(field, value));
+        }
+        if self.name(field) {
+            let mut b = ryu::Buffer::new();
+            self.result = self.writer.write_str(b.format_finite(value));
+        }
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
@@ -314,6 +326,29 @@ mod tests {
         let e = std::io::Error::other("boom");
         tracing::debug!(e = &e as &dyn std::error::Error, "an error");
         tracing::trace!(dbg = ?vec![1, 2], f = 0.1f64 + 0.2, whole = 2.0f64, big = u64::MAX, min = i64::MIN, "t");
+        // Floats at and past the edges of their plain form.
+        for x in [
+            0.0f64,
+            -0.0,
+            1e-4,
+            9.99e-5,
+            1e-5,
+            0.00012,
+            123_456.789,
+            1e15,
+            9.999e15,
+            1e16,
+            1e17,
+            -2.5,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            f64::NAN,
+            f64::INFINITY,
+            1.0 / 3.0,
+            0.3,
+        ] {
+            tracing::info!(x, "float");
+        }
         tracing::info!("only a message");
         tracing::info!(field = "no message", flag = false);
         tracing::info!(message = "a message as a field", x = 1u64);
@@ -350,7 +385,7 @@ mod tests {
         for ansi in [false, true] {
             for clock in [At(true), At(false)] {
                 let want = lines(ansi, false, clock);
-                assert_eq!(want.lines().count(), 11, "{want}");
+                assert_eq!(want.lines().count(), 29, "{want}");
                 assert_eq!(lines(ansi, true, clock), want, "ansi {ansi}");
             }
         }
