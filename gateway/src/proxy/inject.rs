@@ -226,14 +226,11 @@ impl super::Gateway {
         self.parent_in(headers, joined(headers, &TRACESTATE).as_deref())
     }
 
-    /// [`Self::parent_of`], the request's `tracestate` lines already
-    /// joined.
+    /// [`Self::parent_of`] with linking on, the request's `tracestate`
+    /// lines already joined.
     fn parent_in(&self, headers: &http::HeaderMap, tracestate: Option<&str>) -> Option<Parent> {
         use policies::delegation as d;
         let linker = self.cascade.tree().linker();
-        if !linker.on {
-            return None;
-        }
         if let Some(p) = joined(headers, &PARENT_TASK)
             .as_deref()
             .and_then(d::explicit_parent)
