@@ -505,9 +505,11 @@ pub fn may_settle(doc: &[u8]) -> bool {
 /// [`may_settle`] for the events of one chunk of a stream, each a part of
 /// the chunk, in order: the chunk is searched once for each pattern (a
 /// backslash, `ed"`, `ED"`) instead of once per event, each search's
-/// result kept until an event lies past it. A tracked SSE chunk holds tens
-/// of events, nearly all without a hit, so the searches' fixed cost is paid
-/// a few times per chunk, not twice per event. An event's answer is
+/// result kept until an event lies past it. A chunk read from the worker
+/// often holds several events, nearly all without a hit, so the searches'
+/// fixed cost is paid a few times per chunk, not three times per event
+/// (under callgrind, a 50-event canned stream: 180,529 instructions
+/// before, 173,765 after). An event's answer is
 /// [`may_settle`]'s over its own bytes: a hit counts only when its pattern
 /// lies wholly inside the event, and a name is checked back to its opening
 /// quote inside the event. An event not inside the chunk (one assembled
