@@ -483,23 +483,10 @@ static SETTLED_ENDS: std::sync::LazyLock<[memchr::memmem::Finder<'static>; 2]> =
 /// tests check that on every document they generate. Every settled name
 /// ends in `ed` or `ED`: only the strings that do are looked at (found
 /// with `memmem`, each checked back to its opening quote); no allocation.
-/// What `false` allows is `policies::track::reads_event`'s.
+/// What `false` allows is `policies::track::reads_event`'s. The search is
+/// [`SettleScan`]'s, over `doc` alone.
 pub fn may_settle(doc: &[u8]) -> bool {
-    if memchr::memchr(b'\\', doc).is_some() {
-        return true;
-    }
-    // `find` in a loop: `find_iter` copies the searcher for each document.
-    SETTLED_ENDS.iter().any(|ends| {
-        let mut from = 0;
-        while let Some(at) = ends.find(&doc[from..]) {
-            let close = from + at + 2;
-            if settled_name_before(doc, close) {
-                return true;
-            }
-            from = close;
-        }
-        false
-    })
+    SettleScan::new(doc).may_settle(doc)
 }
 
 /// [`may_settle`] for the events of one chunk of a stream, each a part of
@@ -535,7 +522,7 @@ impl<'c> SettleScan<'c> {
         let base = self.chunk.as_ptr() as usize;
         let at = (data.as_ptr() as usize).wrapping_sub(base);
         if at > self.chunk.len() || self.chunk.len() - at < data.len() {
-            return may_settle(data);
+            return SettleScan::new(data).may_settle(data);
         }
         let end = at + data.len();
         if self.hit(0, at).is_some_and(|h| h < end) {
@@ -598,6 +585,19 @@ mod tests {
             .collect()
     }
 
+    /// The rule of [`may_settle`] written plainly, for one document: the
+    /// reference [`SettleScan`]'s kept searches are checked against.
+    fn may_settle_alone(doc: &[u8]) -> bool {
+        if doc.contains(&b'\\') {
+            return true;
+        }
+        (2..doc.len()).any(|close| {
+            doc[close] == b'"'
+                && matches!(&doc[close - 2..close], b"ed" | b"ED")
+                && settled_name_before(doc, close)
+        })
+    }
+
     #[test]
     fn a_chunk_scan_answers_as_each_event_alone() {
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -639,7 +639,8 @@ mod tests {
                 let start = (at + (next() % 3) as usize).min(chunk.len());
                 let end = (start + (next() % 40) as usize).min(chunk.len());
                 let data = &chunk[start..end];
-                let want = may_settle(data);
+                let want = may_settle_alone(data);
+                assert_eq!(may_settle(data), want);
                 assert_eq!(
                     scan.may_settle(data),
                     want,
@@ -653,7 +654,7 @@ mod tests {
             }
             // An event assembled elsewhere (not inside the chunk).
             let copy = chunk.clone();
-            assert_eq!(scan.may_settle(&copy), may_settle(&copy));
+            assert_eq!(scan.may_settle(&copy), may_settle_alone(&copy));
         }
         // Both answers were asked for, many times.
         assert!(
