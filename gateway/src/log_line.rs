@@ -172,11 +172,11 @@ impl Visit for Visitor<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.integer(field, value, |b, v| b.format(v))
+        self.integer(field, value)
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.integer(field, value, |b, v| b.format(v))
+        self.integer(field, value)
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
@@ -225,12 +225,7 @@ impl Visit for Visitor<'_> {
 }
 
 impl Visitor<'_> {
-    fn integer<I: Copy + fmt::Debug>(
-        &mut self,
-        field: &Field,
-        value: I,
-        format: impl for<'b> FnOnce(&'b mut itoa::Buffer, I) -> &'b str,
-    ) {
+    fn integer<I: itoa::Integer + fmt::Debug>(&mut self, field: &Field, value: I) {
         if self.skips(field) {
             return;
         }
@@ -239,7 +234,7 @@ impl Visitor<'_> {
         }
         if self.name(field) {
             let mut b = itoa::Buffer::new();
-            self.result = self.writer.write_str(format(&mut b, value));
+            self.result = self.writer.write_str(b.format(value));
         }
     }
 }
