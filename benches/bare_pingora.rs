@@ -43,6 +43,12 @@ use pingora::{Error, Result};
 #[global_allocator]
 static ALLOCATOR: a2a_gateway::allocator::Allocator = a2a_gateway::allocator::Allocator;
 
+/// Makes bare pingora share its gRPC calls' upstream connections, this
+/// many calls to one, as the gateway does for unary calls
+/// (`limits.worker_h2_streams`): to compare the gateway with a
+/// pass-through configured alike. Unset: pingora's default.
+pub const H2_STREAMS_ENV: &str = "A2AGW_BENCH_BARE_H2_STREAMS";
+
 /// The argument that turns the bench binary into the pass-through.
 pub const FLAG: &str = "--bare-pingora";
 
@@ -51,6 +57,10 @@ const THREADS: usize = 2;
 
 struct Bare {
     upstream: String,
+    /// gRPC calls sharing one upstream connection (`$A2AGW_BENCH_BARE_H2_STREAMS`,
+    /// as the gateway's `limits.worker_h2_streams`); `None`: pingora's
+    /// default, a connection per call.
+    h2_streams: Option<usize>,
     /// `a2agw_proxy_seconds{route="bare"}`.
     own: prometheus::Histogram,
 }
@@ -84,6 +94,12 @@ impl ProxyHttp for Bare {
             .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
         {
             peer.options.set_http_version(2, 2);
+            if let Some(n) = self.h2_streams {
+                let sharing = policies::connection::h2_sharing(Some(false), n);
+                peer.options.max_h2_streams = sharing.streams;
+                peer.options.h2_stream_window_size = Some(policies::connection::STREAM_WINDOW);
+                peer.options.h2_connection_window_size = Some(sharing.connection_window);
+            }
         }
         Ok(Box::new(peer))
     }
@@ -174,6 +190,9 @@ pub fn run(args: &[String]) -> ! {
         &server.configuration,
         Bare {
             upstream,
+            h2_streams: std::env::var(H2_STREAMS_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok()),
             own: a2a_gateway::metrics::PROXY_TIME.with_label_values(&["bare"]),
         },
         "bare-pingora",

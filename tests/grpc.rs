@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use a2a_protocol_types::proto;
+use prost::Message as _;
 
 use crate::harness::gateway::Gateway;
 use crate::harness::grpc::{
@@ -726,4 +727,146 @@ async fn short_http1_request_is_answered_on_an_h2c_listener() {
         "{:?}",
         String::from_utf8_lossy(&head)
     );
+}
+
+/// Unary calls to one worker share the gateway's connection to it
+/// (`limits.worker_h2_streams`, default 100): eight `SendMessage`s in
+/// flight at once, from one caller connection, reach the worker on the one
+/// connection the first call opened (counted by a relay in between). A
+/// caller that resets one of them leaves its child cancelled, once, while
+/// the seven others on the same connection are answered COMPLETED. Streaming
+/// calls get a connection each. With `worker_h2_streams = 1` every unary
+/// call in flight has its own connection, as pingora's default.
+async fn unary_calls_share_a_worker_connection(kind: Kind) {
+    let worker = Worker::start_with_grpc(kind).await;
+    let relay = crate::harness::relay::Relay::start(authority_of(&worker.grpc_url())).await;
+    let gw = Gateway::in_front_of(&format!("http://127.0.0.1:{}", relay.port), "").await;
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let _: proto::SendMessageResponse = conn
+        .unary("SendMessage", &send_request("quick", ""), &[])
+        .await
+        .expect("SendMessage");
+    assert_eq!(relay.accepted(), 1, "the first call's connection");
+    let work = format!("work:{}", scaled_ms(4000).as_millis());
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        calls.push(
+            conn.call("SendMessage", &send_request(&work, ""), &[])
+                .await,
+        );
+        // Each call finds the last one's connection in use, with room.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker_tasks_in(&worker, WORKING, 8).await;
+    assert_eq!(
+        (relay.accepted(), relay.live()),
+        (1, 1),
+        "eight calls in flight on one connection; log:\n{}",
+        gw.log_text()
+    );
+    let leaver = calls.remove(3);
+    leaver.reset().await;
+    let gone = worker_tasks_in(&worker, CANCELED, 1).await;
+    let answers = futures::future::join_all(
+        calls
+            .into_iter()
+            .map(|c| async move { c.finish_raw(scaled_secs(10)).await }),
+    )
+    .await;
+    for (messages, end) in answers {
+        assert_eq!(end.grpc_status(), Some(0), "{end:?}");
+        let answer = proto::SendMessageResponse::decode(messages[0].clone()).unwrap();
+        match answer.payload {
+            Some(proto::send_message_response::Payload::Task(t)) => {
+                assert_eq!(
+                    crate::harness::grpc::task_state(&t),
+                    proto::TaskState::Completed
+                );
+                assert!(!gone.contains(&t.id), "a stayer's task was cancelled");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    tokio::time::sleep(scaled_ms(300)).await;
+    assert_eq!(worker.cancels().await, 1, "exactly one CancelTask");
+    assert_eq!(
+        gw.counter(
+            "a2agw_cancels_total",
+            &["cause=\"caller_gone\"", "outcome=\"canceled\""]
+        )
+        .await,
+        1.0
+    );
+
+    // Streams: a connection each.
+    let before = relay.accepted();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(start_streaming(&gw.url, &work, "").await);
+    }
+    assert_eq!(relay.accepted() - before, 3, "a connection per stream");
+    for (conn, call, id) in streams {
+        let (_, status, _) = call.finish(scaled_secs(10)).await;
+        assert_eq!(status, Some(0), "stream of {id}");
+        conn.close().await;
+    }
+
+    // One stream per connection.
+    let relay = crate::harness::relay::Relay::start(authority_of(&worker.grpc_url())).await;
+    let gw = Gateway::in_front_of(
+        &format!("http://127.0.0.1:{}", relay.port),
+        "[limits]\nworker_h2_streams = 1\n",
+    )
+    .await;
+    let mut conn = RawGrpc::connect(&gw.url).await;
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        calls.push(
+            conn.call("SendMessage", &send_request(&work, ""), &[])
+                .await,
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = worker_tasks_in(&worker, WORKING, 8).await.len();
+    assert_eq!(before, 8);
+    assert_eq!(relay.accepted(), 8, "a connection per call");
+    for c in calls {
+        let (_, end) = c.finish_raw(scaled_secs(10)).await;
+        assert_eq!(end.grpc_status(), Some(0), "{end:?}");
+    }
+}
+
+/// `host:port` of an `http://host:port` URL.
+fn authority_of(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// The worker's tasks in `state`, once at least `n` are (10 s, scaled).
+async fn worker_tasks_in(worker: &Worker, state: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..crate::harness::scaled_count(400) {
+        ids = crate::harness::http::list_tasks(&worker.url(), None)
+            .await
+            .into_iter()
+            .filter(|(_, s)| s == state)
+            .map(|(id, _)| id)
+            .collect();
+        if ids.len() >= n {
+            return ids;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{} of {n} tasks {state}: {ids:?}", ids.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_unary_calls_share_a_worker_connection() {
+    unary_calls_share_a_worker_connection(Kind::Rust).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_unary_calls_share_a_worker_connection() {
+    unary_calls_share_a_worker_connection(Kind::Python).await;
 }

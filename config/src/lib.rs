@@ -291,7 +291,15 @@ pub struct Limits {
     /// Live budget accounts (one per route, tenant or caller and window)
     /// the store keeps; a send that would open one more is refused.
     pub max_accounts: u64,
+    /// Unary gRPC calls to one worker address that may share one HTTP/2
+    /// connection at once (streaming calls get a connection each); 1 gives
+    /// every call its own, as pingora does by default.
+    pub worker_h2_streams: usize,
 }
+
+/// The most unary gRPC calls `limits.worker_h2_streams` lets share one
+/// connection to a worker.
+pub const MAX_WORKER_H2_STREAMS: usize = 1000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -301,6 +309,7 @@ impl Default for Limits {
             max_card_body: 1 << 20,
             max_tracked_tasks: 1_000_000,
             max_accounts: 100_000,
+            worker_h2_streams: 100,
         }
     }
 }

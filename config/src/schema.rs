@@ -527,6 +527,11 @@ fn limits(mut r: Reader<'_>) -> Limits {
             int_in(1..=i64::MAX),
         ),
         max_accounts: r.or("max_accounts", d.max_accounts, int_in(1..=i64::MAX)),
+        worker_h2_streams: r.or(
+            "worker_h2_streams",
+            d.worker_h2_streams,
+            int_in(1..=crate::MAX_WORKER_H2_STREAMS as i64),
+        ),
     };
     r.finish();
     limits

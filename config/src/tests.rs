@@ -145,6 +145,7 @@ fn defaults() {
     assert_eq!(c.limits.max_card_body, 1 << 20);
     assert_eq!(c.limits.max_tracked_tasks, 1_000_000);
     assert_eq!(c.limits.max_accounts, 100_000);
+    assert_eq!(c.limits.worker_h2_streams, 100);
     assert_eq!(c.timeouts.connect, 5 * S);
     assert_eq!(c.timeouts.upstream_idle, Some(3600 * S));
     assert_eq!(c.timeouts.downstream_idle, Some(3600 * S));
@@ -524,6 +525,8 @@ fn valid_files() {
         ("[limits]\nmax_card_body = \"2MB\"\nmax_tracked_tasks = 1", |c| {
             c.limits.max_card_body == 2_000_000 && c.limits.max_tracked_tasks == 1
         }),
+        ("[limits]\nworker_h2_streams = 1", |c| c.limits.worker_h2_streams == 1),
+        ("[limits]\nworker_h2_streams = 1000", |c| c.limits.worker_h2_streams == 1000),
         ("[timeouts]\nconnect = \"250ms\"\nupstream_idle = \"0s\"\ndownstream_idle = \"1h30m\"\ndns_refresh = \"5m\"\ndrain = \"0s\"", |c| {
             c.timeouts.connect == Duration::from_millis(250)
                 && c.timeouts.upstream_idle.is_none()
@@ -695,6 +698,8 @@ fn single_errors() {
         ("[limits]\nmax_sse_event = 100\n", "2:17: limits.max_sse_event: must be between 1KiB and 64MiB, found integer 100"),
         ("[limits]\nmax_card_body = \"1.5MiB\"\n", "2:17: limits.max_card_body: invalid size \"1.5MiB\": fractions are not supported; use a smaller unit, e.g. \"1536KiB\""),
         ("[limits]\nmax_card_body = -1\n", "2:17: limits.max_card_body: a size cannot be negative, found -1"),
+        ("[limits]\nworker_h2_streams = 0\n", "2:21: limits.worker_h2_streams: must be between 1 and 1000, found 0"),
+        ("[limits]\nworker_h2_streams = 1001\n", "2:21: limits.worker_h2_streams: must be between 1 and 1000, found 1001"),
         ("[limits]\nmax_tracked_tasks = 0\n", "2:21: limits.max_tracked_tasks: must be at least 1, found 0"),
         // bad values: durations
         ("[timeouts]\nconnect = 5\n", "2:11: timeouts.connect: a duration needs a unit, written as a string like \"5s\" or \"250ms\"; found integer 5"),

@@ -360,6 +360,7 @@ pub fn restart_only(running: &config::Config, new: &config::Config) -> Vec<&'sta
         limits.max_sse_event => "limits.max_sse_event",
         limits.max_card_body => "limits.max_card_body",
         limits.max_tracked_tasks => "limits.max_tracked_tasks",
+        limits.worker_h2_streams => "limits.worker_h2_streams",
         timeouts.connect => "timeouts.connect",
         timeouts.upstream_idle => "timeouts.upstream_idle",
         timeouts.downstream_idle => "timeouts.downstream_idle",

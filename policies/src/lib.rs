@@ -9,6 +9,7 @@
 pub mod budget;
 pub mod carry;
 pub mod cascade;
+pub mod connection;
 pub mod delegation;
 pub mod failure;
 pub mod lease;

@@ -309,8 +309,16 @@ impl ProxyHttp for Gateway {
         let mut peer = worker.peer(addr, route.cfg.worker.tls);
         if ctx.req.grpc {
             // gRPC needs HTTP/2: prior knowledge (h2c) on a plain
-            // connection, ALPN `h2` on TLS.
+            // connection, ALPN `h2` on TLS. Unary calls share connections
+            // (`limits.worker_h2_streams`), streaming calls get one each.
             peer.options.set_http_version(2, 2);
+            let sharing = policies::connection::h2_sharing(
+                ctx.req.method.map(A2aMethod::is_streaming),
+                self.limits.worker_h2_streams,
+            );
+            peer.options.max_h2_streams = sharing.streams;
+            peer.options.h2_stream_window_size = Some(policies::connection::STREAM_WINDOW);
+            peer.options.h2_connection_window_size = Some(sharing.connection_window);
         }
         peer.options.connection_timeout = Some(self.timeouts.connect);
         if !matches!(ctx.call, Call::Upgrade) {
