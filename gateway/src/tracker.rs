@@ -29,7 +29,13 @@ enum Op {
         child_ref: String,
         child: Box<crate::store::ChildLink>,
     },
-    /// Answered once every op sent before it has been applied.
+}
+
+/// What a shard's queue carries: ops, and the flushes that wait for them.
+#[derive(Debug)]
+enum Queued {
+    Op(Op),
+    /// Answered once every op queued before it has been applied.
     Flush(oneshot::Sender<()>),
 }
 
@@ -37,7 +43,7 @@ enum Op {
 #[derive(Clone, Debug)]
 pub struct Tracker {
     /// One queue per shard; a task's ops all go to one, in order.
-    txs: Arc<[mpsc::Sender<Op>]>,
+    txs: Arc<[mpsc::Sender<Queued>]>,
     /// The store, when its calls complete at once: ops are applied here,
     /// nothing is queued.
     at_once: Option<Arc<dyn TaskStore>>,
@@ -64,7 +70,7 @@ impl Tracker {
         let mut txs = Vec::with_capacity(TRACKER_SHARDS);
         let mut shards = Vec::with_capacity(TRACKER_SHARDS);
         for _ in 0..TRACKER_SHARDS {
-            let (tx, rx) = mpsc::channel::<Op>(TRACKER_QUEUE / TRACKER_SHARDS);
+            let (tx, rx) = mpsc::channel::<Queued>(TRACKER_QUEUE / TRACKER_SHARDS);
             txs.push(tx);
             shards.push(Self::apply(store.clone(), rx));
         }
@@ -82,9 +88,14 @@ impl Tracker {
     }
 
     /// One shard's loop: its ops, one after another.
-    async fn apply(store: Arc<dyn TaskStore>, mut rx: mpsc::Receiver<Op>) {
-        while let Some(op) = rx.recv().await {
-            Self::apply_one(store.clone(), op).await;
+    async fn apply(store: Arc<dyn TaskStore>, mut rx: mpsc::Receiver<Queued>) {
+        while let Some(queued) = rx.recv().await {
+            match queued {
+                Queued::Op(op) => Self::apply_one(store.clone(), op).await,
+                Queued::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
         }
     }
 
@@ -133,16 +144,13 @@ impl Tracker {
                     .with_label_values(&[&child.route, outcome])
                     .inc();
             }
-            Op::Flush(done) => {
-                let _ = done.send(());
-            }
         }
     }
 
     /// The queue of `key`'s shard: a task's (a task is one record
     /// whatever tenant names it: [`TaskKey`]'s hash leaves the tenant
     /// out), or a reference's links.
-    fn queue<K: std::hash::Hash + ?Sized>(&self, key: &K) -> &mpsc::Sender<Op> {
+    fn queue<K: std::hash::Hash + ?Sized>(&self, key: &K) -> &mpsc::Sender<Queued> {
         use std::hash::{BuildHasher, BuildHasherDefault};
         let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
             .hash_one(key);
@@ -157,9 +165,8 @@ impl Tracker {
             let q = match &op {
                 Op::Update(key, _) | Op::LeaseStart { key, .. } => self.queue(key),
                 Op::Link { parent, .. } => self.queue(parent.as_str()),
-                Op::Flush(_) => &self.txs[0],
             };
-            if q.try_send(op).is_err() {
+            if q.try_send(Queued::Op(op)).is_err() {
                 metrics::Untracked::TrackerQueueFull.count();
                 return false;
             }
@@ -219,7 +226,7 @@ impl Tracker {
             return;
         }
         let (tx, rx) = oneshot::channel();
-        if self.queue(key).send(Op::Flush(tx)).await.is_ok() {
+        if self.queue(key).send(Queued::Flush(tx)).await.is_ok() {
             let _ = rx.await;
         }
     }
@@ -231,7 +238,7 @@ impl Tracker {
         }
         let waits = self.txs.iter().map(|q| async move {
             let (tx, rx) = oneshot::channel();
-            if q.send(Op::Flush(tx)).await.is_ok() {
+            if q.send(Queued::Flush(tx)).await.is_ok() {
                 let _ = rx.await;
             }
         });
