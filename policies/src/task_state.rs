@@ -57,59 +57,10 @@ impl TaskState {
         Self::from_wire_bytes(s.as_bytes())
     }
 
-    /// [`TaskState::from_wire`] on raw bytes: a reader that looks for a
-    /// state in a document before reading it need not check the bytes are
-    /// UTF-8 first (every name is ASCII). A name added here goes into
-    /// [`TaskState::wire_names`] too: the gateway's `may_settle` finds
-    /// settled states by their names' ends (`ed`/`ED`) and length, checked
-    /// on that list.
-    pub fn from_wire_bytes(s: &[u8]) -> Option<TaskState> {
-        Some(match s {
-            b"TASK_STATE_UNSPECIFIED" => TaskState::Unspecified,
-            b"TASK_STATE_SUBMITTED" | b"submitted" => TaskState::Submitted,
-            b"TASK_STATE_WORKING" | b"working" => TaskState::Working,
-            b"TASK_STATE_COMPLETED" | b"completed" => TaskState::Completed,
-            b"TASK_STATE_FAILED" | b"failed" => TaskState::Failed,
-            b"TASK_STATE_CANCELED" | b"canceled" => TaskState::Canceled,
-            b"TASK_STATE_INPUT_REQUIRED" | b"input-required" => TaskState::InputRequired,
-            b"TASK_STATE_REJECTED" | b"rejected" => TaskState::Rejected,
-            b"TASK_STATE_AUTH_REQUIRED" | b"auth-required" => TaskState::AuthRequired,
-            _ => return None,
-        })
-    }
-
-    /// Every name [`TaskState::from_wire`] reads as this state: the v1.0
-    /// name, and its lower-case alias where it has one. For a reader that
-    /// looks for states in raw bytes before it reads them.
-    pub fn wire_names(self) -> &'static [&'static str] {
-        match self {
-            TaskState::Unspecified => &["TASK_STATE_UNSPECIFIED"],
-            TaskState::Submitted => &["TASK_STATE_SUBMITTED", "submitted"],
-            TaskState::Working => &["TASK_STATE_WORKING", "working"],
-            TaskState::Completed => &["TASK_STATE_COMPLETED", "completed"],
-            TaskState::Failed => &["TASK_STATE_FAILED", "failed"],
-            TaskState::Canceled => &["TASK_STATE_CANCELED", "canceled"],
-            TaskState::InputRequired => &["TASK_STATE_INPUT_REQUIRED", "input-required"],
-            TaskState::Rejected => &["TASK_STATE_REJECTED", "rejected"],
-            TaskState::AuthRequired => &["TASK_STATE_AUTH_REQUIRED", "auth-required"],
-        }
-    }
-
     /// The v1.0 wire name.
     pub fn as_wire(self) -> &'static str {
-        match self {
-            TaskState::Unspecified => "TASK_STATE_UNSPECIFIED",
-            TaskState::Submitted => "TASK_STATE_SUBMITTED",
-            TaskState::Working => "TASK_STATE_WORKING",
-            TaskState::Completed => "TASK_STATE_COMPLETED",
-            TaskState::Failed => "TASK_STATE_FAILED",
-            TaskState::Canceled => "TASK_STATE_CANCELED",
-            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
-            TaskState::Rejected => "TASK_STATE_REJECTED",
-            TaskState::AuthRequired => "TASK_STATE_AUTH_REQUIRED",
-        }
+        self.wire_names()[0]
     }
-
     /// The task is over and nothing can change it: completed, failed,
     /// canceled or rejected.
     pub fn is_terminal(self) -> bool {
@@ -129,6 +80,56 @@ impl TaskState {
     /// caller's behalf, so a caller leaving is no reason to cancel.
     pub fn is_settled(self) -> bool {
         self.is_terminal() || self.is_interrupted()
+    }
+}
+
+/// `from_wire_bytes` and `wire_names`, from one table: a state's v1.0 name
+/// first, then its lower-case alias where it has one.
+macro_rules! wire_names {
+    ($($state:ident: $name:literal $(| $alias:literal)?;)*) => {
+        impl TaskState {
+            /// [`TaskState::from_wire`] on raw bytes: a reader that looks
+            /// for a state in a document before reading it need not check
+            /// the bytes are UTF-8 first (every name is ASCII).
+            pub fn from_wire_bytes(s: &[u8]) -> Option<TaskState> {
+                Some(match s {
+                    $($name $(| $alias)? => TaskState::$state,)*
+                    _ => return None,
+                })
+            }
+
+            /// Every name [`TaskState::from_wire`] reads as this state: the
+            /// v1.0 name, and its lower-case alias where it has one. For a
+            /// reader that looks for states in raw bytes before it reads
+            /// them (the gateway's `may_settle` finds settled states by
+            /// their names' ends, `ed`/`ED`, and length, checked on this
+            /// list).
+            pub fn wire_names(self) -> &'static [&'static str] {
+                match self {
+                    $(TaskState::$state => &const { [ascii($name) $(, ascii($alias))?] },)*
+                }
+            }
+        }
+    };
+}
+
+wire_names! {
+    Unspecified: b"TASK_STATE_UNSPECIFIED";
+    Submitted: b"TASK_STATE_SUBMITTED" | b"submitted";
+    Working: b"TASK_STATE_WORKING" | b"working";
+    Completed: b"TASK_STATE_COMPLETED" | b"completed";
+    Failed: b"TASK_STATE_FAILED" | b"failed";
+    Canceled: b"TASK_STATE_CANCELED" | b"canceled";
+    InputRequired: b"TASK_STATE_INPUT_REQUIRED" | b"input-required";
+    Rejected: b"TASK_STATE_REJECTED" | b"rejected";
+    AuthRequired: b"TASK_STATE_AUTH_REQUIRED" | b"auth-required";
+}
+
+/// A wire name as text (at compile time: every name is ASCII).
+const fn ascii(name: &'static [u8]) -> &'static str {
+    match std::str::from_utf8(name) {
+        Ok(s) => s,
+        Err(_) => panic!("a wire name is not ASCII"),
     }
 }
 
