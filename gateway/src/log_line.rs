@@ -109,7 +109,7 @@ impl FormatTime for Utc {
 }
 
 /// Seconds from 1970 to the end of year 9999, the last year written with
-/// four digits.
+/// four digits (and the last `Stamp` can hold).
 const END_OF_9999: u64 = 253_402_300_800;
 
 /// `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`.
@@ -117,35 +117,28 @@ struct Stamp([u8; 27]);
 
 impl Stamp {
     /// The time `since_epoch` after 1970-01-01T00:00:00Z (before the end of
-    /// 9999), in the proleptic Gregorian calendar.
+    /// 9999): chrono's calendar, written without `core::fmt`.
     fn of(since_epoch: std::time::Duration) -> Stamp {
-        let secs = since_epoch.as_secs();
-        let (days, rem) = (secs / 86_400, secs % 86_400);
-        // Howard Hinnant's `civil_from_days`, for days since 1970 (`z`
-        // counts from 0000-03-01, so that a leap day ends its year).
-        let z = days + 719_468;
-        let era = z / 146_097;
-        let doe = z % 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + u64::from(month <= 2);
+        use chrono::{Datelike, Timelike};
+        let t = chrono::DateTime::from_timestamp(
+            since_epoch.as_secs() as i64,
+            since_epoch.subsec_nanos(),
+        )
+        .unwrap_or_default();
         let mut b = *b"0000-00-00T00:00:00.000000Z";
-        let mut put = |at: usize, width: usize, mut n: u64| {
+        let mut put = |at: usize, width: usize, mut n: u32| {
             for i in (at..at + width).rev() {
                 b[i] = b'0' + (n % 10) as u8;
                 n /= 10;
             }
         };
-        put(0, 4, year);
-        put(5, 2, month);
-        put(8, 2, day);
-        put(11, 2, rem / 3600);
-        put(14, 2, rem / 60 % 60);
-        put(17, 2, rem % 60);
-        put(20, 6, u64::from(since_epoch.subsec_micros()));
+        put(0, 4, t.year() as u32);
+        put(5, 2, t.month());
+        put(8, 2, t.day());
+        put(11, 2, t.hour());
+        put(14, 2, t.minute());
+        put(17, 2, t.second());
+        put(20, 6, since_epoch.subsec_micros());
         Stamp(b)
     }
 
