@@ -479,20 +479,15 @@ async fn a_lapse_claimed_by_a_replica_without_the_route_is_handed_on() {
     tokio::time::sleep(scaled_ms(1500)).await;
     a.kill().await;
     // B claims the lapsed leases (within TTL + a few ticks) and hands them back.
-    let mut handed_back = false;
-    for _ in 0..scaled_count(60) {
-        let log = b.log_text();
-        let named = |id: &String| {
-            log.lines().any(|l| {
-                l.contains("handed back for a replica that has it") && l.contains(id.as_str())
+    let handed_back = b
+        .wait_log(scaled_ms(6000), |log| {
+            ids.iter().all(|id| {
+                log.lines().any(|l| {
+                    l.contains("handed back for a replica that has it") && l.contains(id.as_str())
+                })
             })
-        };
-        if ids.iter().all(named) {
-            handed_back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        })
+        .await;
     assert!(
         handed_back,
         "B never claimed the lapses; its log:\n{}",
@@ -695,17 +690,12 @@ async fn a_lapse_whose_claimer_dies_mid_cancel_is_claimed_again() {
     drop(stream);
     gate.set_open(false);
     // A claims the lapse and starts its cancel, which hangs at the gate.
-    let mut claimed = false;
-    for _ in 0..scaled_count(50) {
-        if a.log_text()
-            .lines()
-            .any(|l| l.contains("lease lapsed; cancelling the task") && l.contains(id.as_str()))
-        {
-            claimed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let claimed = a
+        .wait_log(scaled_ms(5000), |log| {
+            log.lines()
+                .any(|l| l.contains("lease lapsed; cancelling the task") && l.contains(id.as_str()))
+        })
+        .await;
     assert!(
         claimed,
         "A never claimed the lapse; its log:\n{}",

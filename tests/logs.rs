@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use crate::harness::gateway::Gateway;
 use crate::harness::http::post_json;
-use crate::harness::scaled_count;
 use crate::harness::worker::{message, send_stream, Bind, Kind, Worker};
+use crate::harness::{scaled_count, scaled_ms};
 
 /// The access lines of a JSON log (target `a2agw::access`); panics on any
 /// line that is not a JSON object.
@@ -285,16 +285,8 @@ async fn buffered_log_lines_are_written_by_the_tick_or_at_the_end() {
     ))
     .await;
     assert_eq!(post_json(&gw.url, "/", &[], &get_task).await.status, 200);
-    let mut seen = false;
-    for _ in 0..scaled_count(60) {
-        if access(&gw.log_text()) {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert!(
-        seen,
+        gw.wait_log(scaled_ms(3000), access).await,
         "no access line within the flush; log:\n{}",
         gw.log_text()
     );

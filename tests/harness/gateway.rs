@@ -238,6 +238,21 @@ impl Gateway {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Reads the log every 50 ms until `holds` says yes of it (`true`), or
+    /// `within` passed (`false`): what a test waits for the gateway to log.
+    pub async fn wait_log(&self, within: Duration, holds: impl Fn(&str) -> bool) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if holds(&self.log_text()) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The admin endpoint's `/metrics` text.
     pub async fn metrics(&self) -> String {
         super::http::request("GET", &self.admin, "/metrics", &[], b"")
