@@ -739,7 +739,9 @@ async fn short_http1_request_is_answered_on_an_h2c_listener() {
 /// call in flight has its own connection, as pingora's default.
 async fn unary_calls_share_a_worker_connection(kind: Kind) {
     let worker = Worker::start_with_grpc(kind).await;
-    let relay = crate::harness::relay::Relay::start(authority_of(&worker.grpc_url())).await;
+    let relay =
+        crate::harness::relay::Relay::start(crate::harness::http::split_url(&worker.grpc_url()).0)
+            .await;
     let gw = Gateway::in_front_of(&format!("http://127.0.0.1:{}", relay.port), "").await;
     let mut conn = RawGrpc::connect(&gw.url).await;
     let _: proto::SendMessageResponse = conn
@@ -748,15 +750,7 @@ async fn unary_calls_share_a_worker_connection(kind: Kind) {
         .expect("SendMessage");
     assert_eq!(relay.accepted(), 1, "the first call's connection");
     let work = format!("work:{}", scaled_ms(4000).as_millis());
-    let mut calls = Vec::new();
-    for _ in 0..8 {
-        calls.push(
-            conn.call("SendMessage", &send_request(&work, ""), &[])
-                .await,
-        );
-        // Each call finds the last one's connection in use, with room.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut calls = start_sends(&mut conn, &work, 8).await;
     worker_tasks_in(&worker, WORKING, 8).await;
     assert_eq!(
         (relay.accepted(), relay.live()),
@@ -812,21 +806,16 @@ async fn unary_calls_share_a_worker_connection(kind: Kind) {
     }
 
     // One stream per connection.
-    let relay = crate::harness::relay::Relay::start(authority_of(&worker.grpc_url())).await;
+    let relay =
+        crate::harness::relay::Relay::start(crate::harness::http::split_url(&worker.grpc_url()).0)
+            .await;
     let gw = Gateway::in_front_of(
         &format!("http://127.0.0.1:{}", relay.port),
         "[limits]\nworker_h2_streams = 1\n",
     )
     .await;
     let mut conn = RawGrpc::connect(&gw.url).await;
-    let mut calls = Vec::new();
-    for _ in 0..8 {
-        calls.push(
-            conn.call("SendMessage", &send_request(&work, ""), &[])
-                .await,
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let calls = start_sends(&mut conn, &work, 8).await;
     let before = worker_tasks_in(&worker, WORKING, 8).await.len();
     assert_eq!(before, 8);
     assert_eq!(relay.accepted(), 8, "a connection per call");
@@ -836,11 +825,20 @@ async fn unary_calls_share_a_worker_connection(kind: Kind) {
     }
 }
 
-/// `host:port` of an `http://host:port` URL.
-fn authority_of(url: &str) -> String {
-    url.trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string()
+/// Starts `n` unary `SendMessage`s of `text` on `conn`, 20 ms apart, so
+/// that each finds the last one's connection to the worker in use (with
+/// room, where calls share).
+async fn start_sends(
+    conn: &mut RawGrpc,
+    text: &str,
+    n: usize,
+) -> Vec<crate::harness::grpc::RawCall> {
+    let mut calls = Vec::new();
+    for _ in 0..n {
+        calls.push(conn.call("SendMessage", &send_request(text, ""), &[]).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    calls
 }
 
 /// The worker's tasks in `state`, once at least `n` are (10 s, scaled).
